@@ -1,0 +1,1 @@
+//! Stage 2, export (stub, being written).

@@ -1,0 +1,1 @@
+//! Form encoding of store keys (stub, being written).

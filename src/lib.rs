@@ -1,0 +1,23 @@
+//! promlab: the Prometheus metrics path, end to end, with every speed-up behind
+//! a strategy switch and proven to give identical output.
+//!
+//! One module per pipeline stage:
+//! - [`store`]: **write**, the client_ruby-compatible multi-process file store;
+//! - [`export`]: **export**, read every process's files, decode keys, aggregate;
+//! - [`render`]: **render**, Prometheus text exposition exactly as client_ruby prints it;
+//! - [`ingest`]: **ingest**, the remote-write receiver, routing into DDSketch windows
+//!   (**aggregate & query**).
+//!
+//! [`strategy`] is the switchboard that decides which strategies run.
+
+pub mod cli;
+pub mod export;
+pub mod formenc;
+pub mod ingest;
+pub mod registry;
+pub mod render;
+pub mod rubyfloat;
+pub mod store;
+pub mod strategy;
+
+pub mod text;

@@ -1,0 +1,52 @@
+//! The `promlab` command line. Each subcommand's arguments and work live in the
+//! library module of its stage; this file only dispatches.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "promlab", version, about = "The Prometheus metrics path, measurably fast and provably identical")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the exposition of a client_ruby-compatible store directory.
+    Export(promlab::cli::ExportArgs),
+    /// Rebuild a store by replaying op logs, each in its own child process.
+    Replay(promlab::cli::ReplayArgs),
+    /// Verify, then measure, every strategy combination on built-in scenarios.
+    Ablate(promlab::cli::AblateArgs),
+    /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
+    Serve(promlab::cli::ServeArgs),
+    /// Replay remote-write request bodies offline and print the quantiles.
+    Ingest(promlab::ingest::cli::IngestArgs),
+    /// The paced remote-write feeder.
+    Feed(promlab::ingest::cli::FeedArgs),
+    /// Internal: replay one op log in this process (used by `replay`).
+    #[command(hide = true)]
+    ReplayOne(promlab::cli::ReplayOneArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => promlab::cli::ablate(promlab::cli::AblateArgs::main_job()),
+        Some(Command::Export(args)) => promlab::cli::export(args),
+        Some(Command::Replay(args)) => promlab::cli::replay(args),
+        Some(Command::ReplayOne(args)) => promlab::cli::replay_one(args),
+        Some(Command::Ablate(args)) => promlab::cli::ablate(args),
+        Some(Command::Serve(args)) => promlab::cli::serve(args),
+        Some(Command::Ingest(args)) => promlab::ingest::cli::ingest(args),
+        Some(Command::Feed(args)) => promlab::ingest::cli::feed(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("promlab: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

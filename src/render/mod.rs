@@ -1,0 +1,2 @@
+//! Stage 3, render (stub, being written).
+pub mod server;

@@ -1,0 +1,232 @@
+//! Ruby's `Float#to_s`, byte for byte.
+//!
+//! Ruby prints the shortest digit string that round-trips (David Gay's dtoa,
+//! mode 0), then lays it out by the decimal exponent `decpt` (the value is
+//! `0.DIGITS × 10^decpt`):
+//! - `0 < decpt <= 16`: fixed notation, always with a fraction (`1.0`, `123.45`);
+//! - `-4 < decpt <= 0`: fixed notation with leading zeros (`0.0001`);
+//! - otherwise: `D.DDDe±XX`, at least two exponent digits (`1.0e+20`, `1.0e-05`).
+//!
+//! [`write_reference`] gets the digits from Rust's `{:e}` formatting (also
+//! shortest round-trip); [`write`] is the fast path used on hot paths: an
+//! integer shortcut, then `ryu`. `tests/ruby_float.rs` checks both against the
+//! 10,119-line oracle Ruby printed, and a property test checks them against each
+//! other.
+
+/// Largest `decpt` printed in fixed notation (Ruby's `DBL_DIG + 1`).
+const MAX_FIXED_DECPT: i32 = 16;
+/// Smallest `decpt` printed in fixed notation.
+const MIN_FIXED_DECPT: i32 = -3;
+
+/// Appends Ruby's `Float#to_s` of `v` to `out` (fast path).
+#[inline]
+pub fn write(out: &mut Vec<u8>, v: f64) {
+    // Integral values below 2^53 print as `<integer>.0` (decpt <= 16 always holds).
+    if v.fract() == 0.0 && v.abs() < 9_007_199_254_740_992.0 {
+        if v == 0.0 && v.is_sign_negative() {
+            out.extend_from_slice(b"-0.0");
+            return;
+        }
+        let mut buf = itoa::Buffer::new();
+        out.extend_from_slice(buf.format(v as i64).as_bytes());
+        out.extend_from_slice(b".0");
+        return;
+    }
+    if !v.is_finite() {
+        write_non_finite(out, v);
+        return;
+    }
+    let mut buf = ryu::Buffer::new();
+    let (negative, digits, decpt) = split_ryu(buf.format_finite(v));
+    layout(out, negative, &digits, decpt);
+}
+
+/// Appends Ruby's `Float#to_s` of `v`, the obviously-correct way.
+pub fn write_reference(out: &mut Vec<u8>, v: f64) {
+    if !v.is_finite() {
+        write_non_finite(out, v);
+        return;
+    }
+    // `{:e}` prints the shortest round-trip digits as `D.DDDeX` (or `DeX`).
+    let text = format!("{:e}", v);
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.as_str()),
+    };
+    let (mantissa, exponent) = rest.split_once('e').expect("{:e} always has an exponent");
+    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    let exponent: i32 = exponent.parse().expect("{:e} exponent is an integer");
+    layout(out, negative, &digits, exponent + 1);
+}
+
+/// Ruby's `Float#to_s` as a `String` (convenience for tests and tools).
+pub fn to_s(v: f64) -> String {
+    let mut out = Vec::with_capacity(24);
+    write(&mut out, v);
+    String::from_utf8(out).expect("float text is ASCII")
+}
+
+fn write_non_finite(out: &mut Vec<u8>, v: f64) {
+    out.extend_from_slice(if v.is_nan() {
+        b"NaN".as_slice()
+    } else if v > 0.0 {
+        b"Infinity".as_slice()
+    } else {
+        b"-Infinity".as_slice()
+    });
+}
+
+/// Splits ryu's output (`1.5`, `1e20`, `1.5e-7`, `0.001`, `-12.0`) into sign,
+/// significant digits (no leading/trailing zeros, at least one digit) and `decpt`.
+fn split_ryu(text: &str) -> (bool, DigitBuf, i32) {
+    let bytes = text.as_bytes();
+    let (negative, bytes) = match bytes.first() {
+        Some(b'-') => (true, &bytes[1..]),
+        _ => (false, bytes),
+    };
+    let (mantissa, exponent) = match bytes.iter().position(|&b| b == b'e') {
+        Some(i) => (&bytes[..i], parse_exponent(&bytes[i + 1..])),
+        None => (bytes, 0),
+    };
+    let mut digits = DigitBuf::new();
+    // Position of the decimal point within the mantissa's digits.
+    let mut point = None;
+    for &b in mantissa {
+        if b == b'.' {
+            point = Some(digits.len);
+        } else {
+            digits.push(b);
+        }
+    }
+    let int_digits = point.unwrap_or(digits.len) as i32;
+    // Strip leading zeros (each moves the point left) and trailing zeros.
+    let leading = digits.as_slice().iter().take_while(|&&d| d == b'0').count();
+    let decpt = int_digits - leading as i32 + exponent;
+    digits.drop_front(leading);
+    while digits.len > 1 && digits.as_slice()[digits.len - 1] == b'0' {
+        digits.len -= 1;
+    }
+    if digits.len == 0 {
+        digits.push(b'0');
+        return (negative, digits, 1);
+    }
+    (negative, digits, decpt)
+}
+
+fn parse_exponent(bytes: &[u8]) -> i32 {
+    let (negative, bytes) = match bytes.first() {
+        Some(b'-') => (true, &bytes[1..]),
+        _ => (false, bytes),
+    };
+    let magnitude = bytes.iter().fold(0i32, |acc, &b| acc * 10 + i32::from(b - b'0'));
+    if negative {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+/// A small stack buffer of decimal digits (a double never needs more than 17).
+struct DigitBuf {
+    buf: [u8; 32],
+    len: usize,
+}
+
+impl DigitBuf {
+    fn new() -> Self {
+        DigitBuf { buf: [0; 32], len: 0 }
+    }
+    fn push(&mut self, d: u8) {
+        self.buf[self.len] = d;
+        self.len += 1;
+    }
+    fn as_slice(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+    fn drop_front(&mut self, n: usize) {
+        self.buf.copy_within(n..self.len, 0);
+        self.len -= n;
+    }
+}
+
+impl std::ops::Deref for DigitBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+/// Lays out significant `digits` with decimal exponent `decpt` the way Ruby does.
+fn layout(out: &mut Vec<u8>, negative: bool, digits: &[u8], decpt: i32) {
+    if negative {
+        out.push(b'-');
+    }
+    let n = digits.len() as i32;
+    if decpt > 0 && decpt <= MAX_FIXED_DECPT {
+        if n <= decpt {
+            out.extend_from_slice(digits);
+            out.resize(out.len() + (decpt - n) as usize, b'0');
+            out.extend_from_slice(b".0");
+        } else {
+            out.extend_from_slice(&digits[..decpt as usize]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[decpt as usize..]);
+        }
+    } else if decpt <= 0 && decpt >= MIN_FIXED_DECPT {
+        out.extend_from_slice(b"0.");
+        out.resize(out.len() + (-decpt) as usize, b'0');
+        out.extend_from_slice(digits);
+    } else {
+        out.push(digits[0]);
+        out.push(b'.');
+        if n > 1 {
+            out.extend_from_slice(&digits[1..]);
+        } else {
+            out.push(b'0');
+        }
+        let e = decpt - 1;
+        out.push(b'e');
+        out.push(if e < 0 { b'-' } else { b'+' });
+        let magnitude = e.unsigned_abs();
+        if magnitude < 10 {
+            out.push(b'0');
+        }
+        let mut buf = itoa::Buffer::new();
+        out.extend_from_slice(buf.format(magnitude).as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn both(v: f64) -> String {
+        let mut reference = Vec::new();
+        write_reference(&mut reference, v);
+        let fast = to_s(v);
+        assert_eq!(fast.as_bytes(), reference.as_slice(), "fast vs reference for {v:?}");
+        fast
+    }
+
+    #[test]
+    fn known_values() {
+        assert_eq!(both(0.0), "0.0");
+        assert_eq!(both(-0.0), "-0.0");
+        assert_eq!(both(1.0), "1.0");
+        assert_eq!(both(1e20), "1.0e+20");
+        assert_eq!(both(1e16), "1.0e+16");
+        assert_eq!(both(1e15), "1000000000000000.0");
+        assert_eq!(both(1e-5), "1.0e-05");
+        assert_eq!(both(1e-4), "0.0001");
+        assert_eq!(both(0.1 + 0.2), "0.30000000000000004");
+        assert_eq!(both(6.800000000000001), "6.800000000000001");
+        assert_eq!(both(1152921504606846976.0), "1.152921504606847e+18");
+        assert_eq!(both(f64::INFINITY), "Infinity");
+        assert_eq!(both(f64::NEG_INFINITY), "-Infinity");
+        assert_eq!(both(f64::NAN), "NaN");
+        assert_eq!(both(5e-324), "5.0e-324");
+        assert_eq!(both(1.7976931348623157e308), "1.7976931348623157e+308");
+        assert_eq!(both(123456.789), "123456.789");
+        assert_eq!(both(-2.5e-7), "-2.5e-07");
+    }
+}
