@@ -14,6 +14,7 @@ pub mod cli;
 pub mod export;
 pub mod formenc;
 pub mod ingest;
+pub mod ops;
 pub mod registry;
 pub mod render;
 pub mod rubyfloat;

@@ -1,5 +1,42 @@
-//! Stage 1, write (stub, being written).
-use anyhow::{bail, Result};
+//! Stage 1, write: an instrumentation client whose multi-process store is
+//! byte-compatible with client_ruby's `DirectFileStore`.
+//!
+//! One file per metric per process (`metric_<name>___<pid>.bin`): an `i32`
+//! `used` count, 4 bytes of padding, then entries back to back (`i32` padded
+//! length, the form-encoded key padded with spaces so that `4 + len` is a
+//! multiple of 8 — at least one space —, `f64` value, `f64` monotonic
+//! timestamp). Files start at 1 MiB and double when full.
+//!
+//! Three seams carry the write-side strategies; everything else is shared:
+//! - **key** ([`Strategy::KeyCache`]): the baseline sorts and form-encodes the
+//!   label set on every call; `key-cache` encodes each label set once per process.
+//! - **lookup and pid** ([`Strategy::IncrementOnce`]): the baseline looks the
+//!   entry up for the read and again for the write and asks the OS for the pid on
+//!   every call; `increment-once` looks it up once and caches the pid, refreshed
+//!   after `fork`.
+//! - **I/O** ([`Strategy::MmapStore`]): the baseline seeks, reads, writes per
+//!   value; `mmap-store` updates values through a shared mapping. The bytes on
+//!   disk are the same.
+
+use crate::formenc::{self, Dialect};
+use crate::registry::{Aggregation, MetricDef, MetricType, Registry};
+use crate::strategy::{Strategy, StrategySet};
+use ahash::AHashMap;
+use anyhow::{anyhow, bail, Context, Result};
+use memmap2::MmapMut;
+use std::fs::{File, OpenOptions};
+use std::borrow::Cow;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Once;
+
+/// client_ruby's initial file size.
+pub const INITIAL_FILE_SIZE: u64 = 1024 * 1024;
+/// Offset of the first entry.
+pub const HEADER_SIZE: usize = 8;
 
 /// client_ruby's label-name rule: `[a-zA-Z_][a-zA-Z0-9_]*`, not `__`-prefixed, not reserved.
 pub fn validate_label_name(name: &str, reserved: &[&str]) -> Result<()> {
@@ -14,6 +51,550 @@ pub fn validate_label_name(name: &str, reserved: &[&str]) -> Result<()> {
     }
     if reserved.contains(&name) {
         bail!("label name {name:?} is reserved");
+    }
+    Ok(())
+}
+
+/// The path of one metric's file for one process.
+pub fn file_path(dir: &Path, metric: &str, pid: u32) -> PathBuf {
+    dir.join(format!("metric_{metric}___{pid}.bin"))
+}
+
+/// Padded key length as client_ruby writes it: `4 + len` a multiple of 8, at least one space.
+pub fn padded_len(key_len: usize) -> usize {
+    key_len + (8 - (key_len + 4) % 8)
+}
+
+// ---------------------------------------------------------------------------
+// Process id: the baseline asks the OS on every call; `increment-once` caches
+// it and a `pthread_atfork` child handler clears the cache.
+
+static CACHED_PID: AtomicU32 = AtomicU32::new(0);
+static ATFORK: Once = Once::new();
+
+extern "C" fn forget_pid_in_child() {
+    CACHED_PID.store(0, Ordering::Relaxed);
+}
+
+fn os_pid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+fn cached_pid() -> u32 {
+    let pid = CACHED_PID.load(Ordering::Relaxed);
+    if pid != 0 {
+        return pid;
+    }
+    ATFORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_pid_in_child)) };
+    });
+    let pid = os_pid();
+    CACHED_PID.store(pid, Ordering::Relaxed);
+    pid
+}
+
+/// Monotonic-clock seconds, as Ruby's `Process.clock_gettime(CLOCK_MONOTONIC)`.
+fn monotonic_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+// ---------------------------------------------------------------------------
+// One process's file for one metric (client_ruby's `FileMappedDict`).
+
+/// How values reach the file: the I/O seam of [`Strategy::MmapStore`].
+enum Io {
+    /// Seek + read / seek + write per value, as client_ruby does.
+    Syscalls,
+    /// A shared writable mapping of the whole file.
+    Mapped(MmapMut),
+}
+
+/// One metric's store file, owned by this process.
+pub struct StoreFile {
+    file: File,
+    io: Io,
+    path: PathBuf,
+    used: usize,
+    capacity: u64,
+    /// Key → offset of its value.
+    positions: AHashMap<Box<[u8]>, usize>,
+}
+
+impl StoreFile {
+    /// Opens (or creates at 1 MiB) a store file and indexes its entries.
+    pub fn open(path: &Path, mapped: bool) -> Result<StoreFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("cannot open store file {}", path.display()))?;
+        let mut capacity = file.metadata()?.len();
+        if capacity == 0 {
+            file.set_len(INITIAL_FILE_SIZE)?;
+            capacity = INITIAL_FILE_SIZE;
+        }
+        let mut store = StoreFile {
+            file,
+            io: Io::Syscalls,
+            path: path.to_path_buf(),
+            used: 0,
+            capacity,
+            positions: AHashMap::new(),
+        };
+        store.with_lock(|s| s.load())?;
+        if mapped {
+            store.io = Io::Mapped(store.map()?);
+        }
+        Ok(store)
+    }
+
+    fn map(&self) -> Result<MmapMut> {
+        // SAFETY: the file is this process's own; other processes only read it
+        // under flock, as they do with client_ruby's writes.
+        unsafe { MmapMut::map_mut(&self.file) }.with_context(|| format!("cannot map {}", self.path.display()))
+    }
+
+    /// Reads `used` and every entry's position (an empty file gets `used` = 8).
+    fn load(&mut self) -> Result<()> {
+        let mut header = [0u8; 4];
+        self.file.seek(SeekFrom::Start(0))?;
+        self.file.read_exact(&mut header)?;
+        let used = i32::from_le_bytes(header);
+        if used <= 0 {
+            self.used = HEADER_SIZE;
+            self.file.seek(SeekFrom::Start(0))?;
+            self.file.write_all(&(HEADER_SIZE as i32).to_le_bytes())?;
+            return Ok(());
+        }
+        let used = used as usize;
+        if used < HEADER_SIZE || used as u64 > self.capacity {
+            bail!("corrupt store file {}: used = {used} outside 8..={}", self.path.display(), self.capacity);
+        }
+        let mut region = vec![0u8; used];
+        self.file.seek(SeekFrom::Start(0))?;
+        self.file.read_exact(&mut region)?;
+        for entry in crate::export::entries(&region, used) {
+            let entry = entry.map_err(|e| anyhow!("corrupt store file {}: {e}", self.path.display()))?;
+            self.positions.insert(entry.key.into(), entry.value_offset);
+        }
+        self.used = used;
+        Ok(())
+    }
+
+    /// Runs `f` holding an exclusive `flock` on the file.
+    pub fn with_lock<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let fd = self.file.as_raw_fd();
+        flock(fd, libc::LOCK_EX)?;
+        let result = f(self);
+        flock(fd, libc::LOCK_UN)?;
+        result
+    }
+
+    /// The value offset of `key`, appending a zero entry when it is new.
+    pub fn position(&mut self, key: &[u8]) -> Result<usize> {
+        if let Some(&pos) = self.positions.get(key) {
+            return Ok(pos);
+        }
+        self.append_entry(key)
+    }
+
+    fn append_entry(&mut self, key: &[u8]) -> Result<usize> {
+        let padded = padded_len(key.len());
+        let mut entry = Vec::with_capacity(4 + padded + 16);
+        entry.extend_from_slice(&(padded as i32).to_le_bytes());
+        entry.extend_from_slice(key);
+        entry.resize(4 + padded, b' ');
+        entry.extend_from_slice(&[0u8; 16]);
+        while (self.used + entry.len()) as u64 > self.capacity {
+            self.capacity *= 2;
+            self.file.set_len(self.capacity)?;
+            if let Io::Mapped(_) = self.io {
+                self.io = Io::Mapped(self.map()?);
+            }
+        }
+        let at = self.used;
+        self.used += entry.len();
+        let used_bytes = (self.used as i32).to_le_bytes();
+        match &mut self.io {
+            Io::Syscalls => {
+                self.file.seek(SeekFrom::Start(at as u64))?;
+                self.file.write_all(&entry)?;
+                self.file.seek(SeekFrom::Start(0))?;
+                self.file.write_all(&used_bytes)?;
+            }
+            Io::Mapped(map) => {
+                map[at..at + entry.len()].copy_from_slice(&entry);
+                map[..4].copy_from_slice(&used_bytes);
+            }
+        }
+        let pos = self.used - 16;
+        self.positions.insert(key.into(), pos);
+        Ok(pos)
+    }
+
+    /// The value at a value offset.
+    pub fn read_at(&mut self, pos: usize) -> Result<f64> {
+        match &self.io {
+            Io::Syscalls => {
+                let mut buf = [0u8; 8];
+                self.file.seek(SeekFrom::Start(pos as u64))?;
+                self.file.read_exact(&mut buf)?;
+                Ok(f64::from_le_bytes(buf))
+            }
+            Io::Mapped(map) => Ok(f64::from_le_bytes(map[pos..pos + 8].try_into().expect("8 bytes"))),
+        }
+    }
+
+    /// Writes a value and the current monotonic time at a value offset.
+    pub fn write_at(&mut self, pos: usize, value: f64) -> Result<()> {
+        let mut buf = [0u8; 16];
+        buf[..8].copy_from_slice(&value.to_le_bytes());
+        buf[8..].copy_from_slice(&monotonic_seconds().to_le_bytes());
+        match &mut self.io {
+            Io::Syscalls => {
+                self.file.seek(SeekFrom::Start(pos as u64))?;
+                self.file.write_all(&buf)?;
+                self.file.flush()?;
+            }
+            Io::Mapped(map) => map[pos..pos + 16].copy_from_slice(&buf),
+        }
+        Ok(())
+    }
+
+    /// client_ruby's `read_value`: look the key up, read.
+    pub fn read_value(&mut self, key: &[u8]) -> Result<f64> {
+        let pos = self.position(key)?;
+        self.read_at(pos)
+    }
+
+    /// client_ruby's `write_value`: look the key up, write.
+    pub fn write_value(&mut self, key: &[u8], value: f64) -> Result<()> {
+        let pos = self.position(key)?;
+        self.write_at(pos, value)
+    }
+
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+fn flock(fd: std::os::fd::RawFd, op: libc::c_int) -> Result<()> {
+    loop {
+        // SAFETY: flock on a descriptor this process holds open.
+        if unsafe { libc::flock(fd, op) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err).context("flock");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Keys: the seam of `key-cache`.
+
+/// The label that a metric type adds to every key (`le`, `quantile`), with its value.
+type Extra<'a> = Option<(&'static str, &'a str)>;
+
+/// Sorts `labels` (+ `extra`, + `pid` in `all` mode) by name and form-encodes them.
+fn encode_key(labels: &[(&str, &str)], extra: Extra<'_>, pid: Option<u32>, dialect: Dialect) -> Vec<u8> {
+    let pid_text = pid.map(|p| p.to_string());
+    let mut pairs: Vec<(&[u8], &[u8])> = labels.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())).collect();
+    if let Some((k, v)) = extra {
+        pairs.push((k.as_bytes(), v.as_bytes()));
+    }
+    if let Some(p) = &pid_text {
+        pairs.push((b"pid", p.as_bytes()));
+    }
+    pairs.sort_unstable();
+    let mut key = Vec::with_capacity(64);
+    formenc::encode_key(&mut key, pairs, dialect);
+    key
+}
+
+/// Encoded keys of this process, by caller label set and extra label.
+#[derive(Default)]
+struct KeyCache {
+    // Hash of (labels, extra) → entries with that hash.
+    entries: AHashMap<u64, Vec<CachedKey>>,
+    hasher: ahash::RandomState,
+}
+
+struct CachedKey {
+    labels: Vec<(Box<str>, Box<str>)>,
+    extra: Option<Box<str>>,
+    key: Box<[u8]>,
+}
+
+impl KeyCache {
+    fn hash(&self, labels: &[(&str, &str)], extra: Extra<'_>) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        labels.hash(&mut h);
+        extra.map(|(_, v)| v).hash(&mut h);
+        h.finish()
+    }
+
+    fn get(&self, hash: u64, labels: &[(&str, &str)], extra: Extra<'_>) -> Option<&[u8]> {
+        self.entries.get(&hash)?.iter().find_map(|c| {
+            let same = c.labels.len() == labels.len()
+                && c.labels.iter().zip(labels).all(|((k, v), (k2, v2))| &**k == *k2 && &**v == *v2)
+                && c.extra.as_deref() == extra.map(|(_, v)| v);
+            same.then_some(&*c.key)
+        })
+    }
+
+    fn insert(&mut self, hash: u64, labels: &[(&str, &str)], extra: Extra<'_>, key: Vec<u8>) {
+        self.entries.entry(hash).or_default().push(CachedKey {
+            labels: labels.iter().map(|(k, v)| (Box::from(*k), Box::from(*v))).collect(),
+            extra: extra.map(|(_, v)| Box::from(v)),
+            key: key.into(),
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One metric's store in this process (client_ruby's `MetricStore`).
+
+/// What a metric store holds for the process that opened it.
+struct ProcessState {
+    pid: u32,
+    file: StoreFile,
+    keys: KeyCache,
+}
+
+struct MetricStore {
+    def: MetricDef,
+    aggregation: Aggregation,
+    bucket_bounds: Vec<f64>,
+    state: Option<ProcessState>,
+}
+
+/// Settings of a [`Client`].
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub dialect: Dialect,
+    pub strategies: StrategySet,
+    /// Name files with this pid instead of the process's own (op-log replay).
+    pub pid_override: Option<u32>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig { dialect: Dialect::Uri, strategies: StrategySet::compiled_default(), pid_override: None }
+    }
+}
+
+/// A handle to a registered metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetricId(usize);
+
+/// The instrumentation client: counters, gauges, histograms and summaries
+/// written to a client_ruby-compatible store directory.
+pub struct Client {
+    dir: PathBuf,
+    config: ClientConfig,
+    metrics: Vec<MetricStore>,
+}
+
+impl Client {
+    /// Registers every metric of `registry` against the store in `dir`.
+    /// Writes nothing yet; see [`Client::init_unlabeled`].
+    pub fn new(dir: &Path, registry: &Registry, config: ClientConfig) -> Result<Client> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create store directory {}", dir.display()))?;
+        let metrics = registry
+            .metrics
+            .iter()
+            .map(|def| MetricStore {
+                def: def.clone(),
+                aggregation: def.aggregation(),
+                bucket_bounds: def.bucket_bounds(),
+                state: None,
+            })
+            .collect();
+        Ok(Client { dir: dir.to_path_buf(), config, metrics })
+    }
+
+    pub fn metric(&self, name: &str) -> Result<MetricId> {
+        self.metrics
+            .iter()
+            .position(|m| m.def.name == name)
+            .map(MetricId)
+            .ok_or_else(|| anyhow!("metric {name:?} is not registered"))
+    }
+
+    /// Writes the zero series of every unlabeled metric, as registering does in client_ruby.
+    pub fn init_unlabeled(&mut self) -> Result<()> {
+        for i in 0..self.metrics.len() {
+            if self.metrics[i].def.labels.is_empty() {
+                self.init(MetricId(i), &[])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the zero-valued series of one label set (client_ruby's `init_label_set`).
+    pub fn init(&mut self, id: MetricId, labels: &[(&str, &str)]) -> Result<()> {
+        let s = self.config.strategies;
+        let kind = self.metrics[id.0].def.kind;
+        match kind {
+            MetricType::Counter | MetricType::Gauge => self.set_raw(id, labels, None, 0.0),
+            MetricType::Histogram => {
+                let buckets = self.metrics[id.0].def.buckets.clone();
+                self.with_file_lock(id, s, |client| {
+                    for le in buckets.iter().map(String::as_str).chain(["+Inf", "sum"]) {
+                        client.set_raw(id, labels, Some(("le", le)), 0.0)?;
+                    }
+                    Ok(())
+                })
+            }
+            MetricType::Summary => self.with_file_lock(id, s, |client| {
+                client.set_raw(id, labels, Some(("quantile", "count")), 0.0)?;
+                client.set_raw(id, labels, Some(("quantile", "sum")), 0.0)
+            }),
+        }
+    }
+
+    /// Counter `increment` (by ≥ 0) or gauge `increment`/`decrement`.
+    pub fn increment(&mut self, id: MetricId, labels: &[(&str, &str)], by: f64) -> Result<()> {
+        let def = &self.metrics[id.0].def;
+        match def.kind {
+            MetricType::Counter if by < 0.0 => bail!("{}: increment must be a non-negative number", def.name),
+            MetricType::Counter | MetricType::Gauge => {}
+            _ => bail!("{}: a {} has no increment", def.name, def.kind.name()),
+        }
+        if self.metrics[id.0].aggregation == Aggregation::MostRecent {
+            bail!("{}: the most_recent aggregation does not support increment/decrement", def.name);
+        }
+        self.increment_raw(id, labels, None, by)
+    }
+
+    /// Gauge `set`.
+    pub fn set(&mut self, id: MetricId, labels: &[(&str, &str)], value: f64) -> Result<()> {
+        let def = &self.metrics[id.0].def;
+        if def.kind != MetricType::Gauge {
+            bail!("{}: only gauges can be set", def.name);
+        }
+        self.set_raw(id, labels, None, value)
+    }
+
+    /// Histogram or summary `observe`, under the file lock as client_ruby does.
+    pub fn observe(&mut self, id: MetricId, labels: &[(&str, &str)], value: f64) -> Result<()> {
+        let s = self.config.strategies;
+        let metric = &self.metrics[id.0];
+        match metric.def.kind {
+            MetricType::Histogram => {
+                // The first bound >= value (client_ruby's bsearch), else +Inf.
+                let index = metric.bucket_bounds.partition_point(|&bound| bound < value);
+                let le = metric.def.buckets.get(index).cloned().unwrap_or_else(|| "+Inf".to_string());
+                self.with_file_lock(id, s, |client| {
+                    client.increment_raw(id, labels, Some(("le", &le)), 1.0)?;
+                    client.increment_raw(id, labels, Some(("le", "sum")), value)
+                })
+            }
+            MetricType::Summary => self.with_file_lock(id, s, |client| {
+                client.increment_raw(id, labels, Some(("quantile", "count")), 1.0)?;
+                client.increment_raw(id, labels, Some(("quantile", "sum")), value)
+            }),
+            kind => bail!("{}: a {} cannot observe", metric.def.name, kind.name()),
+        }
+    }
+
+    /// Runs `f` holding this process's `flock` on the metric's file.
+    fn with_file_lock(
+        &mut self,
+        id: MetricId,
+        s: StrategySet,
+        f: impl FnOnce(&mut Client) -> Result<()>,
+    ) -> Result<()> {
+        let fd = self.state(id, s)?.file.file.as_raw_fd();
+        flock(fd, libc::LOCK_EX)?;
+        let result = f(self);
+        flock(fd, libc::LOCK_UN)?;
+        result
+    }
+
+    fn pid(&self, s: StrategySet) -> u32 {
+        let pid = if s.contains(Strategy::IncrementOnce) { cached_pid() } else { os_pid() };
+        self.config.pid_override.unwrap_or(pid)
+    }
+
+    /// This process's state for a metric, (re)opened when the pid changed (after fork).
+    fn state(&mut self, id: MetricId, s: StrategySet) -> Result<&mut ProcessState> {
+        let pid = self.pid(s);
+        let metric = &mut self.metrics[id.0];
+        match &mut metric.state {
+            Some(state) if state.pid == pid => {}
+            slot => {
+                let path = file_path(&self.dir, &metric.def.name, pid);
+                let file = StoreFile::open(&path, s.contains(Strategy::MmapStore))?;
+                *slot = Some(ProcessState { pid, file, keys: KeyCache::default() });
+            }
+        }
+        Ok(metric.state.as_mut().expect("just opened"))
+    }
+
+    /// The store key of a label set (validated) and the file to write it to.
+    /// With `key-cache` the key is encoded once per process and borrowed after.
+    fn key_and_file(
+        &mut self,
+        id: MetricId,
+        labels: &[(&str, &str)],
+        extra: Extra<'_>,
+    ) -> Result<(Cow<'_, [u8]>, &mut StoreFile)> {
+        let s = self.config.strategies;
+        let dialect = self.config.dialect;
+        let pid = self.pid(s);
+        self.state(id, s)?;
+        let MetricStore { def, aggregation, state, .. } = &mut self.metrics[id.0];
+        let ProcessState { file, keys, .. } = state.as_mut().expect("opened above");
+        let pid_label = (*aggregation == Aggregation::All).then_some(pid);
+        if !s.contains(Strategy::KeyCache) {
+            validate_labels(&def.name, &def.labels, labels)?;
+            return Ok((Cow::Owned(encode_key(labels, extra, pid_label, dialect)), file));
+        }
+        let hash = keys.hash(labels, extra);
+        if keys.get(hash, labels, extra).is_none() {
+            validate_labels(&def.name, &def.labels, labels)?;
+            keys.insert(hash, labels, extra, encode_key(labels, extra, pid_label, dialect));
+        }
+        let key = keys.get(hash, labels, extra).expect("inserted above");
+        Ok((Cow::Borrowed(key), file))
+    }
+
+    fn set_raw(&mut self, id: MetricId, labels: &[(&str, &str)], extra: Extra<'_>, value: f64) -> Result<()> {
+        let (key, file) = self.key_and_file(id, labels, extra)?;
+        file.write_value(&key, value)
+    }
+
+    fn increment_raw(&mut self, id: MetricId, labels: &[(&str, &str)], extra: Extra<'_>, by: f64) -> Result<()> {
+        let once = self.config.strategies.contains(Strategy::IncrementOnce);
+        let (key, file) = self.key_and_file(id, labels, extra)?;
+        if once {
+            let pos = file.position(&key)?;
+            let value = file.read_at(pos)?;
+            file.write_at(pos, value + by)
+        } else {
+            let value = file.read_value(&key)?;
+            file.write_value(&key, value + by)
+        }
+    }
+}
+
+/// client_ruby's label validation: the label set has exactly the declared names.
+fn validate_labels(metric: &str, declared: &[String], labels: &[(&str, &str)]) -> Result<()> {
+    let same_names = labels.len() == declared.len()
+        && declared.iter().all(|d| labels.iter().filter(|(k, _)| k == d).count() == 1);
+    if !same_names {
+        let given: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
+        bail!("{metric}: labels {given:?} do not match the declared labels {declared:?}");
     }
     Ok(())
 }

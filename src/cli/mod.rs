@@ -1,19 +1,112 @@
 //! Subcommands of the first half (store, export, ablation, serving).
-use anyhow::{bail, Result};
+use crate::formenc::Dialect;
+use crate::registry::Registry;
+use crate::store::{Client, ClientConfig};
+use crate::strategy::StrategySet;
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::path::PathBuf;
 
+/// `promlab export`: print the exposition of a store directory.
 #[derive(clap::Args, Debug)]
-pub struct ExportArgs {}
-#[derive(clap::Args, Debug)]
-pub struct ReplayArgs {}
-#[derive(clap::Args, Debug)]
-pub struct ReplayOneArgs {}
-#[derive(clap::Args, Debug)]
-pub struct AblateArgs {}
-impl AblateArgs {
-    pub fn main_job() -> Self {
-        AblateArgs {}
-    }
+pub struct ExportArgs {
+    /// Store directory (client_ruby DirectFileStore layout).
+    #[arg(long)]
+    pub store: PathBuf,
+    /// The registry, in the fixtures' registry.json format.
+    #[arg(long)]
+    pub registry: PathBuf,
+    /// Strategies to use: a comma-separated list, `none`, `all`, or `default`.
+    #[arg(long, default_value = "default")]
+    pub strategies: StrategySet,
 }
+
+/// `promlab replay`: rebuild a store from op logs, one child process per log.
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    #[arg(long)]
+    pub registry: PathBuf,
+    #[arg(long)]
+    pub store: PathBuf,
+    #[arg(long, default_value = "default")]
+    pub strategies: StrategySet,
+    /// Key dialect: `uri` (client_ruby 5.x) or `cgi` (4.2.5).
+    #[arg(long, default_value = "uri")]
+    pub dialect: Dialect,
+    /// Op logs (`ops-<pid>.jsonl`).
+    #[arg(required = true)]
+    pub ops: Vec<PathBuf>,
+}
+
+/// The child side of `replay`: one log, in this process.
+#[derive(clap::Args, Debug)]
+pub struct ReplayOneArgs {
+    #[arg(long)]
+    pub registry: PathBuf,
+    #[arg(long)]
+    pub store: PathBuf,
+    #[arg(long)]
+    pub strategies: StrategySet,
+    #[arg(long)]
+    pub dialect: Dialect,
+    pub ops: PathBuf,
+}
+
+pub fn export(args: ExportArgs) -> Result<()> {
+    let registry = Registry::load(&args.registry)?;
+    let text = crate::export::export(&args.store, &registry, args.strategies)?;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(&text)?;
+    stdout.flush()?;
+    Ok(())
+}
+
+pub fn replay(args: ReplayArgs) -> Result<()> {
+    Registry::load(&args.registry)?;
+    let exe = std::env::current_exe().context("cannot find the promlab executable")?;
+    let children: Vec<(PathBuf, std::process::Child)> = args
+        .ops
+        .iter()
+        .map(|ops| {
+            let child = std::process::Command::new(&exe)
+                .arg("replay-one")
+                .arg("--registry")
+                .arg(&args.registry)
+                .arg("--store")
+                .arg(&args.store)
+                .arg("--strategies")
+                .arg(args.strategies.to_string())
+                .arg("--dialect")
+                .arg(match args.dialect {
+                    Dialect::Cgi => "cgi",
+                    Dialect::Uri => "uri",
+                })
+                .arg(ops)
+                .spawn()
+                .with_context(|| format!("cannot start a replay process for {}", ops.display()))?;
+            Ok((ops.clone(), child))
+        })
+        .collect::<Result<_>>()?;
+    let mut failed = Vec::new();
+    for (ops, mut child) in children {
+        if !child.wait()?.success() {
+            failed.push(ops.display().to_string());
+        }
+    }
+    if !failed.is_empty() {
+        bail!("replay failed for {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+pub fn replay_one(args: ReplayOneArgs) -> Result<()> {
+    let registry = Registry::load(&args.registry)?;
+    let log = crate::ops::OpLog::load(&args.ops)?;
+    let config = ClientConfig { dialect: args.dialect, strategies: args.strategies, pid_override: Some(log.pid) };
+    let mut client = Client::new(&args.store, &registry, config)?;
+    log.replay(&mut client)
+}
+
 /// `promlab serve`: the mode follows from the flags. `--store` (with
 /// `--registry`) serves a client_ruby store directory; `--scenario rabbitmq`
 /// serves RabbitMQ's endpoints; otherwise it is the remote-write receiver
@@ -49,10 +142,16 @@ pub struct ServeArgs {
     pub strategies: crate::strategy::StrategySet,
 }
 
-pub fn export(_: ExportArgs) -> Result<()> { bail!("todo") }
-pub fn replay(_: ReplayArgs) -> Result<()> { bail!("todo") }
-pub fn replay_one(_: ReplayOneArgs) -> Result<()> { bail!("todo") }
-pub fn ablate(_: AblateArgs) -> Result<()> { bail!("todo") }
+#[derive(clap::Args, Debug)]
+pub struct AblateArgs {}
+impl AblateArgs {
+    pub fn main_job() -> Self {
+        AblateArgs {}
+    }
+}
+pub fn ablate(_: AblateArgs) -> Result<()> {
+    bail!("todo")
+}
 pub fn serve(args: ServeArgs) -> Result<()> {
     if args.store.is_some() || args.scenario.is_some() {
         crate::render::server::serve(args)
