@@ -1,0 +1,477 @@
+//! An in-memory registry for one process: families of counters and gauges with
+//! many series (a million and more), values changing between scrapes, rendered
+//! as client_ruby prints the text format.
+//!
+//! Storage is columnar per family so a million series cost a few allocations,
+//! not millions: all label values of a family back to back in one byte arena
+//! (`u32` end offsets), the values in one `Vec<f64>`, and a hash table of series
+//! indices for get-or-create.
+//!
+//! # The `prerender` seam
+//!
+//! Only one thing differs between strategies: how each series' line prefix
+//! `name{k="v",...} ` reaches the scrape buffer ([`LinePrefixes`]).
+//! - Baseline (RabbitMQ before "Pre-render prometheus labels"): on every scrape,
+//!   walk the series' label pairs, escape each value byte by byte, build the
+//!   line in a fresh buffer, then copy it out.
+//! - `prerender`: the prefix is rendered once when the series is created (with a
+//!   fast "needs escaping?" scan), so a scrape is one buffer of copies plus value
+//!   formatting.
+//!
+//! Both write the same bytes; `tests/render_live.rs` proves it by proptest over
+//! awkward names and values.
+
+use crate::registry::MetricType;
+use crate::rubyfloat;
+use crate::strategy::{Strategy, StrategySet};
+use crate::text::{self, Escape};
+use anyhow::{bail, Context, Result};
+use hashbrown::HashTable;
+use std::hash::{BuildHasher, Hasher};
+
+/// A family's place in its [`LiveRegistry`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FamilyId(u32);
+
+impl FamilyId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// One series: its family and its index within the family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SeriesId {
+    pub family: FamilyId,
+    pub index: u32,
+}
+
+/// Families of counters and gauges, rendered in registration order.
+pub struct LiveRegistry {
+    families: Vec<Family>,
+    prerender: bool,
+    hasher: ahash::RandomState,
+}
+
+struct Family {
+    name: Box<[u8]>,
+    kind: MetricType,
+    help: Box<[u8]>,
+    label_names: Box<[Box<[u8]>]>,
+    /// Label values of every series, back to back.
+    label_bytes: Vec<u8>,
+    /// End offset in `label_bytes` of each label value, `label_names.len()` per series.
+    value_ends: Vec<u32>,
+    values: Vec<f64>,
+    /// Series indices, hashed by label values (get-or-create).
+    index: HashTable<u32>,
+    prefixes: LinePrefixes,
+}
+
+/// The seam: how each series' `name{labels} ` prefix gets into a scrape.
+enum LinePrefixes {
+    /// Baseline: nothing kept; every scrape renders each prefix afresh.
+    PerScrape,
+    /// `prerender`: every prefix rendered once at series creation, back to back.
+    Prerendered { bytes: Vec<u8>, ends: Vec<u32> },
+}
+
+impl LiveRegistry {
+    /// An empty registry; `strategies` decides whether prefixes are pre-rendered.
+    pub fn new(strategies: StrategySet) -> LiveRegistry {
+        LiveRegistry {
+            families: Vec::new(),
+            prerender: strategies.contains(Strategy::Prerender),
+            // Fixed keys: the table only holds our own series, and runs stay reproducible.
+            hasher: ahash::RandomState::with_seeds(0x9e37, 0x79b9, 0x7f4a, 0x7c15),
+        }
+    }
+
+    /// Whether this registry pre-renders line prefixes.
+    pub fn prerenders(&self) -> bool {
+        self.prerender
+    }
+
+    /// Registers a counter or gauge family with its label names, in order.
+    pub fn register(
+        &mut self,
+        name: &str,
+        kind: MetricType,
+        help: &str,
+        label_names: &[&str],
+    ) -> Result<FamilyId> {
+        if !is_metric_name(name) {
+            bail!("invalid metric name {name:?}");
+        }
+        if !matches!(kind, MetricType::Counter | MetricType::Gauge) {
+            bail!(
+                "metric {name}: only counters and gauges are supported, not {}",
+                kind.name()
+            );
+        }
+        if self.families.iter().any(|f| &*f.name == name.as_bytes()) {
+            bail!("metric {name} is registered twice");
+        }
+        for (i, label) in label_names.iter().enumerate() {
+            if !is_label_name(label) {
+                bail!("metric {name}: invalid label name {label:?}");
+            }
+            if label_names[..i].contains(label) {
+                bail!("metric {name}: label {label} is declared twice");
+            }
+        }
+        let id = FamilyId(u32::try_from(self.families.len()).context("too many families")?);
+        self.families.push(Family {
+            name: name.as_bytes().into(),
+            kind,
+            help: help.as_bytes().into(),
+            label_names: label_names.iter().map(|l| l.as_bytes().into()).collect(),
+            label_bytes: Vec::new(),
+            value_ends: Vec::new(),
+            values: Vec::new(),
+            index: HashTable::new(),
+            prefixes: if self.prerender {
+                LinePrefixes::Prerendered {
+                    bytes: Vec::new(),
+                    ends: Vec::new(),
+                }
+            } else {
+                LinePrefixes::PerScrape
+            },
+        });
+        Ok(id)
+    }
+
+    /// The series with these label values (one per declared label, in order),
+    /// created at 0.0 if new.
+    pub fn series(&mut self, family: FamilyId, label_values: &[&[u8]]) -> Result<SeriesId> {
+        let hasher = &self.hasher;
+        let fam = self
+            .families
+            .get_mut(family.index())
+            .context("unknown family")?;
+        if label_values.len() != fam.label_names.len() {
+            bail!(
+                "metric {}: expected {} label values, got {}",
+                String::from_utf8_lossy(&fam.name),
+                fam.label_names.len(),
+                label_values.len()
+            );
+        }
+        let hash = hash_values(hasher, label_values.iter().copied());
+        if let Some(&index) = fam.index.find(hash, |&i| {
+            fam.label_values(i as usize)
+                .eq(label_values.iter().copied())
+        }) {
+            return Ok(SeriesId { family, index });
+        }
+        let index = u32::try_from(fam.values.len()).context("too many series in one family")?;
+        for value in label_values {
+            fam.label_bytes.extend_from_slice(value);
+            let end = u32::try_from(fam.label_bytes.len()).with_context(|| {
+                format!(
+                    "metric {}: label values exceed 4 GiB",
+                    String::from_utf8_lossy(&fam.name)
+                )
+            })?;
+            fam.value_ends.push(end);
+        }
+        fam.values.push(0.0);
+        if let LinePrefixes::Prerendered { bytes, ends } = &mut fam.prefixes {
+            write_prefix_once(bytes, &fam.name, &fam.label_names, label_values);
+            ends.push(u32::try_from(bytes.len()).context("pre-rendered prefixes exceed 4 GiB")?);
+        }
+        let Family {
+            index: table,
+            label_bytes,
+            value_ends,
+            label_names,
+            ..
+        } = fam;
+        let k = label_names.len();
+        table.insert_unique(hash, index, |&i| {
+            hash_values(hasher, values_of(label_bytes, value_ends, k, i as usize))
+        });
+        Ok(SeriesId { family, index })
+    }
+
+    /// Sets a series' value (also for counters: a collector copies them from elsewhere).
+    pub fn set(&mut self, id: SeriesId, value: f64) {
+        self.families[id.family.index()].values[id.index as usize] = value;
+    }
+
+    /// Adds to a series' value; counters refuse to go down, as client_ruby does.
+    pub fn inc(&mut self, id: SeriesId, by: f64) -> Result<()> {
+        let fam = &mut self.families[id.family.index()];
+        if fam.kind == MetricType::Counter && by < 0.0 {
+            bail!(
+                "counter {} cannot decrease (increment {by})",
+                String::from_utf8_lossy(&fam.name)
+            );
+        }
+        fam.values[id.index as usize] += by;
+        Ok(())
+    }
+
+    pub fn get(&self, id: SeriesId) -> f64 {
+        self.families[id.family.index()].values[id.index as usize]
+    }
+
+    /// Every value of one family, by series index (for bulk updates between scrapes).
+    pub fn values_mut(&mut self, family: FamilyId) -> &mut [f64] {
+        &mut self.families[family.index()].values
+    }
+
+    pub fn family_count(&self) -> usize {
+        self.families.len()
+    }
+
+    pub fn family_ids(&self) -> impl Iterator<Item = FamilyId> {
+        (0..self.families.len() as u32).map(FamilyId)
+    }
+
+    pub fn family_name(&self, family: FamilyId) -> &str {
+        std::str::from_utf8(&self.families[family.index()].name).expect("validated ASCII")
+    }
+
+    pub fn family_kind(&self, family: FamilyId) -> MetricType {
+        self.families[family.index()].kind
+    }
+
+    pub fn series_count(&self) -> usize {
+        self.families.iter().map(|f| f.values.len()).sum()
+    }
+
+    /// Clears `out` and writes the exposition of every family.
+    pub fn render_into(&self, out: &mut Vec<u8>) {
+        out.clear();
+        for family in &self.families {
+            family.write(out);
+        }
+    }
+
+    /// Clears `out` and writes the exposition of the given families, in the given order.
+    pub fn render_families_into(&self, families: &[FamilyId], out: &mut Vec<u8>) {
+        out.clear();
+        for id in families {
+            self.families[id.index()].write(out);
+        }
+    }
+}
+
+impl Family {
+    fn label_values(&self, series: usize) -> impl Iterator<Item = &[u8]> {
+        values_of(
+            &self.label_bytes,
+            &self.value_ends,
+            self.label_names.len(),
+            series,
+        )
+    }
+
+    /// `# TYPE`, `# HELP`, then one line per series, as client_ruby prints them.
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"# TYPE ");
+        out.extend_from_slice(&self.name);
+        out.push(b' ');
+        out.extend_from_slice(self.kind.name().as_bytes());
+        out.extend_from_slice(b"\n# HELP ");
+        out.extend_from_slice(&self.name);
+        out.push(b' ');
+        text::write_escaped(out, &self.help, Escape::Help);
+        out.push(b'\n');
+        match &self.prefixes {
+            LinePrefixes::PerScrape => self.write_lines_per_scrape(out),
+            LinePrefixes::Prerendered { bytes, ends } => {
+                self.write_lines_prerendered(bytes, ends, out)
+            }
+        }
+    }
+
+    /// Baseline: each line built from the label pairs in a fresh buffer, escaping byte by byte.
+    fn write_lines_per_scrape(&self, out: &mut Vec<u8>) {
+        for (series, &value) in self.values.iter().enumerate() {
+            let mut line = Vec::new();
+            line.extend_from_slice(&self.name);
+            for (i, (name, value)) in self
+                .label_names
+                .iter()
+                .zip(self.label_values(series))
+                .enumerate()
+            {
+                line.push(if i == 0 { b'{' } else { b',' });
+                line.extend_from_slice(name);
+                line.extend_from_slice(b"=\"");
+                text::write_escaped_bytewise(&mut line, value, Escape::LabelValue);
+                line.push(b'"');
+            }
+            if !self.label_names.is_empty() {
+                line.push(b'}');
+            }
+            line.push(b' ');
+            rubyfloat::write(&mut line, value);
+            line.push(b'\n');
+            out.extend_from_slice(&line);
+        }
+    }
+
+    /// `prerender`: copy each ready prefix, then format the value.
+    fn write_lines_prerendered(&self, prefixes: &[u8], ends: &[u32], out: &mut Vec<u8>) {
+        let mut start = 0;
+        for (&end, &value) in ends.iter().zip(&self.values) {
+            out.extend_from_slice(&prefixes[start..end as usize]);
+            rubyfloat::write(out, value);
+            out.push(b'\n');
+            start = end as usize;
+        }
+    }
+}
+
+/// Renders `name{k="v",...} ` once, at series creation (fast scan, then copy).
+fn write_prefix_once(
+    out: &mut Vec<u8>,
+    name: &[u8],
+    label_names: &[Box<[u8]>],
+    label_values: &[&[u8]],
+) {
+    out.extend_from_slice(name);
+    text::write_label_block(
+        out,
+        label_names
+            .iter()
+            .map(|n| &n[..])
+            .zip(label_values.iter().copied()),
+    );
+    out.push(b' ');
+}
+
+fn values_of<'a>(
+    label_bytes: &'a [u8],
+    value_ends: &'a [u32],
+    k: usize,
+    series: usize,
+) -> impl Iterator<Item = &'a [u8]> {
+    let ends = &value_ends[series * k..(series + 1) * k];
+    let mut start = if series == 0 {
+        0
+    } else {
+        value_ends[series * k - 1] as usize
+    };
+    ends.iter().map(move |&end| {
+        let value = &label_bytes[start..end as usize];
+        start = end as usize;
+        value
+    })
+}
+
+fn hash_values<'a>(hasher: &ahash::RandomState, values: impl Iterator<Item = &'a [u8]>) -> u64 {
+    let mut h = hasher.build_hasher();
+    for v in values {
+        // Length first, so ("ab","c") and ("a","bc") hash apart.
+        h.write_usize(v.len());
+        h.write(v);
+    }
+    h.finish()
+}
+
+fn is_metric_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_' | b':'))
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+}
+
+/// Prometheus label names; `__` prefixes are reserved.
+fn is_label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_'))
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !name.starts_with("__")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn both(build: impl Fn(&mut LiveRegistry)) -> Vec<u8> {
+        let mut outs = Vec::new();
+        for set in [
+            StrategySet::NONE,
+            StrategySet::NONE.with(Strategy::Prerender),
+        ] {
+            let mut reg = LiveRegistry::new(set);
+            build(&mut reg);
+            let mut out = Vec::new();
+            reg.render_into(&mut out);
+            outs.push(out);
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&outs[0]),
+            String::from_utf8_lossy(&outs[1])
+        );
+        outs.pop().unwrap()
+    }
+
+    #[test]
+    fn renders_like_client_ruby() {
+        let out = both(|reg| {
+            let c = reg
+                .register(
+                    "jobs_total",
+                    MetricType::Counter,
+                    "Jobs.\nDone \\ \"ok\"",
+                    &["queue", "vhost"],
+                )
+                .unwrap();
+            let s = reg.series(c, &[b"q\"1\\\n", b"/"]).unwrap();
+            reg.inc(s, 3.0).unwrap();
+            let s2 = reg.series(c, &[b"caf\xc3\xa9", b"/"]).unwrap();
+            reg.set(s2, 0.25);
+            assert_eq!(reg.series(c, &[b"q\"1\\\n", b"/"]).unwrap(), s);
+            let g = reg.register("up", MetricType::Gauge, "", &[]).unwrap();
+            let u = reg.series(g, &[]).unwrap();
+            reg.set(u, f64::NEG_INFINITY);
+        });
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "# TYPE jobs_total counter\n# HELP jobs_total Jobs.\\nDone \\\\ \"ok\"\n\
+             jobs_total{queue=\"q\\\"1\\\\\\n\",vhost=\"/\"} 3.0\n\
+             jobs_total{queue=\"café\",vhost=\"/\"} 0.25\n\
+             # TYPE up gauge\n# HELP up \nup -Infinity\n"
+        );
+    }
+
+    #[test]
+    fn refuses_bad_input() {
+        let mut reg = LiveRegistry::new(StrategySet::NONE);
+        assert!(reg.register("1bad", MetricType::Gauge, "", &[]).is_err());
+        assert!(reg.register("h", MetricType::Histogram, "", &[]).is_err());
+        assert!(reg
+            .register("x", MetricType::Gauge, "", &["__name"])
+            .is_err());
+        assert!(reg
+            .register("x", MetricType::Gauge, "", &["a", "a"])
+            .is_err());
+        let c = reg
+            .register("c_total", MetricType::Counter, "", &["a"])
+            .unwrap();
+        assert!(reg
+            .register("c_total", MetricType::Counter, "", &["a"])
+            .is_err());
+        assert!(reg.series(c, &[]).is_err());
+        let s = reg.series(c, &[b"x"]).unwrap();
+        assert!(reg.inc(s, -1.0).is_err());
+        assert_eq!(reg.get(s), 0.0);
+    }
+
+    #[test]
+    fn label_boundaries_do_not_collide() {
+        let mut reg = LiveRegistry::new(StrategySet::NONE);
+        let f = reg
+            .register("f", MetricType::Gauge, "", &["a", "b"])
+            .unwrap();
+        let x = reg.series(f, &[b"ab", b"c"]).unwrap();
+        let y = reg.series(f, &[b"a", b"bc"]).unwrap();
+        assert_ne!(x, y);
+        assert_eq!(reg.series_count(), 2);
+    }
+}
