@@ -3,26 +3,36 @@
 //! Ruby prints the shortest digit string that round-trips (David Gay's dtoa,
 //! mode 0), then lays it out by the decimal exponent `decpt` (the value is
 //! `0.DIGITS × 10^decpt`):
-//! - `0 < decpt <= 16`: fixed notation, always with a fraction (`1.0`, `123.45`);
+//! - `0 < decpt <= 15`, or `decpt == 16` with a fractional digit: fixed
+//!   notation, always with a fraction (`1.0`, `123.45`, `2195515681897517.5`);
 //! - `-4 < decpt <= 0`: fixed notation with leading zeros (`0.0001`);
 //! - otherwise: `D.DDDe±XX`, at least two exponent digits (`1.0e+20`, `1.0e-05`).
 //!
 //! [`write_reference`] gets the digits from Rust's `{:e}` formatting (also
-//! shortest round-trip); [`write`] is the fast path used on hot paths: an
-//! integer shortcut, then `ryu`. `tests/ruby_float.rs` checks both against the
+//! shortest round-trip, and like dtoa it breaks an exact tie between two
+//! shortest candidates to even); [`write`] is the fast path used on hot paths:
+//! an integer shortcut, then `ryu`. Ryu breaks such ties upward, so its output
+//! is used only when it has at most 15 significant digits: a double's rounding
+//! interval is narrower than the gap between two 15-digit decimals, so the
+//! shortest candidate is then unique and no tie can arise. `tests/ruby_float.rs` checks both against the
 //! 10,119-line oracle Ruby printed, and a property test checks them against each
 //! other.
 
-/// Largest `decpt` printed in fixed notation (Ruby's `DBL_DIG + 1`).
+/// Largest `decpt` printed in fixed notation when the value has a fraction (`DBL_DIG + 1`).
 const MAX_FIXED_DECPT: i32 = 16;
+/// Largest `decpt` printed in fixed notation when the value is integral (`DBL_DIG`).
+const MAX_FIXED_DECPT_INTEGRAL: i32 = 15;
+/// Integral values below this print as `<integer>.0` (decpt <= 15).
+const INTEGER_FAST_PATH_LIMIT: f64 = 1e15;
+/// Most significant digits of a ryu output that cannot be a tie (see above).
+const MAX_UNIQUE_DIGITS: usize = 15;
 /// Smallest `decpt` printed in fixed notation.
 const MIN_FIXED_DECPT: i32 = -3;
 
 /// Appends Ruby's `Float#to_s` of `v` to `out` (fast path).
 #[inline]
 pub fn write(out: &mut Vec<u8>, v: f64) {
-    // Integral values below 2^53 print as `<integer>.0` (decpt <= 16 always holds).
-    if v.fract() == 0.0 && v.abs() < 9_007_199_254_740_992.0 {
+    if v.fract() == 0.0 && v.abs() < INTEGER_FAST_PATH_LIMIT {
         if v == 0.0 && v.is_sign_negative() {
             out.extend_from_slice(b"-0.0");
             return;
@@ -38,24 +48,36 @@ pub fn write(out: &mut Vec<u8>, v: f64) {
     }
     let mut buf = ryu::Buffer::new();
     let (negative, digits, decpt) = split_ryu(buf.format_finite(v));
+    if digits.len > MAX_UNIQUE_DIGITS {
+        write_reference(out, v);
+        return;
+    }
     layout(out, negative, &digits, decpt);
 }
 
-/// Appends Ruby's `Float#to_s` of `v`, the obviously-correct way.
+/// Appends Ruby's `Float#to_s` of `v`, the obviously-correct way: the fewest
+/// significant digits whose correctly rounded (half-to-even) decimal parses
+/// back to `v`, as dtoa's mode 0 finds them.
 pub fn write_reference(out: &mut Vec<u8>, v: f64) {
     if !v.is_finite() {
         write_non_finite(out, v);
         return;
     }
-    // `{:e}` prints the shortest round-trip digits as `D.DDDeX` (or `DeX`).
-    let text = format!("{:e}", v);
+    let text = (0..17)
+        .map(|precision| format!("{:.*e}", precision, v))
+        .find(|text| text.parse::<f64>() == Ok(v))
+        .expect("17 significant digits always round-trip");
     let (negative, rest) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, text.as_str()),
     };
     let (mantissa, exponent) = rest.split_once('e').expect("{:e} always has an exponent");
-    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    let mut digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    while digits.len() > 1 && digits.last() == Some(&b'0') {
+        digits.pop();
+    }
     let exponent: i32 = exponent.parse().expect("{:e} exponent is an integer");
+    // Zero prints as `0e0`: one digit, decpt 1.
     layout(out, negative, &digits, exponent + 1);
 }
 
@@ -162,7 +184,8 @@ fn layout(out: &mut Vec<u8>, negative: bool, digits: &[u8], decpt: i32) {
         out.push(b'-');
     }
     let n = digits.len() as i32;
-    if decpt > 0 && decpt <= MAX_FIXED_DECPT {
+    let fixed_limit = if n > decpt { MAX_FIXED_DECPT } else { MAX_FIXED_DECPT_INTEGRAL };
+    if decpt > 0 && decpt <= fixed_limit {
         if n <= decpt {
             out.extend_from_slice(digits);
             out.resize(out.len() + (decpt - n) as usize, b'0');
@@ -215,7 +238,10 @@ mod tests {
         assert_eq!(both(1.0), "1.0");
         assert_eq!(both(1e20), "1.0e+20");
         assert_eq!(both(1e16), "1.0e+16");
-        assert_eq!(both(1e15), "1000000000000000.0");
+        assert_eq!(both(1e15), "1.0e+15");
+        assert_eq!(both(1e14), "100000000000000.0");
+        assert_eq!(both(2195515681897517.5), "2195515681897517.5");
+        assert_eq!(both(-1140023606510476.25), "-1140023606510476.2");
         assert_eq!(both(1e-5), "1.0e-05");
         assert_eq!(both(1e-4), "0.0001");
         assert_eq!(both(0.1 + 0.2), "0.30000000000000004");

@@ -1,0 +1,82 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The ruby-dfs cases kept unpacked, with the key dialect that wrote them.
+pub const RUBY_CASES: [(&str, &str); 4] = [
+    ("all-types-v4.2.5", "cgi"),
+    ("all-types-v5-uri", "uri"),
+    ("seed-repro-v4.2.5", "cgi"),
+    ("seed-repro-v5-uri", "uri"),
+];
+
+/// Unpacks the large case into a temporary directory.
+pub fn unpack_large() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let status = std::process::Command::new("tar")
+        .arg("xzf")
+        .arg(fixtures().join("ruby-dfs/large-v5-uri.tar.gz"))
+        .arg("-C")
+        .arg(tmp.path())
+        .status()
+        .expect("run tar");
+    assert!(status.success(), "tar failed");
+    let case = tmp.path().join("large-v5-uri");
+    (tmp, case)
+}
+
+/// The op logs of a case, sorted.
+pub fn op_logs(case: &Path) -> Vec<PathBuf> {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(case)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("ops-"))
+        .collect();
+    logs.sort();
+    logs
+}
+
+/// A store file's used region with every entry's timestamp zeroed, and its length.
+pub fn comparable(bytes: &[u8]) -> (Vec<u8>, usize) {
+    let used = i32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+    let mut region = bytes[..used].to_vec();
+    let mut pos = 8;
+    while pos < used {
+        let len = i32::from_le_bytes(region[pos..pos + 4].try_into().unwrap()) as usize;
+        let ts = pos + 4 + len + 8;
+        region[ts..ts + 8].fill(0);
+        pos = ts + 8;
+    }
+    (region, bytes.len())
+}
+
+/// Asserts two store directories hold the same files with the same bytes,
+/// timestamps aside. Fixture files may be trimmed after their used region;
+/// where both are whole, their sizes must match too, and promlab's files must
+/// be zero after `used`.
+pub fn assert_same_store(expected: &Path, actual: &Path, what: &str) {
+    let names = |dir: &Path| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(expected), names(actual), "{what}: file sets differ");
+    for name in names(expected) {
+        let e = std::fs::read(expected.join(&name)).unwrap();
+        let a = std::fs::read(actual.join(&name)).unwrap();
+        let (e_region, e_len) = comparable(&e);
+        let (a_region, a_len) = comparable(&a);
+        assert!(e_region == a_region, "{what}: {name} differs in its used region");
+        assert_eq!(a_len as u64 % promlab::store::INITIAL_FILE_SIZE, 0, "{what}: {name} size");
+        if e_len > e_region.len() {
+            assert_eq!(e_len, a_len, "{what}: {name} size");
+        }
+        assert!(a[a_region.len()..].iter().all(|&b| b == 0), "{what}: {name} has bytes after used");
+    }
+}

@@ -1,0 +1,51 @@
+//! Ruby's `Float#to_s` oracle: every line of `to_s.tsv` (IEEE-754 bits in hex,
+//! then the text Ruby 3.1 printed) must match, for the fast path and the reference.
+
+use promlab::rubyfloat;
+
+#[test]
+fn every_oracle_line_matches() {
+    let oracle = include_str!("fixtures/ruby-float/to_s.tsv");
+    let mut checked = 0;
+    for (n, line) in oracle.lines().enumerate() {
+        let (bits, expected) = line.split_once('\t').unwrap_or_else(|| panic!("line {} has no tab", n + 1));
+        let v = f64::from_bits(u64::from_str_radix(bits, 16).expect("hex bits"));
+        let mut fast = Vec::new();
+        rubyfloat::write(&mut fast, v);
+        let mut reference = Vec::new();
+        rubyfloat::write_reference(&mut reference, v);
+        assert_eq!(String::from_utf8_lossy(&fast), expected, "fast path, line {} ({bits})", n + 1);
+        assert_eq!(String::from_utf8_lossy(&reference), expected, "reference, line {} ({bits})", n + 1);
+        checked += 1;
+    }
+    assert_eq!(checked, 10_119);
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+        /// The fast path (integer shortcut + ryu) equals the reference on any bits.
+        #[test]
+        fn fast_path_equals_reference(bits in any::<u64>()) {
+            let v = f64::from_bits(bits);
+            let mut fast = Vec::new();
+            rubyfloat::write(&mut fast, v);
+            let mut reference = Vec::new();
+            rubyfloat::write_reference(&mut reference, v);
+            prop_assert_eq!(fast, reference);
+        }
+
+        #[test]
+        fn integers_equal_reference(i in -(1i64 << 54)..(1i64 << 54)) {
+            let v = i as f64;
+            let mut fast = Vec::new();
+            rubyfloat::write(&mut fast, v);
+            let mut reference = Vec::new();
+            rubyfloat::write_reference(&mut reference, v);
+            prop_assert_eq!(fast, reference);
+        }
+    }
+}
