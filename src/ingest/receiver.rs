@@ -1,6 +1,336 @@
-//! `promlab serve [--plan FILE]`: the remote-write receiver (being built).
-use anyhow::{bail, Result};
+//! `promlab serve [--plan FILE]`: the remote-write receiver.
+//!
+//! - `POST /api/v1/write`: 204; 400 for a bad snappy block, bad protobuf, or an
+//!   invalid series (missing `__name__`, unsorted or duplicate label names); 415
+//!   for a content type other than `application/x-protobuf` (or a content
+//!   encoding other than `snappy`); 413 for a body over `--max-body-bytes` or a
+//!   snappy header announcing more than that once decoded (checked before
+//!   allocating). A refused request changes nothing.
+//! - `GET /api/v1/quantiles?agg=ID[&window=START_MS]`: per group, the quantiles of
+//!   the last closed window (or the named one), groups sorted by their labels.
+//! - `GET /metrics`: the receiver's own counters.
+//! - `POST /-/reload`: re-reads the plan file (bumps the plan generation).
 
-pub fn serve(_args: crate::cli::ServeArgs) -> Result<()> {
-    bail!("the remote-write receiver is not built yet")
+use super::pipeline::Ingester;
+use super::plan::Plan;
+use super::wire;
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The receiver's shared state.
+pub struct Receiver {
+    pub ingester: Mutex<Ingester>,
+    plan_path: Option<PathBuf>,
+    max_body_bytes: usize,
+    /// Requests answered, by status class.
+    status_counts: [AtomicU64; 5],
+}
+
+const STATUSES: [u16; 5] = [204, 400, 413, 415, 500];
+
+impl Receiver {
+    pub fn new(ingester: Ingester, plan_path: Option<PathBuf>, max_body_bytes: usize) -> Arc<Self> {
+        Arc::new(Receiver {
+            ingester: Mutex::new(ingester.with_max_decoded(max_body_bytes)),
+            plan_path,
+            max_body_bytes,
+            status_counts: Default::default(),
+        })
+    }
+
+    fn count(&self, status: StatusCode) {
+        if let Some(i) = STATUSES.iter().position(|&s| s == status.as_u16()) {
+            self.status_counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ingester> {
+        // A panic while holding the lock would be a bug; the state is still usable.
+        self.ingester.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The router, for tests and for [`serve`].
+pub fn app(receiver: Arc<Receiver>) -> Router {
+    let limit = receiver.max_body_bytes;
+    Router::new()
+        .route("/api/v1/write", post(write))
+        .route("/api/v1/quantiles", get(quantiles))
+        .route("/metrics", get(metrics))
+        .route("/-/reload", post(reload))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(receiver)
+}
+
+pub fn serve(args: crate::cli::ServeArgs) -> Result<()> {
+    let plan = Plan::load_or_default(args.plan.as_deref())?;
+    let listen = args
+        .listen
+        .unwrap_or_else(|| "127.0.0.1:9201".parse().expect("a valid address"));
+    let receiver = Receiver::new(
+        Ingester::new(plan, args.strategies),
+        args.plan.clone(),
+        args.max_body_bytes,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        eprintln!(
+            "promlab: remote-write receiver on http://{}/api/v1/write (strategies: {})",
+            listener.local_addr()?,
+            args.strategies
+        );
+        axum::serve(listener, app(receiver))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+}
+
+thread_local! {
+    /// Each worker thread's decompression buffer, reused across requests.
+    static DECOMPRESSED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+async fn write(State(rx): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes) -> Response {
+    let response = write_inner(&rx, &headers, &body);
+    rx.count(response.0);
+    response.into_response()
+}
+
+fn write_inner(rx: &Receiver, headers: &HeaderMap, body: &[u8]) -> (StatusCode, String) {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !content_type.trim().starts_with("application/x-protobuf") {
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("expected Content-Type application/x-protobuf, got {content_type:?}\n"),
+        );
+    }
+    if let Some(encoding) = headers.get(header::CONTENT_ENCODING) {
+        if !encoding.as_bytes().eq_ignore_ascii_case(b"snappy") {
+            return (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("expected Content-Encoding snappy, got {encoding:?}\n"),
+            );
+        }
+    }
+    if body.len() > rx.max_body_bytes {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "body of {} bytes exceeds {}\n",
+                body.len(),
+                rx.max_body_bytes
+            ),
+        );
+    }
+    DECOMPRESSED.with_borrow_mut(|raw| {
+        // Decompress outside the ingester's lock; only the update is serialized.
+        let result = wire::decompress(body, rx.max_body_bytes, raw)
+            .map_err(super::pipeline::IngestError::from)
+            .and_then(|()| rx.lock().handle_decoded(raw));
+        match result {
+            Ok(_) => (StatusCode::NO_CONTENT, String::new()),
+            Err(e) => (
+                StatusCode::from_u16(e.status()).expect("a valid status"),
+                format!("{e}\n"),
+            ),
+        }
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct QuantileParams {
+    agg: String,
+    window: Option<i64>,
+}
+
+async fn quantiles(
+    State(rx): State<Arc<Receiver>>,
+    Query(params): Query<QuantileParams>,
+) -> Response {
+    let result = rx.lock().query(&params.agg, params.window);
+    match result {
+        Some(result) => {
+            let json = serde_json::to_vec(&result).expect("query results serialize");
+            ([(header::CONTENT_TYPE, "application/json")], json).into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no aggregation `{}` in the plan\n", params.agg),
+        )
+            .into_response(),
+    }
+}
+
+async fn reload(State(rx): State<Arc<Receiver>>) -> Response {
+    let Some(path) = rx.plan_path.clone() else {
+        return (StatusCode::BAD_REQUEST, "no --plan file to reload\n").into_response();
+    };
+    match Plan::load(&path) {
+        Ok(plan) => {
+            let mut ingester = rx.lock();
+            ingester.set_plan(plan);
+            format!("plan generation {}\n", ingester.plan().generation).into_response()
+        }
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e:#}\n")).into_response(),
+    }
+}
+
+async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
+    let (totals, cache, generation, footprint) = {
+        let ingester = rx.lock();
+        (
+            ingester.totals(),
+            ingester.cache_stats(),
+            ingester.plan().generation,
+            ingester.footprint(),
+        )
+    };
+    let mut out = String::new();
+    let mut counter = |name: &str, help: &str, value: u64| {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
+        ));
+    };
+    counter(
+        "promlab_ingest_requests_total",
+        "Write requests applied.",
+        totals.requests,
+    );
+    counter(
+        "promlab_ingest_series_total",
+        "Series in applied write requests.",
+        totals.series,
+    );
+    counter(
+        "promlab_ingest_samples_total",
+        "Samples in applied write requests.",
+        totals.samples,
+    );
+    counter(
+        "promlab_ingest_samples_accepted_total",
+        "(Sample, aggregation) pairs added to a window.",
+        totals.accepted,
+    );
+    counter(
+        "promlab_ingest_samples_late_total",
+        "(Sample, aggregation) pairs dropped because their window had closed.",
+        totals.late,
+    );
+    counter(
+        "promlab_ingest_samples_rejected_total",
+        "Samples rejected for a NaN or infinite value.",
+        totals.rejected,
+    );
+    counter(
+        "promlab_ingest_samples_stale_total",
+        "Stale markers skipped.",
+        totals.stale,
+    );
+    counter(
+        "promlab_ingest_samples_unrouted_total",
+        "Samples of series no aggregation matches.",
+        totals.unrouted,
+    );
+    counter(
+        "promlab_ingest_metadata_total",
+        "Metadata entries received (and dropped).",
+        totals.metadata,
+    );
+    counter(
+        "promlab_series_cache_hits_total",
+        "Series-cache lookups that hit.",
+        cache.hits,
+    );
+    counter(
+        "promlab_series_cache_misses_total",
+        "Series-cache lookups that missed.",
+        cache.misses,
+    );
+    counter(
+        "promlab_series_cache_evicted_total",
+        "Series-cache entries dropped because it was full.",
+        cache.evicted,
+    );
+    counter(
+        "promlab_series_cache_invalidated_total",
+        "Series-cache entries dropped by a plan change.",
+        cache.invalidated,
+    );
+    let mut gauge = |name: &str, help: &str, value: String| {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
+        ));
+    };
+    gauge(
+        "promlab_series_cache_entries",
+        "Series-cache entries.",
+        cache.entries.to_string(),
+    );
+    gauge(
+        "promlab_series_cache_capacity",
+        "Series-cache bound (entries).",
+        cache.capacity.to_string(),
+    );
+    let lookups = cache.hits + cache.misses;
+    let hit_rate = if lookups == 0 {
+        0.0
+    } else {
+        cache.hits as f64 / lookups as f64
+    };
+    gauge(
+        "promlab_series_cache_hit_ratio",
+        "Hits over lookups since start.",
+        hit_rate.to_string(),
+    );
+    gauge(
+        "promlab_plan_generation",
+        "Plan generation (bumped by every reload).",
+        generation.to_string(),
+    );
+    gauge(
+        "promlab_sketch_panes",
+        "Sketch panes held (open and closed windows).",
+        footprint.0.to_string(),
+    );
+    gauge(
+        "promlab_sketch_bins",
+        "Sketch bins held.",
+        footprint.1.to_string(),
+    );
+    out.push_str("# HELP promlab_http_write_responses_total Write responses by status.\n");
+    out.push_str("# TYPE promlab_http_write_responses_total counter\n");
+    for (status, n) in STATUSES.iter().zip(&rx.status_counts) {
+        out.push_str(&format!(
+            "promlab_http_write_responses_total{{code=\"{status}\"}} {}\n",
+            n.load(Ordering::Relaxed)
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

@@ -1,0 +1,877 @@
+//! The ingester: one remote-write request in, windows and sketches updated.
+//!
+//! A request goes through four seams, each a local swap chosen by the
+//! [`StrategySet`]:
+//!
+//! | seam | reference (the upstream per-sample shape) | strategy |
+//! | --- | --- | --- |
+//! | decode | prost into owned structs | `borrowed-decode`: walk the buffer, labels as slices |
+//! | canonicalize | per series per request: validate, `HashMap<String,String>`, sort, `format!` series key, fingerprint, JSON population key | `series-cache`: all of it once per series, keyed by its raw label bytes |
+//! | route | per sample and aggregation: re-parse the series key, group key `String`, `to_string()` the series key, push into `HashMap<(agg, group), Vec<…>>` | `batch-routing`: destinations once per series, a counting sort into one contiguous batch per destination |
+//! | sketch update | per sample: find the pane, `DDSketch::add` | `bulk-sketch`: one pane lookup and one slice add per run |
+//!
+//! A request is all or nothing: it is decoded and every series validated
+//! before any sample is applied, so a 400 changes no window.
+
+use super::plan::{Plan, PlanGeneration};
+use super::window::{write_group_key, Accumulator, PaneReport, QueryResult, Stats, STALE_NAN_BITS};
+use super::wire::{self, Batch, WireError, WriteRequest};
+use crate::strategy::{Strategy, StrategySet};
+use crate::text::{write_escaped, Escape};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IngestError {
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("invalid series: {0}")]
+    Invalid(String),
+}
+
+impl IngestError {
+    /// The HTTP status the receiver answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            IngestError::Wire(WireError::TooLarge { .. }) => 413,
+            _ => 400,
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> IngestError {
+    IngestError::Invalid(msg.into())
+}
+
+/// Series-cache counters (for `/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub entries: u64,
+    pub capacity: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Entries dropped because the cache was full.
+    pub evicted: u64,
+    /// Entries dropped because the plan changed.
+    pub invalidated: u64,
+}
+
+/// Default bound of the series cache (entries; about 200 bytes each).
+pub const DEFAULT_CACHE_CAPACITY: usize = 1 << 18;
+
+pub struct Ingester {
+    strategies: StrategySet,
+    plan: PlanGeneration,
+    accumulators: Vec<Accumulator>,
+    /// Global destination id → (aggregation, group id).
+    dests: Vec<(u16, u32)>,
+    watermark: i64,
+    totals: Stats,
+    cache: SeriesCache,
+    max_decoded: usize,
+    decompressed: Vec<u8>,
+    scratch: RouteScratch,
+}
+
+impl Ingester {
+    pub fn new(plan: Plan, strategies: StrategySet) -> Self {
+        let mut ingester = Ingester {
+            strategies,
+            plan: PlanGeneration {
+                plan: Plan {
+                    aggregations: vec![],
+                    ..plan.clone()
+                },
+                generation: 0,
+            },
+            accumulators: Vec::new(),
+            dests: Vec::new(),
+            watermark: i64::MIN,
+            totals: Stats::default(),
+            cache: SeriesCache::new(DEFAULT_CACHE_CAPACITY),
+            max_decoded: 32 << 20,
+            decompressed: Vec::new(),
+            scratch: RouteScratch::default(),
+        };
+        ingester.set_plan(plan);
+        ingester
+    }
+
+    pub fn with_max_decoded(mut self, bytes: usize) -> Self {
+        self.max_decoded = bytes;
+        self
+    }
+
+    pub fn with_cache_capacity(mut self, entries: usize) -> Self {
+        self.cache.capacity = entries;
+        self
+    }
+
+    pub fn strategies(&self) -> StrategySet {
+        self.strategies
+    }
+
+    pub fn plan(&self) -> &PlanGeneration {
+        &self.plan
+    }
+
+    /// Installs a plan and bumps the generation. Aggregations whose definition
+    /// did not change keep their windows; the others start empty.
+    pub fn set_plan(&mut self, plan: Plan) {
+        let bulk = self.strategies.contains(Strategy::BulkSketch);
+        let mut old: HashMap<String, Accumulator> = self
+            .accumulators
+            .drain(..)
+            .map(|a| (a.agg.id.clone(), a))
+            .collect();
+        let keep_all = plan.keep_windows == self.plan.plan.keep_windows;
+        self.accumulators = plan
+            .aggregations
+            .iter()
+            .map(|agg| match old.remove(&agg.id) {
+                Some(acc) if acc.agg == *agg && keep_all => acc,
+                _ => Accumulator::new(agg.clone(), plan.keep_windows, bulk),
+            })
+            .collect();
+        // Destination ids are renumbered from the surviving groups.
+        self.dests.clear();
+        let mut next = 0u32;
+        for (a, acc) in self.accumulators.iter_mut().enumerate() {
+            next = acc.renumber(a as u16, next, &mut self.dests);
+        }
+        self.plan = PlanGeneration {
+            plan,
+            generation: self.plan.generation + 1,
+        };
+    }
+
+    /// One request body as sent (snappy block): the receiver's and `promlab ingest`'s entry point.
+    pub fn handle(&mut self, body: &[u8]) -> Result<Stats, IngestError> {
+        let mut raw = std::mem::take(&mut self.decompressed);
+        let result = wire::decompress(body, self.max_decoded, &mut raw)
+            .map_err(IngestError::from)
+            .and_then(|()| self.handle_decoded(&raw));
+        self.decompressed = raw;
+        result
+    }
+
+    /// One decompressed `WriteRequest`.
+    pub fn handle_decoded(&mut self, raw: &[u8]) -> Result<Stats, IngestError> {
+        let mut holder = WriteRequest::default();
+        let batch = if self.strategies.contains(Strategy::BorrowedDecode) {
+            wire::decode_borrowed(raw)?
+        } else {
+            wire::decode_owned(raw, &mut holder)?
+        };
+        let resolved = self.resolve(&batch)?;
+        let mut stats = Stats {
+            requests: 1,
+            series: batch.series.len() as u64,
+            samples: batch.samples.len() as u64,
+            metadata: batch.metadata as u64,
+            ..Stats::default()
+        };
+        let newest = if self.strategies.contains(Strategy::BatchRouting) {
+            self.route_batched(&batch, &resolved, &mut stats)
+        } else {
+            self.route_per_sample(&batch, &resolved, &mut stats)
+        };
+        if let Resolved::Cached(_) = resolved {
+            self.cache.evict_if_full();
+        }
+        if let Some(newest) = newest {
+            self.advance(newest.saturating_sub(self.plan.plan.lateness_ms()));
+        }
+        self.totals.merge(&stats);
+        Ok(stats)
+    }
+
+    fn advance(&mut self, watermark: i64) {
+        if watermark > self.watermark {
+            self.watermark = watermark;
+            for acc in &mut self.accumulators {
+                acc.close_through(watermark);
+            }
+        }
+    }
+
+    /// Closes every open window, as if the stream had ended.
+    pub fn flush(&mut self) {
+        self.advance(i64::MAX);
+    }
+
+    pub fn watermark(&self) -> Option<i64> {
+        (self.watermark != i64::MIN).then_some(self.watermark)
+    }
+
+    pub fn totals(&self) -> Stats {
+        self.totals
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        CacheStats {
+            entries: self.cache.entries.len() as u64,
+            capacity: self.cache.capacity as u64,
+            hits: self.cache.hits,
+            misses: self.cache.misses,
+            evicted: self.cache.evicted,
+            invalidated: self.cache.invalidated,
+        }
+    }
+
+    /// Panes and bins held (open + closed).
+    pub fn footprint(&self) -> (usize, usize) {
+        self.accumulators
+            .iter()
+            .map(Accumulator::footprint)
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// One aggregation's quantiles for its last closed window (or `window`).
+    pub fn query(&self, aggregation: &str, window: Option<i64>) -> Option<QueryResult> {
+        self.accumulators
+            .iter()
+            .find(|a| a.agg.id == aggregation)
+            .map(|a| a.query(window))
+    }
+
+    /// Every aggregation's last closed window, in plan order.
+    pub fn query_all(&self) -> Vec<QueryResult> {
+        self.accumulators.iter().map(|a| a.query(None)).collect()
+    }
+
+    /// Every pane (open and closed) of every aggregation, sorted: the exact outcome.
+    pub fn snapshot(&self) -> Vec<PaneReport> {
+        let mut panes: Vec<PaneReport> = self
+            .accumulators
+            .iter()
+            .flat_map(Accumulator::panes)
+            .collect();
+        panes.sort();
+        panes
+    }
+
+    /// Canonicalize seam: every series of the request, validated, before anything is applied.
+    fn resolve(&mut self, batch: &Batch<'_>) -> Result<Resolved, IngestError> {
+        if !self.strategies.contains(Strategy::SeriesCache) {
+            let series = batch
+                .series
+                .iter()
+                .map(|s| BaselineSeries::canonicalize(batch.series_labels(s), &self.plan.plan))
+                .collect::<Result<_, _>>()?;
+            return Ok(Resolved::Baseline(series));
+        }
+        self.cache.check_generation(self.plan.generation);
+        let mut ids = Vec::with_capacity(batch.series.len());
+        let mut key = Vec::new();
+        for span in &batch.series {
+            let labels = batch.series_labels(span);
+            let raw = match span.raw_labels {
+                Some(raw) => raw,
+                None => {
+                    key.clear();
+                    for (n, v) in labels {
+                        wire::put_label(&mut key, n, v);
+                    }
+                    &key[..]
+                }
+            };
+            let hash = self.cache.hasher.hash_one(raw);
+            let id = match self.cache.lookup(hash, raw) {
+                Some(id) => id,
+                None => {
+                    let series = BaselineSeries::canonicalize(labels, &self.plan.plan)?;
+                    let dests = series
+                        .aggs
+                        .iter()
+                        .map(|&agg| {
+                            let group_key = series
+                                .group_key(&self.plan.plan.aggregations[agg as usize].group_by);
+                            let (gid, dest) = self.intern(agg, group_key.as_bytes());
+                            CachedDest {
+                                agg,
+                                gid,
+                                dest,
+                                group_key: group_key.into_boxed_str(),
+                            }
+                        })
+                        .collect();
+                    self.cache
+                        .insert(hash, raw, series.series_key.into_boxed_str(), dests)
+                }
+            };
+            ids.push(id);
+        }
+        Ok(Resolved::Cached(ids))
+    }
+
+    fn intern(&mut self, agg: u16, group_key: &[u8]) -> (u32, u32) {
+        let mut next = self.dests.len() as u32;
+        let acc = &mut self.accumulators[agg as usize];
+        let gid = acc.intern(group_key, &mut next);
+        if next as usize > self.dests.len() {
+            self.dests.push((agg, gid));
+        }
+        (gid, acc.dest_of(gid))
+    }
+
+    /// Reference route: per sample and aggregation, string keys into a `HashMap`
+    /// of per-destination vectors; then each vector goes to the sketch seam.
+    fn route_per_sample(
+        &mut self,
+        batch: &Batch<'_>,
+        resolved: &Resolved,
+        stats: &mut Stats,
+    ) -> Option<i64> {
+        let mut routed: HashMap<(u16, String), Vec<RoutedSample>> = HashMap::new();
+        let mut newest: Option<i64> = None;
+        for (i, span) in batch.series.iter().enumerate() {
+            for sample in batch.series_samples(span) {
+                if !classify(sample.value, stats) {
+                    continue;
+                }
+                let mut matched = false;
+                let mut push = |agg: u16, group: String, series: String| {
+                    matched = true;
+                    routed.entry((agg, group)).or_default().push(RoutedSample {
+                        series,
+                        timestamp: sample.timestamp,
+                        value: sample.value,
+                    });
+                };
+                match resolved {
+                    Resolved::Baseline(all) => {
+                        let s = &all[i];
+                        for &agg in &s.aggs {
+                            let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
+                            let labels = parse_series_key(&s.series_key);
+                            push(
+                                agg,
+                                group_key_of(&labels, group_by),
+                                s.series_key.to_string(),
+                            );
+                        }
+                    }
+                    Resolved::Cached(ids) => {
+                        let entry = &self.cache.entries[ids[i] as usize];
+                        for d in &*entry.dests {
+                            push(d.agg, d.group_key.to_string(), entry.series_key.to_string());
+                        }
+                    }
+                }
+                if matched {
+                    newest = newest.max(Some(sample.timestamp));
+                } else {
+                    stats.unrouted += 1;
+                }
+            }
+        }
+        let watermark = self.watermark;
+        let (mut ts, mut values) = (Vec::new(), Vec::new());
+        for ((agg, group), samples) in routed {
+            let (gid, _) = self.intern(agg, group.as_bytes());
+            ts.clear();
+            values.clear();
+            for s in &samples {
+                debug_assert!(!s.series.is_empty());
+                ts.push(s.timestamp);
+                values.push(s.value);
+            }
+            self.accumulators[agg as usize].add(gid, &ts, &values, watermark, stats);
+        }
+        newest
+    }
+
+    /// `batch-routing`: destinations once per series, then a stable counting sort
+    /// of the request's samples into one contiguous run per destination.
+    fn route_batched(
+        &mut self,
+        batch: &Batch<'_>,
+        resolved: &Resolved,
+        stats: &mut Stats,
+    ) -> Option<i64> {
+        let mut sc = std::mem::take(&mut self.scratch);
+        sc.series_dests.clear();
+        sc.dest_ranges.clear();
+        // Destinations of each series (flat), and how many valid samples each destination gets.
+        let mut newest: Option<i64> = None;
+        for (i, span) in batch.series.iter().enumerate() {
+            let d0 = sc.series_dests.len();
+            match resolved {
+                Resolved::Baseline(all) => {
+                    let s = &all[i];
+                    if !s.aggs.is_empty() {
+                        let labels = parse_series_key(&s.series_key);
+                        for &agg in &s.aggs {
+                            let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
+                            let (_, dest) =
+                                self.intern(agg, group_key_of(&labels, group_by).as_bytes());
+                            sc.series_dests.push(dest);
+                        }
+                    }
+                }
+                Resolved::Cached(ids) => {
+                    let entry = &self.cache.entries[ids[i] as usize];
+                    sc.series_dests.extend(entry.dests.iter().map(|d| d.dest));
+                }
+            }
+            let d1 = sc.series_dests.len();
+            sc.dest_ranges.push((d0 as u32, d1 as u32));
+            let mut valid = 0u32;
+            for sample in batch.series_samples(span) {
+                if classify(sample.value, stats) {
+                    if d0 == d1 {
+                        stats.unrouted += 1;
+                    } else {
+                        valid += 1;
+                        newest = newest.max(Some(sample.timestamp));
+                    }
+                }
+            }
+            if valid > 0 {
+                for k in d0..d1 {
+                    let d = sc.series_dests[k];
+                    sc.count(d, valid);
+                }
+            }
+        }
+        // Offsets in first-touch order, then scatter.
+        let total = sc.offsets_from_counts();
+        sc.ts.resize(total, 0);
+        sc.values.resize(total, 0.0);
+        for (i, span) in batch.series.iter().enumerate() {
+            let (d0, d1) = sc.dest_ranges[i];
+            if d0 == d1 {
+                continue;
+            }
+            for sample in batch.series_samples(span) {
+                if !is_finite_sample(sample.value) {
+                    continue;
+                }
+                for k in d0..d1 {
+                    let d = sc.series_dests[k as usize] as usize;
+                    let at = sc.cursor[d] as usize;
+                    sc.ts[at] = sample.timestamp;
+                    sc.values[at] = sample.value;
+                    sc.cursor[d] += 1;
+                }
+            }
+        }
+        let watermark = self.watermark;
+        for &d in &sc.touched {
+            let (agg, gid) = self.dests[d as usize];
+            let (a, b) = (
+                sc.start[d as usize] as usize,
+                sc.cursor[d as usize] as usize,
+            );
+            self.accumulators[agg as usize].add(
+                gid,
+                &sc.ts[a..b],
+                &sc.values[a..b],
+                watermark,
+                stats,
+            );
+        }
+        sc.reset();
+        self.scratch = sc;
+        newest
+    }
+}
+
+/// `false` for samples that go nowhere: stale markers (skipped) and other NaN/±Inf (rejected).
+#[inline]
+fn classify(v: f64, stats: &mut Stats) -> bool {
+    if v.is_finite() {
+        return true;
+    }
+    if v.to_bits() == STALE_NAN_BITS {
+        stats.stale += 1;
+    } else {
+        stats.rejected += 1;
+    }
+    false
+}
+
+#[inline]
+fn is_finite_sample(v: f64) -> bool {
+    v.is_finite()
+}
+
+/// A sample on its way to an accumulator, as upstream carries it.
+struct RoutedSample {
+    series: String,
+    timestamp: i64,
+    value: f64,
+}
+
+/// What canonicalization produced for a request's series.
+enum Resolved {
+    /// Reference: per series, computed for this request.
+    Baseline(Vec<BaselineSeries>),
+    /// `series-cache`: per series, an entry id in the cache.
+    Cached(Vec<u32>),
+}
+
+/// The reference canonical form of a series, rebuilt for every request.
+pub struct BaselineSeries {
+    /// `name{k="v",…}`, values escaped, labels sorted.
+    pub series_key: String,
+    /// Indexes of the aggregations this series feeds.
+    pub aggs: Vec<u16>,
+    /// `k=v;` joined — upstream's attribute fingerprint. Nothing here reads it;
+    /// it is built because upstream builds it per series per request.
+    pub fingerprint: String,
+    /// The label set as a JSON object — upstream's population key (same note).
+    pub population: String,
+}
+
+impl BaselineSeries {
+    /// Validates a series and computes its canonical form, upstream-style.
+    pub fn canonicalize(
+        labels: &[(&[u8], &[u8])],
+        plan: &Plan,
+    ) -> Result<BaselineSeries, IngestError> {
+        let mut map: HashMap<String, String> = HashMap::new();
+        let mut previous: Option<&[u8]> = None;
+        for &(name, value) in labels {
+            let name_str =
+                std::str::from_utf8(name).map_err(|_| invalid("a label name is not UTF-8"))?;
+            let value_str = std::str::from_utf8(value)
+                .map_err(|_| invalid(format!("the value of label `{name_str}` is not UTF-8")))?;
+            if !is_valid_label_name(name) {
+                return Err(invalid(format!(
+                    "invalid label name `{}`",
+                    name_str.escape_debug()
+                )));
+            }
+            if let Some(prev) = previous {
+                if prev == name {
+                    return Err(invalid(format!("duplicate label name `{name_str}`")));
+                }
+                if prev > name {
+                    return Err(invalid(format!(
+                        "label names are not sorted: `{name_str}` after `{}`",
+                        String::from_utf8_lossy(prev)
+                    )));
+                }
+            }
+            previous = Some(name);
+            map.insert(name_str.to_owned(), value_str.to_owned());
+        }
+        let metric = match map.get("__name__") {
+            Some(n) if !n.is_empty() => n.clone(),
+            _ => return Err(invalid("a series has no `__name__` label")),
+        };
+        let mut sorted: Vec<(String, String)> = map.clone().into_iter().collect();
+        sorted.sort();
+        let mut series_key = metric.clone();
+        series_key.push('{');
+        let mut first = true;
+        for (k, v) in sorted.iter().filter(|(k, _)| k != "__name__") {
+            if !first {
+                series_key.push(',');
+            }
+            first = false;
+            series_key.push_str(&format!("{k}=\"{}\"", escape_value(v)));
+        }
+        series_key.push('}');
+        let fingerprint: String = sorted.iter().map(|(k, v)| format!("{k}={v};")).collect();
+        let population_map: BTreeMap<&str, &str> = sorted
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let population =
+            serde_json::to_string(&population_map).expect("a map of strings serializes");
+        let aggs = plan
+            .aggregations
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| {
+                a.metric == metric
+                    && a.matchers
+                        .iter()
+                        .all(|(k, v)| map.get(k).map_or("", String::as_str) == v)
+            })
+            .map(|(i, _)| i as u16)
+            .collect();
+        Ok(BaselineSeries {
+            series_key,
+            aggs,
+            fingerprint: std::hint::black_box(fingerprint),
+            population: std::hint::black_box(population),
+        })
+    }
+
+    /// The group key for one aggregation (re-parsing the series key, upstream-style).
+    pub fn group_key(&self, group_by: &[String]) -> String {
+        group_key_of(&parse_series_key(&self.series_key), group_by)
+    }
+}
+
+/// `[a-zA-Z_][a-zA-Z0-9_]*`: Prometheus label names.
+pub fn is_valid_label_name(name: &[u8]) -> bool {
+    match name.split_first() {
+        Some((first, rest)) => {
+            (first.is_ascii_alphabetic() || *first == b'_')
+                && rest.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+        }
+        None => false,
+    }
+}
+
+fn escape_value(v: &str) -> String {
+    let mut out = Vec::with_capacity(v.len());
+    write_escaped(&mut out, v.as_bytes(), Escape::LabelValue);
+    String::from_utf8(out).expect("escaping keeps UTF-8")
+}
+
+/// Parses `name{k="v",…}` back into a map (with `__name__`), unescaping values.
+fn parse_series_key(key: &str) -> HashMap<String, String> {
+    let mut map = HashMap::new();
+    let (name, rest) = key.split_once('{').unwrap_or((key, "}"));
+    map.insert("__name__".to_string(), name.to_string());
+    let mut chars = rest.chars().peekable();
+    loop {
+        let label: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        if label.is_empty() || label == "}" {
+            break;
+        }
+        chars.next(); // opening quote
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(other) => value.push(other),
+                    None => break,
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        map.insert(label, value);
+        if chars.next() != Some(',') {
+            break;
+        }
+    }
+    map
+}
+
+/// The group key (see [`write_group_key`]) from a label map, as a new `String`.
+fn group_key_of(labels: &HashMap<String, String>, group_by: &[String]) -> String {
+    let mut out = Vec::new();
+    write_group_key(
+        &mut out,
+        group_by
+            .iter()
+            .map(|g| labels.get(g).map_or(&b""[..], |v| v.as_bytes())),
+    );
+    String::from_utf8(out).expect("group keys of UTF-8 values are UTF-8")
+}
+
+/// Scratch space of the batched router, reused across requests.
+#[derive(Default)]
+struct RouteScratch {
+    series_dests: Vec<u32>,
+    dest_ranges: Vec<(u32, u32)>,
+    counts: Vec<u32>,
+    start: Vec<u32>,
+    cursor: Vec<u32>,
+    touched: Vec<u32>,
+    ts: Vec<i64>,
+    values: Vec<f64>,
+}
+
+impl RouteScratch {
+    #[inline]
+    fn count(&mut self, dest: u32, n: u32) {
+        let d = dest as usize;
+        if d >= self.counts.len() {
+            self.counts.resize(d + 1, 0);
+            self.start.resize(d + 1, 0);
+            self.cursor.resize(d + 1, 0);
+        }
+        if self.counts[d] == 0 {
+            self.touched.push(dest);
+        }
+        self.counts[d] += n;
+    }
+
+    fn offsets_from_counts(&mut self) -> usize {
+        let mut at = 0u32;
+        for &d in &self.touched {
+            self.start[d as usize] = at;
+            self.cursor[d as usize] = at;
+            at += self.counts[d as usize];
+        }
+        at as usize
+    }
+
+    fn reset(&mut self) {
+        for &d in &self.touched {
+            self.counts[d as usize] = 0;
+        }
+        self.touched.clear();
+        self.ts.clear();
+        self.values.clear();
+    }
+}
+
+/// `series-cache`: a series' raw label bytes → its canonical key and destinations.
+struct SeriesCache {
+    hasher: ahash::RandomState,
+    index: HashMap<u64, u32, BuildHasherDefault<PassThroughHasher>>,
+    entries: Vec<CacheEntry>,
+    /// The raw label bytes of every entry, back to back.
+    arena: Vec<u8>,
+    capacity: usize,
+    generation: u64,
+    hits: u64,
+    misses: u64,
+    evicted: u64,
+    invalidated: u64,
+}
+
+struct CacheEntry {
+    raw: (u32, u32),
+    series_key: Box<str>,
+    dests: Box<[CachedDest]>,
+}
+
+struct CachedDest {
+    agg: u16,
+    #[allow(dead_code)] // kept for debugging the cache; routing uses `dest`
+    gid: u32,
+    dest: u32,
+    group_key: Box<str>,
+}
+
+impl SeriesCache {
+    fn new(capacity: usize) -> Self {
+        SeriesCache {
+            hasher: ahash::RandomState::with_seeds(0x5eed, 0x1e55, 0xcafe, 0xf00d),
+            index: HashMap::default(),
+            entries: Vec::new(),
+            arena: Vec::new(),
+            capacity,
+            generation: 0,
+            hits: 0,
+            misses: 0,
+            evicted: 0,
+            invalidated: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.index.clear();
+        self.entries.clear();
+        self.arena.clear();
+    }
+
+    fn check_generation(&mut self, generation: u64) {
+        if self.generation != generation {
+            self.invalidated += self.entries.len() as u64;
+            self.clear();
+            self.generation = generation;
+        }
+    }
+
+    /// Dropping everything at once keeps the bound simple; it happens between
+    /// requests only, so entry ids stay valid while a request is routed.
+    fn evict_if_full(&mut self) {
+        if self.entries.len() > self.capacity {
+            self.evicted += self.entries.len() as u64;
+            self.clear();
+        }
+    }
+
+    #[inline]
+    fn lookup(&mut self, hash: u64, raw: &[u8]) -> Option<u32> {
+        let &id = self.index.get(&hash)?;
+        let (at, len) = self.entries[id as usize].raw;
+        if &self.arena[at as usize..(at + len) as usize] == raw {
+            self.hits += 1;
+            Some(id)
+        } else {
+            None
+        }
+    }
+
+    fn insert(
+        &mut self,
+        hash: u64,
+        raw: &[u8],
+        series_key: Box<str>,
+        dests: Box<[CachedDest]>,
+    ) -> u32 {
+        self.misses += 1;
+        let id = self.entries.len() as u32;
+        let at = self.arena.len() as u32;
+        self.arena.extend_from_slice(raw);
+        self.entries.push(CacheEntry {
+            raw: (at, raw.len() as u32),
+            series_key,
+            dests,
+        });
+        // A hash collision replaces the older entry in the index.
+        self.index.insert(hash, id);
+        id
+    }
+}
+
+/// The cache's keys are already hashes.
+#[derive(Default)]
+struct PassThroughHasher(u64);
+
+impl std::hash::Hasher for PassThroughHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_keys_round_trip() {
+        let labels: [(&[u8], &[u8]); 3] =
+            [(b"__name__", b"m"), (b"a", b"x\"y\\z\n,}"), (b"b", b"")];
+        let s = BaselineSeries::canonicalize(&labels, &Plan::default()).unwrap();
+        assert_eq!(s.series_key, "m{a=\"x\\\"y\\\\z\\n,}\",b=\"\"}");
+        let map = parse_series_key(&s.series_key);
+        assert_eq!(map["a"], "x\"y\\z\n,}");
+        assert_eq!(map["b"], "");
+        assert_eq!(map["__name__"], "m");
+        assert_eq!(s.population, r#"{"__name__":"m","a":"x\"y\\z\n,}","b":""}"#);
+    }
+
+    #[test]
+    fn validation() {
+        let plan = Plan::default();
+        let check =
+            |labels: &[(&[u8], &[u8])]| BaselineSeries::canonicalize(labels, &plan).map(|_| ());
+        assert!(check(&[(b"__name__", b"m")]).is_ok());
+        assert!(check(&[]).is_err());
+        assert!(check(&[(b"a", b"1")]).is_err());
+        assert!(check(&[(b"__name__", b"m"), (b"a", b"1"), (b"a", b"2")])
+            .unwrap_err()
+            .to_string()
+            .contains("duplicate"));
+        assert!(check(&[(b"__name__", b"m"), (b"b", b"1"), (b"a", b"2")])
+            .unwrap_err()
+            .to_string()
+            .contains("sorted"));
+        assert!(check(&[(b"__name__", b"m"), (b"a-b", b"1")]).is_err());
+        assert!(check(&[(b"__name__", b"m"), (b"a", b"\xff")]).is_err());
+    }
+}

@@ -1,0 +1,293 @@
+//! The sketch-update seam: one pane of one (aggregation, group, window).
+//!
+//! The reference is `sketches_ddsketch::DDSketch`, fed one `add` per sample.
+//! The `bulk-sketch` strategy is [`BulkSketch`]: it takes a slice of values and
+//! keeps the same bins the crate would. It calls the crate's own
+//! `Config::key`/`Config::value`, so keys and bin values are computed by the same
+//! code, and mirrors the crate's `CollapsingLowestDenseStore`: with a bin limit
+//! `L`, keys are exact while `max_key - min_key + 1 <= L`; beyond that every key
+//! below `max_key - L + 1` is counted in that lowest bin (which is what the
+//! crate's store ends with for any order of adds). The quantile is the crate's:
+//! rank `floor(q * (n - 1))` (0-based) into the key-ordered bins, negative
+//! values first, then zeros (`|v| <= min_value`), then positive; `q = 0` and
+//! `q = 1` give the exact min and max.
+
+use sketches_ddsketch::{Config, DDSketch};
+
+/// A pane's sketch: the crate's (reference) or ours (`bulk-sketch`).
+#[derive(Clone)]
+pub enum PaneSketch {
+    Reference(Box<DDSketch>),
+    Bulk(BulkSketch),
+}
+
+impl PaneSketch {
+    pub fn new(config: Config, bulk: bool) -> Self {
+        if bulk {
+            PaneSketch::Bulk(BulkSketch::new(config))
+        } else {
+            PaneSketch::Reference(Box::new(DDSketch::new(config)))
+        }
+    }
+
+    /// One value (the reference path).
+    #[inline]
+    pub fn add(&mut self, v: f64) {
+        match self {
+            PaneSketch::Reference(s) => s.add(v),
+            PaneSketch::Bulk(s) => s.add_slice(std::slice::from_ref(&v)),
+        }
+    }
+
+    /// A run of values, in order.
+    pub fn add_slice(&mut self, values: &[f64]) {
+        match self {
+            PaneSketch::Reference(s) => values.iter().for_each(|&v| s.add(v)),
+            PaneSketch::Bulk(s) => s.add_slice(values),
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        match self {
+            PaneSketch::Reference(s) => s.count() as u64,
+            PaneSketch::Bulk(s) => s.count(),
+        }
+    }
+
+    /// The quantile `q` in [0, 1]; `None` when empty.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        match self {
+            PaneSketch::Reference(s) => s.quantile(q).ok().flatten(),
+            PaneSketch::Bulk(s) => s.quantile(q),
+        }
+    }
+
+    /// Bytes held by the bins (for the RSS estimate in self-metrics).
+    pub fn bins_len(&self) -> usize {
+        match self {
+            PaneSketch::Reference(s) => s.length(),
+            PaneSketch::Bulk(s) => s.positive.bins.len() + s.negative.bins.len(),
+        }
+    }
+}
+
+/// The `bulk-sketch` strategy's sketch: same bins as `DDSketch`, filled from slices.
+#[derive(Clone, Debug)]
+pub struct BulkSketch {
+    config: Config,
+    positive: BulkStore,
+    negative: BulkStore,
+    zero_count: u64,
+    min: f64,
+    max: f64,
+}
+
+impl BulkSketch {
+    pub fn new(config: Config) -> Self {
+        let limit = config.max_num_bins as i32;
+        BulkSketch {
+            config,
+            positive: BulkStore::new(limit),
+            negative: BulkStore::new(limit),
+            zero_count: 0,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+        }
+    }
+
+    /// Adds every value, in order (min/max keep the first of equal values, as the crate).
+    pub fn add_slice(&mut self, values: &[f64]) {
+        let min_possible = self.config.min_possible();
+        let (mut min, mut max) = (self.min, self.max);
+        for &v in values {
+            if v > min_possible {
+                self.positive.add(self.config.key(v));
+            } else if v < -min_possible {
+                self.negative.add(self.config.key(-v));
+            } else {
+                self.zero_count += 1;
+            }
+            if v < min {
+                min = v;
+            }
+            if max < v {
+                max = v;
+            }
+        }
+        self.min = min;
+        self.max = max;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.positive.count + self.negative.count + self.zero_count
+    }
+
+    /// The crate's quantile, step for step.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if !(0.0..=1.0).contains(&q) || self.count() == 0 {
+            return None;
+        }
+        if q == 0.0 {
+            return Some(self.min);
+        } else if q == 1.0 {
+            return Some(self.max);
+        }
+        let rank = (q * (self.count() as f64 - 1.0)) as u64;
+        let negative = self.negative.count;
+        Some(if rank < negative {
+            -self
+                .config
+                .value(self.negative.key_at_rank(negative - rank - 1))
+        } else if rank < self.zero_count + negative {
+            0.0
+        } else {
+            self.config
+                .value(self.positive.key_at_rank(rank - self.zero_count - negative))
+        })
+    }
+}
+
+/// Dense bins over `[lo, lo + bins.len())`, collapsing the lowest keys beyond `limit`.
+#[derive(Clone, Debug)]
+struct BulkStore {
+    bins: Vec<u64>,
+    /// The key of `bins[0]`; after a collapse also the floor every lower key lands in.
+    lo: i32,
+    count: u64,
+    limit: i32,
+}
+
+impl BulkStore {
+    fn new(limit: i32) -> Self {
+        BulkStore {
+            bins: Vec::new(),
+            lo: 0,
+            count: 0,
+            limit,
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, key: i32) {
+        let idx = key.wrapping_sub(self.lo) as u32 as usize;
+        if idx < self.bins.len() {
+            self.bins[idx] += 1;
+            self.count += 1;
+        } else {
+            self.add_outside(key);
+        }
+    }
+
+    /// A key outside the bins: grow, collapsing the lowest keys if the range passes the limit.
+    #[cold]
+    fn add_outside(&mut self, key: i32) {
+        self.count += 1;
+        if self.bins.is_empty() {
+            self.lo = key;
+            self.bins.push(1);
+            return;
+        }
+        let hi = self.lo + self.bins.len() as i32 - 1;
+        let (new_lo, new_hi) = (key.min(self.lo), key.max(hi));
+        if new_hi - new_lo + 1 <= self.limit {
+            if key < self.lo {
+                let grow = (self.lo - key) as usize;
+                self.bins.splice(0..0, std::iter::repeat_n(0, grow));
+                self.lo = key;
+                self.bins[0] += 1;
+            } else {
+                self.bins.resize((key - self.lo) as usize + 1, 0);
+                *self.bins.last_mut().expect("non-empty") += 1;
+            }
+            return;
+        }
+        // Collapse: everything below `floor` is counted in `floor`.
+        let floor = new_hi - self.limit + 1;
+        if key > hi {
+            self.bins.resize((key - self.lo) as usize + 1, 0);
+        }
+        if floor > self.lo {
+            let cut = (floor - self.lo) as usize;
+            let folded: u64 = self.bins.drain(..cut).sum();
+            self.bins[0] += folded;
+        } else {
+            // A low key past the limit: the crate's lowest bin becomes `floor`.
+            let grow = (self.lo - floor) as usize;
+            self.bins.splice(0..0, std::iter::repeat_n(0, grow));
+        }
+        self.lo = floor;
+        let idx = (key.max(self.lo) - self.lo) as usize;
+        self.bins[idx] += 1;
+    }
+
+    fn key_at_rank(&self, rank: u64) -> i32 {
+        let mut n = 0;
+        for (i, &c) in self.bins.iter().enumerate() {
+            n += c;
+            if n > rank {
+                return self.lo + i as i32;
+            }
+        }
+        self.lo + self.bins.len() as i32 - 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn both(config: Config, values: &[f64]) -> (DDSketch, BulkSketch) {
+        let mut reference = DDSketch::new(config);
+        values.iter().for_each(|&v| reference.add(v));
+        let mut bulk = BulkSketch::new(config);
+        // Split into uneven slices, as batches arrive.
+        for chunk in values.chunks(7) {
+            bulk.add_slice(chunk);
+        }
+        (reference, bulk)
+    }
+
+    fn assert_same(reference: &DDSketch, bulk: &BulkSketch) {
+        assert_eq!(reference.count() as u64, bulk.count());
+        for i in 0..=200 {
+            let q = i as f64 / 200.0;
+            let a = reference.quantile(q).unwrap();
+            let b = bulk.quantile(q);
+            assert_eq!(
+                a.map(f64::to_bits),
+                b.map(f64::to_bits),
+                "q = {q}: {a:?} vs {b:?}"
+            );
+        }
+    }
+
+    fn value() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            4 => (1e-12f64..1e12),
+            2 => (-1e6f64..-1e-6),
+            1 => Just(0.0),
+            1 => Just(-0.0),
+            1 => Just(1e-9),
+            1 => (-1e-9f64..1e-9),
+            1 => prop::num::f64::NORMAL,
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn bulk_equals_one_at_a_time(values in prop::collection::vec(value(), 0..400), alpha in 0.001f64..0.2) {
+            let (reference, bulk) = both(Config::new(alpha, 2048, 1e-9), &values);
+            assert_same(&reference, &bulk);
+        }
+
+        /// A small bin limit and wide ranges force collapses in every order.
+        #[test]
+        fn bulk_equals_one_at_a_time_through_collapses(values in prop::collection::vec(value(), 0..300), limit in 1u32..300) {
+            let (reference, bulk) = both(Config::new(0.05, limit, 1e-9), &values);
+            assert_same(&reference, &bulk);
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! Per-aggregation accumulators: groups, tumbling windows, panes.
+//!
+//! Windows are `[start, start + window)` on sample timestamps, `start` a multiple
+//! of the window length. A window closes when the watermark (the newest routed
+//! timestamp minus the allowed lateness) reaches its end; a sample whose window
+//! has closed is counted late and dropped. The watermark advances *between*
+//! requests, never inside one, so what a request does cannot depend on the order
+//! of its samples — which lets strategies regroup them. The last `keep_windows`
+//! closed windows of each aggregation are kept for queries.
+
+use super::plan::Aggregation;
+use super::sketch::PaneSketch;
+use crate::text::{write_escaped, Escape};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Counts of what happened to a request's samples. `accepted` and `late` count
+/// (sample, aggregation) pairs; the others count samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    pub requests: u64,
+    pub series: u64,
+    pub samples: u64,
+    pub accepted: u64,
+    pub late: u64,
+    /// Prometheus stale markers (NaN with bits `0x7ff0000000000002`), skipped.
+    pub stale: u64,
+    /// Other NaN and ±Inf values, rejected.
+    pub rejected: u64,
+    /// Finite samples of series no aggregation matches.
+    pub unrouted: u64,
+    pub metadata: u64,
+}
+
+impl Stats {
+    pub fn merge(&mut self, o: &Stats) {
+        self.requests += o.requests;
+        self.series += o.series;
+        self.samples += o.samples;
+        self.accepted += o.accepted;
+        self.late += o.late;
+        self.stale += o.stale;
+        self.rejected += o.rejected;
+        self.unrouted += o.unrouted;
+        self.metadata += o.metadata;
+    }
+}
+
+/// The stale marker Prometheus writes when a series disappears.
+pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
+
+/// A group's identity: its group-by label values, each quoted and escaped,
+/// joined by `,` (a missing label is `""`, as Prometheus treats absent and empty alike).
+pub fn write_group_key(out: &mut Vec<u8>, values: impl IntoIterator<Item = impl AsRef<[u8]>>) {
+    for (i, v) in values.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'"');
+        write_escaped(out, v.as_ref(), Escape::LabelValue);
+        out.push(b'"');
+    }
+}
+
+/// The values of a group key written by [`write_group_key`].
+pub fn parse_group_key(key: &[u8]) -> Vec<Vec<u8>> {
+    let mut values = Vec::new();
+    let mut i = 0;
+    while i < key.len() {
+        // Skip the opening quote (and a separating comma).
+        i += if key[i] == b',' { 2 } else { 1 };
+        let mut v = Vec::new();
+        while i < key.len() && key[i] != b'"' {
+            if key[i] == b'\\' && i + 1 < key.len() {
+                i += 1;
+                v.push(if key[i] == b'n' { b'\n' } else { key[i] });
+            } else {
+                v.push(key[i]);
+            }
+            i += 1;
+        }
+        i += 1;
+        values.push(v);
+    }
+    values
+}
+
+/// One aggregation's groups and windows.
+pub struct Accumulator {
+    pub agg: Aggregation,
+    window_ms: i64,
+    config: sketches_ddsketch::Config,
+    keep: usize,
+    /// The `bulk-sketch` strategy: panes are [`super::sketch::BulkSketch`]es fed by runs.
+    bulk: bool,
+    /// Per group id: its labels (present ones, group-by order) and global destination id.
+    groups: Vec<(Vec<(String, String)>, u32)>,
+    group_ids: HashMap<Box<[u8]>, u32>,
+    /// Open windows by start; each holds a pane per group id (None until a sample arrives).
+    open: BTreeMap<i64, Vec<Option<PaneSketch>>>,
+    /// Closed windows, oldest first.
+    closed: VecDeque<(i64, Vec<Option<PaneSketch>>)>,
+}
+
+impl Accumulator {
+    pub fn new(agg: Aggregation, keep: usize, bulk: bool) -> Self {
+        Accumulator {
+            window_ms: agg.window_ms(),
+            config: agg.sketch_config(),
+            agg,
+            keep,
+            bulk,
+            groups: Vec::new(),
+            group_ids: HashMap::new(),
+            open: BTreeMap::new(),
+            closed: VecDeque::new(),
+        }
+    }
+
+    /// The group id of a group key, creating the group (with global destination
+    /// id `*next_dest`, then bumped) on first sight.
+    pub fn intern(&mut self, key: &[u8], next_dest: &mut u32) -> u32 {
+        if let Some(&gid) = self.group_ids.get(key) {
+            return gid;
+        }
+        let gid = self.groups.len() as u32;
+        let labels = self
+            .agg
+            .group_by
+            .iter()
+            .zip(parse_group_key(key))
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(n, v)| (n.clone(), String::from_utf8_lossy(&v).into_owned()))
+            .collect();
+        self.groups.push((labels, *next_dest));
+        *next_dest += 1;
+        self.group_ids.insert(key.into(), gid);
+        gid
+    }
+
+    /// Gives every group a fresh global destination id from `next` on (after a
+    /// plan change), recording (aggregation, group) per id in `dests`.
+    pub fn renumber(&mut self, agg: u16, mut next: u32, dests: &mut Vec<(u16, u32)>) -> u32 {
+        for (gid, group) in self.groups.iter_mut().enumerate() {
+            group.1 = next;
+            dests.push((agg, gid as u32));
+            next += 1;
+        }
+        next
+    }
+
+    pub fn dest_of(&self, gid: u32) -> u32 {
+        self.groups[gid as usize].1
+    }
+
+    #[inline]
+    fn window_start(&self, ts: i64) -> i64 {
+        ts.div_euclid(self.window_ms).saturating_mul(self.window_ms)
+    }
+
+    #[inline]
+    fn is_closed(&self, start: i64, watermark: i64) -> bool {
+        start.saturating_add(self.window_ms) <= watermark
+    }
+
+    fn pane(&mut self, start: i64, gid: u32) -> &mut PaneSketch {
+        let panes = self.open.entry(start).or_default();
+        let gid = gid as usize;
+        if panes.len() <= gid {
+            panes.resize_with(gid + 1, || None);
+        }
+        let (config, bulk) = (self.config, self.bulk);
+        panes[gid].get_or_insert_with(|| PaneSketch::new(config, bulk))
+    }
+
+    /// The sketch-update seam: one group's samples (finite values), in order.
+    pub fn add(&mut self, gid: u32, ts: &[i64], values: &[f64], watermark: i64, stats: &mut Stats) {
+        if self.bulk {
+            self.add_runs(gid, ts, values, watermark, stats)
+        } else {
+            self.add_each(gid, ts, values, watermark, stats)
+        }
+    }
+
+    /// Reference: per sample, find the window's pane and `DDSketch::add`.
+    fn add_each(
+        &mut self,
+        gid: u32,
+        ts: &[i64],
+        values: &[f64],
+        watermark: i64,
+        stats: &mut Stats,
+    ) {
+        for (&t, &v) in ts.iter().zip(values) {
+            let start = self.window_start(t);
+            if self.is_closed(start, watermark) {
+                stats.late += 1;
+                continue;
+            }
+            self.pane(start, gid).add(v);
+            stats.accepted += 1;
+        }
+    }
+
+    /// `bulk-sketch`: one pane lookup and one slice add per run of samples in the same window.
+    fn add_runs(
+        &mut self,
+        gid: u32,
+        ts: &[i64],
+        values: &[f64],
+        watermark: i64,
+        stats: &mut Stats,
+    ) {
+        let mut i = 0;
+        while i < ts.len() {
+            let start = self.window_start(ts[i]);
+            let end = start.saturating_add(self.window_ms);
+            let run = ts[i..]
+                .iter()
+                .take_while(|&&t| t >= start && t < end)
+                .count()
+                .max(1);
+            if self.is_closed(start, watermark) {
+                stats.late += run as u64;
+            } else {
+                self.pane(start, gid).add_slice(&values[i..i + run]);
+                stats.accepted += run as u64;
+            }
+            i += run;
+        }
+    }
+
+    /// Closes every open window whose end the watermark has reached.
+    pub fn close_through(&mut self, watermark: i64) {
+        while let Some((&start, _)) = self.open.first_key_value() {
+            if !self.is_closed(start, watermark) {
+                break;
+            }
+            let panes = self.open.remove(&start).expect("first key");
+            self.closed.push_back((start, panes));
+            if self.closed.len() > self.keep {
+                self.closed.pop_front();
+            }
+        }
+    }
+
+    /// The last closed window's start.
+    pub fn last_closed(&self) -> Option<i64> {
+        self.closed.back().map(|(s, _)| *s)
+    }
+
+    fn window(&self, start: i64) -> Option<(&Vec<Option<PaneSketch>>, bool)> {
+        if let Some((_, panes)) = self.closed.iter().find(|(s, _)| *s == start) {
+            return Some((panes, true));
+        }
+        self.open.get(&start).map(|p| (p, false))
+    }
+
+    /// Per group, the quantiles of one window (`None`: the last closed one).
+    /// Without such a window the result has no start and no groups.
+    pub fn query(&self, window: Option<i64>) -> QueryResult {
+        let start = window
+            .or_else(|| self.last_closed())
+            .filter(|&s| self.window(s).is_some());
+        let mut groups = Vec::new();
+        if let Some((panes, _)) = start.and_then(|s| self.window(s)) {
+            for (gid, pane) in panes.iter().enumerate() {
+                let Some(pane) = pane else { continue };
+                groups.push(GroupResult {
+                    labels: self.groups[gid].0.iter().cloned().collect(),
+                    count: pane.count(),
+                    quantiles: Quantiles(
+                        self.agg
+                            .quantiles
+                            .iter()
+                            .map(|&q| (q, pane.quantile(q).unwrap_or(f64::NAN)))
+                            .collect(),
+                    ),
+                });
+            }
+        }
+        groups.sort_by(|a, b| a.labels.cmp(&b.labels));
+        QueryResult {
+            aggregation: self.agg.id.clone(),
+            window_start_ms: start,
+            groups,
+        }
+    }
+
+    /// Every pane, open and closed, for equivalence checks.
+    pub fn panes(&self) -> Vec<PaneReport> {
+        let windows = self
+            .closed
+            .iter()
+            .map(|(s, p)| (*s, p, true))
+            .chain(self.open.iter().map(|(s, p)| (*s, p, false)));
+        let mut out = Vec::new();
+        for (start, panes, closed) in windows {
+            for (gid, pane) in panes.iter().enumerate() {
+                let Some(pane) = pane else { continue };
+                out.push(PaneReport {
+                    aggregation: self.agg.id.clone(),
+                    group: self.groups[gid].0.clone(),
+                    window_start_ms: start,
+                    closed,
+                    count: pane.count(),
+                    quantile_bits: self
+                        .agg
+                        .quantiles
+                        .iter()
+                        .map(|&q| pane.quantile(q).map(f64::to_bits))
+                        .collect(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Open and closed panes, and their bins (for self-metrics).
+    pub fn footprint(&self) -> (usize, usize) {
+        let all = self.closed.iter().map(|(_, p)| p).chain(self.open.values());
+        let mut panes = 0;
+        let mut bins = 0;
+        for p in all.flatten().flatten() {
+            panes += 1;
+            bins += p.bins_len();
+        }
+        (panes, bins)
+    }
+}
+
+/// One pane's outcome, exactly (quantiles as bits).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct PaneReport {
+    pub aggregation: String,
+    pub group: Vec<(String, String)>,
+    pub window_start_ms: i64,
+    pub closed: bool,
+    pub count: u64,
+    pub quantile_bits: Vec<Option<u64>>,
+}
+
+/// The answer to `/api/v1/quantiles`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QueryResult {
+    pub aggregation: String,
+    pub window_start_ms: Option<i64>,
+    pub groups: Vec<GroupResult>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GroupResult {
+    pub labels: BTreeMap<String, String>,
+    pub count: u64,
+    pub quantiles: Quantiles,
+}
+
+/// Quantile → value, serialized as a JSON object in plan order (`{"0.5": …}`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Quantiles(pub Vec<(f64, f64)>);
+
+impl Serialize for Quantiles {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (q, v) in &self.0 {
+            map.serialize_entry(&q.to_string(), v)?;
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_keys_round_trip() {
+        let values: [&[u8]; 4] = [b"g0", b"", b"a\"b,c\\d\ne", b"caf\xc3\xa9"];
+        let mut key = Vec::new();
+        write_group_key(&mut key, values);
+        assert_eq!(
+            parse_group_key(&key),
+            values.iter().map(|v| v.to_vec()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn windows_close_and_late_samples_drop() {
+        let mut acc = Accumulator::new(
+            super::super::plan::Plan::default().aggregations[0].clone(),
+            2,
+            false,
+        );
+        let mut next = 0;
+        let g = acc.intern(b"\"g0\"", &mut next);
+        let mut stats = Stats::default();
+        acc.add(
+            g,
+            &[1_000, 59_999, 60_000],
+            &[1.0, 2.0, 3.0],
+            i64::MIN,
+            &mut stats,
+        );
+        acc.close_through(60_000);
+        assert_eq!(acc.last_closed(), Some(0));
+        acc.add(g, &[30_000], &[9.0], 60_000, &mut stats);
+        assert_eq!((stats.accepted, stats.late), (3, 1));
+        let q = acc.query(None);
+        assert_eq!(q.groups[0].count, 2);
+        assert_eq!(q.groups[0].labels["label_0"], "g0");
+    }
+}

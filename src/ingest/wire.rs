@@ -1,0 +1,561 @@
+//! Prometheus remote write 1.0 on the wire: snappy *block* format around a
+//! protobuf `WriteRequest`.
+//!
+//! Two decoders fill the same [`Batch`] (label byte slices, samples, series
+//! spans), so everything downstream is shared:
+//! - [`decode_owned`]: the reference, `prost` into owned structs (`String`s);
+//! - [`decode_borrowed`]: the `borrowed-decode` strategy, a walk over the
+//!   decompressed buffer that hands labels on as slices of it. It accepts and
+//!   rejects exactly what prost does (same wire rules, same recursion limit,
+//!   last occurrence of a scalar field wins); UTF-8 of label names and values is
+//!   checked later, at canonicalization, where the series cache can skip it for
+//!   bytes it has already validated.
+
+use std::ops::Range;
+
+/// `prometheus.WriteRequest` (only the fields remote write 1.0 uses; others are skipped).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WriteRequest {
+    #[prost(message, repeated, tag = "1")]
+    pub timeseries: Vec<TimeSeries>,
+    #[prost(message, repeated, tag = "3")]
+    pub metadata: Vec<MetricMetadata>,
+}
+
+/// `prometheus.TimeSeries` (exemplars = 3 and native histograms = 4 are skipped).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TimeSeries {
+    #[prost(message, repeated, tag = "1")]
+    pub labels: Vec<Label>,
+    #[prost(message, repeated, tag = "2")]
+    pub samples: Vec<Sample>,
+}
+
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct Label {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub value: String,
+}
+
+/// One sample: a double and a timestamp in milliseconds.
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct Sample {
+    #[prost(double, tag = "1")]
+    pub value: f64,
+    #[prost(int64, tag = "2")]
+    pub timestamp: i64,
+}
+
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct MetricMetadata {
+    #[prost(int32, tag = "1")]
+    pub r#type: i32,
+    #[prost(string, tag = "2")]
+    pub metric_family_name: String,
+    #[prost(string, tag = "4")]
+    pub help: String,
+    #[prost(string, tag = "5")]
+    pub unit: String,
+}
+
+/// Why a body could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("bad snappy block: {0}")]
+    Snappy(String),
+    #[error("decoded length {decoded} exceeds the limit of {limit} bytes")]
+    TooLarge { decoded: usize, limit: usize },
+    #[error("bad protobuf: {0}")]
+    Protobuf(String),
+}
+
+/// Decompresses a snappy block into `out` (cleared first). The decoded length is
+/// read from the block header and checked against `limit` before anything is
+/// allocated.
+pub fn decompress(body: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), WireError> {
+    let len = snap::raw::decompress_len(body).map_err(|e| WireError::Snappy(e.to_string()))?;
+    if len > limit {
+        return Err(WireError::TooLarge {
+            decoded: len,
+            limit,
+        });
+    }
+    out.clear();
+    out.resize(len, 0);
+    let n = snap::raw::Decoder::new()
+        .decompress(body, out)
+        .map_err(|e| WireError::Snappy(e.to_string()))?;
+    out.truncate(n);
+    Ok(())
+}
+
+/// Snappy block compression (what remote-write senders do).
+pub fn compress(raw: &[u8]) -> Vec<u8> {
+    snap::raw::Encoder::new()
+        .compress_vec(raw)
+        .expect("snappy compression of an in-memory buffer")
+}
+
+/// One series of a decoded request: ranges into [`Batch::labels`] and [`Batch::samples`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeriesSpan<'a> {
+    pub labels: Range<u32>,
+    pub samples: Range<u32>,
+    /// The wire bytes of this series' label fields, when they are contiguous
+    /// (only the borrowed walker knows them). The series cache keys on them.
+    pub raw_labels: Option<&'a [u8]>,
+}
+
+/// A decoded request, flat: all label pairs, all samples, and per series its ranges.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch<'a> {
+    pub labels: Vec<(&'a [u8], &'a [u8])>,
+    pub samples: Vec<Sample>,
+    pub series: Vec<SeriesSpan<'a>>,
+    /// How many metadata entries the request carried (they are validated, then dropped).
+    pub metadata: usize,
+}
+
+impl<'a> Batch<'a> {
+    pub fn series_labels(&self, s: &SeriesSpan<'a>) -> &[(&'a [u8], &'a [u8])] {
+        &self.labels[s.labels.start as usize..s.labels.end as usize]
+    }
+
+    pub fn series_samples(&self, s: &SeriesSpan<'a>) -> &[Sample] {
+        &self.samples[s.samples.start as usize..s.samples.end as usize]
+    }
+}
+
+/// The reference decoder: prost into owned structs, then a [`Batch`] borrowing them.
+pub fn decode_owned<'a>(raw: &[u8], holder: &'a mut WriteRequest) -> Result<Batch<'a>, WireError> {
+    *holder = prost::Message::decode(raw)
+        .map_err(|e: prost::DecodeError| WireError::Protobuf(e.to_string()))?;
+    let mut batch = Batch {
+        metadata: holder.metadata.len(),
+        ..Batch::default()
+    };
+    for ts in &holder.timeseries {
+        let l0 = batch.labels.len() as u32;
+        batch.labels.extend(
+            ts.labels
+                .iter()
+                .map(|l| (l.name.as_bytes(), l.value.as_bytes())),
+        );
+        let s0 = batch.samples.len() as u32;
+        batch.samples.extend_from_slice(&ts.samples);
+        batch.series.push(SeriesSpan {
+            labels: l0..batch.labels.len() as u32,
+            samples: s0..batch.samples.len() as u32,
+            raw_labels: None,
+        });
+    }
+    Ok(batch)
+}
+
+// Protobuf wire types.
+const VARINT: u8 = 0;
+const FIXED64: u8 = 1;
+const LEN: u8 = 2;
+const START_GROUP: u8 = 3;
+const END_GROUP: u8 = 4;
+const FIXED32: u8 = 5;
+/// prost's recursion limit, mirrored so both decoders reject the same nesting.
+const RECURSION_LIMIT: u32 = 100;
+
+fn err(msg: &str) -> WireError {
+    WireError::Protobuf(msg.to_owned())
+}
+
+/// A cursor over one message's bytes.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+
+    fn done(&self) -> bool {
+        self.pos >= self.buf.len()
+    }
+
+    /// A varint of at most 10 bytes; the tenth may only carry the top bit (as prost).
+    #[inline]
+    fn varint(&mut self) -> Result<u64, WireError> {
+        let mut value = 0u64;
+        for i in 0..10 {
+            let Some(&b) = self.buf.get(self.pos) else {
+                return Err(err("invalid varint"));
+            };
+            self.pos += 1;
+            if i == 9 && b >= 0x02 {
+                return Err(err("invalid varint"));
+            }
+            value |= u64::from(b & 0x7f) << (7 * i);
+            if b < 0x80 {
+                return Ok(value);
+            }
+        }
+        Err(err("invalid varint"))
+    }
+
+    /// A field key: (field number, wire type).
+    #[inline]
+    fn key(&mut self) -> Result<(u32, u8), WireError> {
+        let key = self.varint()?;
+        if key > u64::from(u32::MAX) {
+            return Err(err("invalid key"));
+        }
+        let wire_type = (key & 7) as u8;
+        if wire_type > FIXED32 {
+            return Err(err("invalid wire type"));
+        }
+        let tag = (key as u32) >> 3;
+        if tag == 0 {
+            return Err(err("invalid tag 0"));
+        }
+        Ok((tag, wire_type))
+    }
+
+    fn take(&mut self, n: u64) -> Result<&'a [u8], WireError> {
+        if n > (self.buf.len() - self.pos) as u64 {
+            return Err(err("buffer underflow"));
+        }
+        let s = &self.buf[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+
+    #[inline]
+    fn bytes(&mut self, wire_type: u8) -> Result<&'a [u8], WireError> {
+        if wire_type != LEN {
+            return Err(err("invalid wire type for a length-delimited field"));
+        }
+        let n = self.varint()?;
+        self.take(n)
+    }
+
+    /// Skips an unknown field the way prost does (groups included, depth-limited).
+    fn skip(&mut self, wire_type: u8, tag: u32, depth: u32) -> Result<(), WireError> {
+        if depth == 0 {
+            return Err(err("recursion limit reached"));
+        }
+        let n = match wire_type {
+            VARINT => {
+                self.varint()?;
+                0
+            }
+            FIXED32 => 4,
+            FIXED64 => 8,
+            LEN => self.varint()?,
+            START_GROUP => loop {
+                let (inner_tag, inner_type) = self.key()?;
+                if inner_type == END_GROUP {
+                    if inner_tag != tag {
+                        return Err(err("unexpected end group tag"));
+                    }
+                    break 0;
+                }
+                self.skip(inner_type, inner_tag, depth - 1)?;
+            },
+            _ => return Err(err("unexpected end group tag")),
+        };
+        self.take(n).map(|_| ())
+    }
+}
+
+/// Enter a nested message: prost checks the limit, then decodes inside with one less.
+fn nested(depth: u32) -> Result<u32, WireError> {
+    if depth == 0 {
+        return Err(err("recursion limit reached"));
+    }
+    Ok(depth - 1)
+}
+
+/// The `borrowed-decode` strategy: walks the protobuf in `raw`, no owned strings.
+pub fn decode_borrowed(raw: &[u8]) -> Result<Batch<'_>, WireError> {
+    let mut batch = Batch::default();
+    let mut r = Reader::new(raw);
+    let depth = RECURSION_LIMIT;
+    while !r.done() {
+        let (tag, wire_type) = r.key()?;
+        match tag {
+            1 => {
+                let body = r.bytes(wire_type)?;
+                walk_series(body, nested(depth)?, &mut batch)?;
+            }
+            3 => {
+                let body = r.bytes(wire_type)?;
+                walk_metadata(body, nested(depth)?)?;
+                batch.metadata += 1;
+            }
+            _ => r.skip(wire_type, tag, depth)?,
+        }
+    }
+    Ok(batch)
+}
+
+fn walk_series<'a>(body: &'a [u8], depth: u32, batch: &mut Batch<'a>) -> Result<(), WireError> {
+    let mut r = Reader::new(body);
+    let l0 = batch.labels.len() as u32;
+    let s0 = batch.samples.len() as u32;
+    // The span of label fields, and whether anything else came between them.
+    let mut label_span: Option<(usize, usize)> = None;
+    let mut contiguous = true;
+    while !r.done() {
+        let field_start = r.pos;
+        let (tag, wire_type) = r.key()?;
+        match tag {
+            1 => {
+                let label = r.bytes(wire_type)?;
+                batch.labels.push(walk_label(label, nested(depth)?)?);
+                label_span = match label_span {
+                    None => Some((field_start, r.pos)),
+                    Some((start, end)) => {
+                        contiguous &= end == field_start;
+                        Some((start, r.pos))
+                    }
+                };
+            }
+            2 => {
+                let sample = r.bytes(wire_type)?;
+                batch.samples.push(walk_sample(sample, nested(depth)?)?);
+            }
+            _ => r.skip(wire_type, tag, depth)?,
+        }
+    }
+    let raw_labels = match label_span {
+        Some((start, end)) if contiguous => Some(&body[start..end]),
+        None => Some(&body[..0]),
+        _ => None,
+    };
+    batch.series.push(SeriesSpan {
+        labels: l0..batch.labels.len() as u32,
+        samples: s0..batch.samples.len() as u32,
+        raw_labels,
+    });
+    Ok(())
+}
+
+fn walk_label(body: &[u8], depth: u32) -> Result<(&[u8], &[u8]), WireError> {
+    let mut r = Reader::new(body);
+    let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
+    while !r.done() {
+        let (tag, wire_type) = r.key()?;
+        match tag {
+            1 => name = r.bytes(wire_type)?,
+            2 => value = r.bytes(wire_type)?,
+            _ => r.skip(wire_type, tag, depth)?,
+        }
+    }
+    Ok((name, value))
+}
+
+fn walk_sample(body: &[u8], depth: u32) -> Result<Sample, WireError> {
+    let mut r = Reader::new(body);
+    let mut sample = Sample {
+        value: 0.0,
+        timestamp: 0,
+    };
+    while !r.done() {
+        let (tag, wire_type) = r.key()?;
+        match tag {
+            1 => {
+                if wire_type != FIXED64 {
+                    return Err(err("invalid wire type for a double"));
+                }
+                let b = r.take(8)?;
+                sample.value = f64::from_le_bytes(b.try_into().expect("8 bytes"));
+            }
+            2 => {
+                if wire_type != VARINT {
+                    return Err(err("invalid wire type for an int64"));
+                }
+                sample.timestamp = r.varint()? as i64;
+            }
+            _ => r.skip(wire_type, tag, depth)?,
+        }
+    }
+    Ok(sample)
+}
+
+fn walk_metadata(body: &[u8], depth: u32) -> Result<(), WireError> {
+    let mut r = Reader::new(body);
+    while !r.done() {
+        let (tag, wire_type) = r.key()?;
+        match tag {
+            1 => {
+                if wire_type != VARINT {
+                    return Err(err("invalid wire type for an enum"));
+                }
+                r.varint()?;
+            }
+            2 | 4 | 5 => {
+                let s = r.bytes(wire_type)?;
+                std::str::from_utf8(s)
+                    .map_err(|_| err("invalid string value: data is not UTF-8 encoded"))?;
+            }
+            _ => r.skip(wire_type, tag, depth)?,
+        }
+    }
+    Ok(())
+}
+
+/// Appends a protobuf varint.
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Appends one `Label` field (tag 1 of `TimeSeries`) as prost would encode it.
+pub fn put_label(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    let inner = 1
+        + varint_len(name.len() as u64)
+        + name.len()
+        + 1
+        + varint_len(value.len() as u64)
+        + value.len();
+    out.push(0x0a);
+    put_varint(out, inner as u64);
+    out.push(0x0a);
+    put_varint(out, name.len() as u64);
+    out.extend_from_slice(name);
+    out.push(0x12);
+    put_varint(out, value.len() as u64);
+    out.extend_from_slice(value);
+}
+
+/// Appends one `TimeSeries` (tag 1 of `WriteRequest`) whose label fields are
+/// already encoded in `labels`, with one sample.
+pub fn put_series_one_sample(out: &mut Vec<u8>, labels: &[u8], value: f64, timestamp: i64) {
+    let sample_len = 9 + 1 + varint_len(timestamp as u64);
+    let inner = labels.len() + 1 + varint_len(sample_len as u64) + sample_len;
+    out.push(0x0a);
+    put_varint(out, inner as u64);
+    out.extend_from_slice(labels);
+    out.push(0x12);
+    put_varint(out, sample_len as u64);
+    out.push(0x09);
+    out.extend_from_slice(&value.to_le_bytes());
+    out.push(0x10);
+    put_varint(out, timestamp as u64);
+}
+
+pub fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    fn req() -> WriteRequest {
+        WriteRequest {
+            timeseries: vec![TimeSeries {
+                labels: vec![
+                    Label {
+                        name: "__name__".into(),
+                        value: "data".into(),
+                    },
+                    Label {
+                        name: "label_0".into(),
+                        value: "g\"0".into(),
+                    },
+                ],
+                samples: vec![
+                    Sample {
+                        value: 1.5,
+                        timestamp: 1000,
+                    },
+                    Sample {
+                        value: -2.0,
+                        timestamp: -5,
+                    },
+                ],
+            }],
+            metadata: vec![MetricMetadata {
+                r#type: 1,
+                metric_family_name: "data".into(),
+                help: "h".into(),
+                unit: "".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn borrowed_matches_owned_on_a_valid_request() {
+        let raw = req().encode_to_vec();
+        let mut holder = WriteRequest::default();
+        let owned = decode_owned(&raw, &mut holder).unwrap();
+        let borrowed = decode_borrowed(&raw).unwrap();
+        assert_eq!(owned.labels, borrowed.labels);
+        assert_eq!(owned.samples, borrowed.samples);
+        assert_eq!(borrowed.metadata, 1);
+        let raw_labels = borrowed.series[0].raw_labels.unwrap();
+        let mut expect = Vec::new();
+        put_label(&mut expect, b"__name__", b"data");
+        put_label(&mut expect, b"label_0", b"g\"0");
+        assert_eq!(raw_labels, &expect[..]);
+    }
+
+    #[test]
+    fn hand_encoder_matches_prost() {
+        let mut labels = Vec::new();
+        put_label(&mut labels, b"__name__", b"data");
+        let mut ours = Vec::new();
+        put_series_one_sample(&mut ours, &labels, 2.5, 1_700_000_000_123);
+        let theirs = WriteRequest {
+            timeseries: vec![TimeSeries {
+                labels: vec![Label {
+                    name: "__name__".into(),
+                    value: "data".into(),
+                }],
+                samples: vec![Sample {
+                    value: 2.5,
+                    timestamp: 1_700_000_000_123,
+                }],
+            }],
+            metadata: vec![],
+        }
+        .encode_to_vec();
+        assert_eq!(ours, theirs);
+        for v in [0u64, 1, 127, 128, 16383, 16384, u64::MAX] {
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            assert_eq!(b.len(), varint_len(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn decompress_checks_the_header_length_first() {
+        let body = compress(&[7u8; 1000]);
+        let mut out = Vec::new();
+        assert_eq!(
+            decompress(&body, 999, &mut out),
+            Err(WireError::TooLarge {
+                decoded: 1000,
+                limit: 999
+            })
+        );
+        decompress(&body, 1000, &mut out).unwrap();
+        assert_eq!(out, vec![7u8; 1000]);
+        // A header claiming 4 GiB is refused without allocating it.
+        let bogus = [0xff, 0xff, 0xff, 0xff, 0x0f, 0x00];
+        assert!(matches!(
+            decompress(&bogus, 1 << 20, &mut out),
+            Err(WireError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            decompress(b"\x05abc", 100, &mut out),
+            Err(WireError::Snappy(_))
+        ));
+    }
+}
