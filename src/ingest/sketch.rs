@@ -264,12 +264,12 @@ mod tests {
 
     fn value() -> impl Strategy<Value = f64> {
         prop_oneof![
-            4 => (1e-12f64..1e12),
-            2 => (-1e6f64..-1e-6),
+            4 => 1e-12f64..1e12,
+            2 => -1e6f64..-1e-6,
             1 => Just(0.0),
             1 => Just(-0.0),
             1 => Just(1e-9),
-            1 => (-1e-9f64..1e-9),
+            1 => -1e-9f64..1e-9,
             1 => prop::num::f64::NORMAL,
         ]
     }

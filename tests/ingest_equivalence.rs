@@ -1,0 +1,292 @@
+//! Every combination of the four ingest strategies gives identical stats and
+//! bit-identical quantiles for every (aggregation, group, window), and each
+//! quantile is within the relative accuracy of the exact one.
+//!
+//! Rank definition (the crate's): for `n` values of a pane and `0 < q < 1`, the
+//! exact quantile is the value at 0-based rank `floor(q · (n − 1))` of the values
+//! sorted ascending; `q = 0` and `q = 1` are the exact minimum and maximum.
+
+use promlab::ingest::pipeline::Ingester;
+use promlab::ingest::plan::{Aggregation, Plan};
+use promlab::ingest::window::{PaneReport, Stats, STALE_NAN_BITS};
+use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WriteRequest};
+use promlab::strategy::{Stage, StrategySet};
+use proptest::prelude::*;
+use prost::Message;
+use std::collections::BTreeMap;
+
+const QUANTILES: [f64; 6] = [0.0, 0.25, 0.5, 0.9, 0.99, 1.0];
+
+fn aggregation() -> impl Strategy<Value = Aggregation> {
+    (
+        prop::sample::select(vec!["m0", "m1"]),
+        prop::sample::subsequence(vec!["a", "b", "c", "__name__"], 0..=2),
+        prop::option::of(prop::sample::select(vec!["x", "y\"", ""])),
+        prop::sample::select(vec![1u64, 2, 5]),
+        prop::sample::select(vec![0.01, 0.05]),
+    )
+        .prop_map(
+            |(metric, group_by, matcher, window_secs, alpha)| Aggregation {
+                id: String::new(),
+                metric: metric.into(),
+                matchers: matcher
+                    .map(|v| ("c".to_string(), v.to_string()))
+                    .into_iter()
+                    .collect(),
+                group_by: group_by.into_iter().map(String::from).collect(),
+                window_secs,
+                relative_accuracy: alpha,
+                quantiles: QUANTILES.to_vec(),
+            },
+        )
+}
+
+fn plan(keep_windows: impl Strategy<Value = usize>) -> impl Strategy<Value = Plan> {
+    (
+        0u64..3,
+        keep_windows,
+        prop::collection::vec(aggregation(), 1..4),
+    )
+        .prop_map(|(lateness_secs, keep_windows, aggs)| Plan {
+            lateness_secs,
+            keep_windows,
+            aggregations: aggs
+                .into_iter()
+                .enumerate()
+                .map(|(i, a)| Aggregation {
+                    id: format!("agg{i}"),
+                    ..a
+                })
+                .collect(),
+        })
+}
+
+/// A label set: metric, and optional labels a, b, c (sorted by name).
+fn series_labels() -> impl Strategy<Value = Vec<(String, String)>> {
+    let value = prop::sample::select(vec!["x", "y\"", "z\\\n", "café", ""]);
+    (
+        prop::sample::select(vec!["m0", "m1", "m2"]),
+        prop::option::of(value.clone()),
+        prop::option::of(value.clone()),
+        prop::option::of(value),
+    )
+        .prop_map(|(m, a, b, c)| {
+            let mut labels = vec![("__name__".to_string(), m.to_string())];
+            for (name, v) in [("a", a), ("b", b), ("c", c)] {
+                if let Some(v) = v {
+                    labels.push((name.to_string(), v.to_string()));
+                }
+            }
+            labels
+        })
+}
+
+fn value(finite_only: bool) -> BoxedStrategy<f64> {
+    let finite = prop_oneof![
+        4 => 1e-6f64..1e6,
+        2 => -1e4f64..-1e-6,
+        1 => Just(0.0),
+        1 => (1.0f64..1e3).prop_map(|u| u.powf(-1.0 / 1.5).recip()),
+    ];
+    if finite_only {
+        finite.boxed()
+    } else {
+        prop_oneof![
+            10 => finite,
+            1 => Just(f64::from_bits(STALE_NAN_BITS)),
+            1 => Just(f64::NAN),
+            1 => Just(f64::INFINITY),
+        ]
+        .boxed()
+    }
+}
+
+/// Requests: each a list of (series index into the pool, samples as (offset ms, value)).
+/// Offsets move forward with the request number but may go back (out of order, late).
+#[derive(Clone, Debug)]
+struct Scenario {
+    plan: Plan,
+    pool: Vec<Vec<(String, String)>>,
+    requests: Vec<Vec<(usize, Vec<(i64, f64)>)>>,
+    /// Request indexes to corrupt (invalid series), for the all-combinations test.
+    corrupt: Vec<bool>,
+}
+
+fn scenario(finite_only: bool, keep: BoxedStrategy<usize>) -> impl Strategy<Value = Scenario> {
+    let sample = (-4_000i64..9_000, value(finite_only));
+    let series = (0usize..6, prop::collection::vec(sample, 1..5));
+    let request = prop::collection::vec(series, 0..8);
+    (
+        plan(keep),
+        prop::collection::vec(series_labels(), 6),
+        prop::collection::vec(request, 1..7),
+        prop::collection::vec(prop::bool::weighted(0.15), 7),
+    )
+        .prop_map(|(plan, pool, requests, corrupt)| Scenario {
+            plan,
+            pool,
+            requests,
+            corrupt,
+        })
+}
+
+fn encode(s: &Scenario, r: usize, corrupt: bool) -> Vec<u8> {
+    let base = 1_700_000_000_000i64 + r as i64 * 3_000;
+    let mut req = WriteRequest::default();
+    for (series, samples) in &s.requests[r] {
+        let mut labels: Vec<Label> = s.pool[*series]
+            .iter()
+            .map(|(n, v)| Label {
+                name: n.clone(),
+                value: v.clone(),
+            })
+            .collect();
+        if corrupt {
+            labels.reverse(); // unsorted (or, with only __name__, still fine)
+            labels.push(Label {
+                name: "__name__".into(),
+                value: "dup".into(),
+            });
+        }
+        req.timeseries.push(TimeSeries {
+            labels,
+            samples: samples
+                .iter()
+                .map(|&(off, value)| Sample {
+                    value,
+                    timestamp: base + off,
+                })
+                .collect(),
+        });
+    }
+    wire::compress(&req.encode_to_vec())
+}
+
+type Outcome = (
+    Vec<Result<Stats, String>>,
+    Vec<PaneReport>,
+    Vec<PaneReport>,
+    String,
+);
+
+fn run(s: &Scenario, set: StrategySet, with_corruption: bool) -> Outcome {
+    let mut ingester = Ingester::new(s.plan.clone(), set).with_cache_capacity(4);
+    let results = (0..s.requests.len())
+        .map(|r| {
+            let corrupt = with_corruption && s.corrupt[r] && !s.requests[r].is_empty();
+            ingester
+                .handle(&encode(s, r, corrupt))
+                .map_err(|e| e.status().to_string())
+        })
+        .collect();
+    let before = ingester.snapshot();
+    let json = serde_json::to_string(&ingester.query_all()).unwrap();
+    ingester.flush();
+    (results, before, ingester.snapshot(), json)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// All 16 combinations: same per-request result and stats, same panes, bit for bit.
+    #[test]
+    fn all_strategy_combinations_agree(s in scenario(false, (1usize..4).boxed())) {
+        let combos = StrategySet::combinations(Stage::Ingest);
+        assert_eq!(combos.len(), 16);
+        let reference = run(&s, StrategySet::NONE, true);
+        for &set in &combos[1..] {
+            let got = run(&s, set, true);
+            prop_assert_eq!(&got.0, &reference.0, "request results differ for {}", set);
+            prop_assert_eq!(&got.1, &reference.1, "panes differ for {}", set);
+            prop_assert_eq!(&got.2, &reference.2, "panes after flush differ for {}", set);
+            prop_assert_eq!(&got.3, &reference.3, "query JSON differs for {}", set);
+        }
+    }
+
+    /// The panes hold exactly the samples the window rules say, and every quantile
+    /// is within the relative accuracy of the exact one.
+    #[test]
+    fn quantiles_within_relative_accuracy(s in scenario(true, Just(1000usize).boxed())) {
+        let expected = model(&s);
+        for set in [StrategySet::NONE, StrategySet::all()] {
+            let (_, _, panes, _) = run(&s, set, false);
+            let got: BTreeMap<_, _> = panes.iter().map(|p| ((p.aggregation.clone(), p.group.clone(), p.window_start_ms), p)).collect();
+            prop_assert_eq!(got.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>());
+            for (key, values) in &expected {
+                let pane = got[key];
+                prop_assert_eq!(pane.count, values.len() as u64);
+                let alpha = s.plan.aggregations.iter().find(|a| a.id == key.0).unwrap().relative_accuracy;
+                for (q, bits) in QUANTILES.iter().zip(&pane.quantile_bits) {
+                    let estimate = f64::from_bits(bits.unwrap());
+                    let exact = values[(q * (values.len() as f64 - 1.0)) as usize];
+                    let bound = alpha * exact.abs() * (1.0 + 1e-9);
+                    prop_assert!((estimate - exact).abs() <= bound, "q={} estimate {} exact {} (alpha {})", q, estimate, exact, alpha);
+                }
+            }
+        }
+    }
+}
+
+type PaneKey = (String, Vec<(String, String)>, i64);
+
+/// The window rules, written out plainly: the watermark moves between requests.
+fn model(s: &Scenario) -> BTreeMap<PaneKey, Vec<f64>> {
+    let mut panes: BTreeMap<PaneKey, Vec<f64>> = BTreeMap::new();
+    let mut watermark = i64::MIN;
+    for r in 0..s.requests.len() {
+        let base = 1_700_000_000_000i64 + r as i64 * 3_000;
+        let mut newest = None;
+        for (series, samples) in &s.requests[r] {
+            let labels: BTreeMap<&str, &str> = s.pool[*series]
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let matched: Vec<&Aggregation> = s
+                .plan
+                .aggregations
+                .iter()
+                .filter(|a| {
+                    labels["__name__"] == a.metric
+                        && a.matchers
+                            .iter()
+                            .all(|(k, v)| labels.get(k.as_str()).copied().unwrap_or("") == v)
+                })
+                .collect();
+            for &(off, v) in samples {
+                let ts = base + off;
+                if matched.is_empty() || !v.is_finite() {
+                    continue;
+                }
+                newest = newest.max(Some(ts));
+                for a in &matched {
+                    let w = a.window_secs as i64 * 1000;
+                    let start = ts.div_euclid(w) * w;
+                    if start + w <= watermark {
+                        continue;
+                    }
+                    let group = a
+                        .group_by
+                        .iter()
+                        .filter_map(|g| {
+                            labels
+                                .get(g.as_str())
+                                .filter(|v| !v.is_empty())
+                                .map(|v| (g.clone(), v.to_string()))
+                        })
+                        .collect();
+                    panes
+                        .entry((a.id.clone(), group, start))
+                        .or_default()
+                        .push(v);
+                }
+            }
+        }
+        if let Some(n) = newest {
+            watermark = watermark.max(n - s.plan.lateness_secs as i64 * 1000);
+        }
+    }
+    for values in panes.values_mut() {
+        values.sort_by(f64::total_cmp);
+    }
+    panes
+}
