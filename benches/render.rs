@@ -1,1 +1,231 @@
-fn main() {}
+//! Render benchmarks on RabbitMQ's per-object scenario at N = 10,000 queues
+//! (630,000 series), side by side in one run:
+//! - `render_630k`: the baseline vs `prerender`, and the `prometheus-client`
+//!   and `prometheus` crates rendering the same families (throughput in lines/s);
+//! - `scrape_http_630k`: time to last byte of a full scrape from `promlab`'s
+//!   server over loopback, plain and gzip, baseline and `prerender`.
+//!
+//! `PROMLAB_BENCH_QUEUES` changes the scale (e.g. 1000 for a quick look).
+//!
+//! ```text
+//! cargo bench --bench render
+//! ```
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use promlab::registry::MetricType;
+use promlab::render::live::SeriesId;
+use promlab::render::rabbitmq::Scenario;
+use promlab::render::server::{app, Source};
+use promlab::strategy::{Strategy, StrategySet};
+use std::hint::black_box;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+fn queues() -> usize {
+    std::env::var("PROMLAB_BENCH_QUEUES")
+        .ok()
+        .and_then(|q| q.parse().ok())
+        .unwrap_or(10_000)
+}
+
+fn prerender() -> StrategySet {
+    StrategySet::NONE.with(Strategy::Prerender)
+}
+
+fn labels_of(s: &Scenario, id: SeriesId) -> Vec<(String, String)> {
+    let reg = s.registry();
+    reg.label_names(id.family)
+        .zip(reg.label_values(id))
+        .map(|(k, v)| {
+            (
+                k.to_owned(),
+                String::from_utf8(v.to_vec()).expect("UTF-8 names"),
+            )
+        })
+        .collect()
+}
+
+/// The scenario's families in a `prometheus-client` registry, same values.
+fn prometheus_client_registry(s: &Scenario) -> prometheus_client::registry::Registry {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let reg = s.registry();
+    for f in reg.family_ids() {
+        let name = reg.family_name(f);
+        let help = reg.family_help(f);
+        let series = (0..reg.values(f).len() as u32).map(|index| SeriesId { family: f, index });
+        match reg.family_kind(f) {
+            MetricType::Counter => {
+                let family = Family::<Vec<(String, String)>, Counter<f64, AtomicU64>>::default();
+                // The crate appends `_total` to counter names itself.
+                registry.register(
+                    name.strip_suffix("_total").unwrap_or(name),
+                    help,
+                    family.clone(),
+                );
+                for id in series {
+                    family.get_or_create(&labels_of(s, id)).inc_by(reg.get(id));
+                }
+            }
+            _ => {
+                let family = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+                registry.register(name, help, family.clone());
+                for id in series {
+                    family.get_or_create(&labels_of(s, id)).set(reg.get(id));
+                }
+            }
+        }
+    }
+    registry
+}
+
+/// The scenario's families in a `prometheus` (rust-prometheus) registry, same values.
+fn prometheus_registry(s: &Scenario) -> prometheus::Registry {
+    let registry = prometheus::Registry::new();
+    let reg = s.registry();
+    for f in reg.family_ids() {
+        let opts = prometheus::Opts::new(reg.family_name(f), reg.family_help(f));
+        let label_names: Vec<&str> = reg.label_names(f).collect();
+        let series = (0..reg.values(f).len() as u32).map(|index| SeriesId { family: f, index });
+        match reg.family_kind(f) {
+            MetricType::Counter => {
+                let vec = prometheus::CounterVec::new(opts, &label_names).unwrap();
+                registry.register(Box::new(vec.clone())).unwrap();
+                for id in series {
+                    let values = labels_of(s, id);
+                    let values: Vec<&str> = values.iter().map(|(_, v)| v.as_str()).collect();
+                    vec.with_label_values(&values).inc_by(reg.get(id));
+                }
+            }
+            _ => {
+                let vec = prometheus::GaugeVec::new(opts, &label_names).unwrap();
+                registry.register(Box::new(vec.clone())).unwrap();
+                for id in series {
+                    let values = labels_of(s, id);
+                    let values: Vec<&str> = values.iter().map(|(_, v)| v.as_str()).collect();
+                    vec.with_label_values(&values).set(reg.get(id));
+                }
+            }
+        }
+    }
+    registry
+}
+
+fn render(c: &mut Criterion) {
+    let n = queues();
+    let baseline = Scenario::build(n, false, StrategySet::NONE).unwrap();
+    let fast = Scenario::build(n, false, prerender()).unwrap();
+    let lines = baseline.series_count() as u64;
+
+    let mut group = c.benchmark_group(format!("render_{}k", lines / 1000));
+    group.throughput(Throughput::Elements(lines));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(8));
+    let mut out = Vec::new();
+    group.bench_function("baseline", |b| {
+        b.iter(|| {
+            baseline.render_per_object(&mut out);
+            black_box(out.len())
+        })
+    });
+    group.bench_function("prerender", |b| {
+        b.iter(|| {
+            fast.render_per_object(&mut out);
+            black_box(out.len())
+        })
+    });
+
+    let client = prometheus_client_registry(&baseline);
+    let mut text = String::new();
+    group.bench_function("prometheus-client", |b| {
+        b.iter(|| {
+            text.clear();
+            encode(&mut text, &client).unwrap();
+            black_box(text.len())
+        })
+    });
+    drop(client);
+
+    let rust_prometheus = prometheus_registry(&baseline);
+    let encoder = prometheus::TextEncoder::new();
+    group.bench_function("prometheus", |b| {
+        b.iter(|| {
+            out.clear();
+            prometheus::Encoder::encode(&encoder, &rust_prometheus.gather(), &mut out).unwrap();
+            black_box(out.len())
+        })
+    });
+    group.finish();
+}
+
+/// One scrape: request sent → last body byte received (the server moves values and renders).
+fn scrape(addr: SocketAddr, gzip: bool, body: &mut Vec<u8>) -> usize {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let accept = if gzip {
+        "Accept-Encoding: gzip\r\n"
+    } else {
+        ""
+    };
+    write!(
+        stream,
+        "GET /metrics/per-object HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{accept}\r\n"
+    )
+    .unwrap();
+    body.clear();
+    stream.read_to_end(body).unwrap();
+    assert!(body.starts_with(b"HTTP/1.1 200"));
+    body.len()
+}
+
+fn scrape_http(c: &mut Criterion) {
+    let n = queues();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut servers = Vec::new();
+    for (name, set) in [("baseline", StrategySet::NONE), ("prerender", prerender())] {
+        let scenario = Scenario::build(n, false, set).unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        runtime.spawn(async move { axum::serve(listener, app(Source::Scenario(scenario))).await });
+        servers.push((name, addr));
+    }
+
+    let mut group = c.benchmark_group(format!("scrape_http_{}k", n * 63 / 1000));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(8));
+    let mut body = Vec::new();
+    for &(name, addr) in &servers {
+        for gzip in [false, true] {
+            let bytes = scrape(addr, gzip, &mut body);
+            eprintln!("{name} gzip={gzip}: {bytes} bytes on the wire (headers included)");
+            let id = BenchmarkId::new(name, if gzip { "gzip" } else { "plain" });
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        black_box(scrape(addr, gzip, &mut body));
+                    }
+                    start.elapsed()
+                })
+            });
+        }
+    }
+    group.finish();
+    drop(runtime);
+}
+
+criterion_group!(benches, render, scrape_http);
+criterion_main!(benches);

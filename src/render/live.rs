@@ -238,6 +238,27 @@ impl LiveRegistry {
         self.families[family.index()].kind
     }
 
+    pub fn family_help(&self, family: FamilyId) -> &str {
+        std::str::from_utf8(&self.families[family.index()].help).expect("registered as &str")
+    }
+
+    pub fn label_names(&self, family: FamilyId) -> impl Iterator<Item = &str> {
+        let names = &self.families[family.index()].label_names;
+        names
+            .iter()
+            .map(|n| std::str::from_utf8(n).expect("validated ASCII"))
+    }
+
+    /// A series' label values, in declared order.
+    pub fn label_values(&self, id: SeriesId) -> impl Iterator<Item = &[u8]> {
+        self.families[id.family.index()].label_values(id.index as usize)
+    }
+
+    /// Every value of one family, by series index.
+    pub fn values(&self, family: FamilyId) -> &[f64] {
+        &self.families[family.index()].values
+    }
+
     pub fn series_count(&self) -> usize {
         self.families.iter().map(|f| f.values.len()).sum()
     }
