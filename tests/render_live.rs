@@ -1,12 +1,12 @@
 //! The live registry renders the same bytes with and without `prerender`, and
 //! both match an independent reference written the obvious way.
 
-use proptest::prelude::*;
 use promlab::registry::MetricType;
 use promlab::render::live::LiveRegistry;
 use promlab::render::rabbitmq::{self, Scenario, SERIES_PER_QUEUE};
 use promlab::rubyfloat;
 use promlab::strategy::{Stage, Strategy as Optimization, StrategySet};
+use proptest::prelude::*;
 use std::collections::HashSet;
 
 #[derive(Debug, Clone)]
@@ -31,7 +31,14 @@ fn render(families: &[FamilySpec], strategies: StrategySet) -> Vec<u8> {
     let mut reg = LiveRegistry::new(strategies);
     for f in families {
         let labels: Vec<&str> = f.labels.iter().map(String::as_str).collect();
-        let id = reg.register(&f.name, f.kind, std::str::from_utf8(&f.help).unwrap(), &labels).unwrap();
+        let id = reg
+            .register(
+                &f.name,
+                f.kind,
+                std::str::from_utf8(&f.help).unwrap(),
+                &labels,
+            )
+            .unwrap();
         for (values, v) in &f.series {
             let values: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
             let s = reg.series(id, &values).unwrap();
@@ -57,7 +64,9 @@ fn reference(families: &[FamilySpec]) -> Vec<u8> {
     }
     let mut out = Vec::new();
     for f in families {
-        out.extend_from_slice(format!("# TYPE {} {}\n# HELP {} ", f.name, f.kind.name(), f.name).as_bytes());
+        out.extend_from_slice(
+            format!("# TYPE {} {}\n# HELP {} ", f.name, f.kind.name(), f.name).as_bytes(),
+        );
         escape(&mut out, &f.help, false);
         out.push(b'\n');
         for (values, v) in &f.series {
@@ -128,18 +137,29 @@ fn family(index: usize) -> impl Strategy<Value = FamilySpec> {
     )
         .prop_flat_map(move |(name, counter, help, labels)| {
             let mut seen = HashSet::new();
-            let labels: Vec<String> = labels.into_iter().filter(|l| seen.insert(l.clone())).collect();
+            let labels: Vec<String> = labels
+                .into_iter()
+                .filter(|l| seen.insert(l.clone()))
+                .collect();
             let k = labels.len();
-            let series = prop::collection::vec((prop::collection::vec(awkward_bytes(), k), value()), 0..12);
+            let series =
+                prop::collection::vec((prop::collection::vec(awkward_bytes(), k), value()), 0..12);
             (Just(name), Just(counter), Just(help), Just(labels), series)
         })
         .prop_map(move |(name, counter, help, labels, series)| {
             // Unique label sets (the registry is get-or-create) and valid UTF-8 help (a &str API).
             let mut seen = HashSet::new();
-            let series = series.into_iter().filter(|(values, _)| seen.insert(values.clone())).collect();
+            let series = series
+                .into_iter()
+                .filter(|(values, _)| seen.insert(values.clone()))
+                .collect();
             FamilySpec {
                 name: format!("{name}_{index}"),
-                kind: if counter { MetricType::Counter } else { MetricType::Gauge },
+                kind: if counter {
+                    MetricType::Counter
+                } else {
+                    MetricType::Gauge
+                },
                 help: String::from_utf8_lossy(&help).into_owned().into_bytes(),
                 labels,
                 series,
@@ -181,19 +201,37 @@ fn rabbitmq_scenario_is_identical_under_every_render_strategy() {
         let mut second = Vec::new();
         scenario.render_per_object(&mut second);
         let mut detailed = Vec::new();
-        scenario.render_detailed(["queue_coarse_metrics", "queue_consumer_count"], &mut detailed).unwrap();
+        scenario
+            .render_detailed(
+                ["queue_coarse_metrics", "queue_consumer_count"],
+                &mut detailed,
+            )
+            .unwrap();
         outputs.push((set, first, second, detailed));
     }
     let (_, first, second, detailed) = &outputs[0];
-    let samples = |text: &[u8]| text.split(|&b| b == b'\n').filter(|l| !l.is_empty() && l[0] != b'#').count();
+    let samples = |text: &[u8]| {
+        text.split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty() && l[0] != b'#')
+            .count()
+    };
     assert_eq!(samples(first), SERIES_PER_QUEUE * queues);
     assert_eq!(samples(detailed), 5 * queues);
     assert_ne!(first, second, "values move between scrapes");
-    assert!(first.windows(3).any(|w| w == b"\\\"p"), "awkward names are escaped");
+    assert!(
+        first.windows(3).any(|w| w == b"\\\"p"),
+        "awkward names are escaped"
+    );
     for (set, f, s, d) in &outputs[1..] {
-        assert!(f == first && s == second && d == detailed, "strategies {set} differ from the baseline");
+        assert!(
+            f == first && s == second && d == detailed,
+            "strategies {set} differ from the baseline"
+        );
     }
-    assert_eq!(&rabbitmq::render_once(queues, true, StrategySet::all()).unwrap(), first);
+    assert_eq!(
+        &rabbitmq::render_once(queues, true, StrategySet::all()).unwrap(),
+        first
+    );
 }
 
 #[test]
@@ -206,7 +244,11 @@ fn counters_never_decrease_between_scrapes() {
         let mut families = Vec::new();
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let kind = if rest.ends_with(" counter") { MetricType::Counter } else { MetricType::Gauge };
+                let kind = if rest.ends_with(" counter") {
+                    MetricType::Counter
+                } else {
+                    MetricType::Gauge
+                };
                 families.push((kind, Vec::new()));
             } else if !line.starts_with('#') {
                 let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
