@@ -163,6 +163,46 @@ fn render(c: &mut Criterion) {
         })
     });
     group.finish();
+
+    // The same seam without the two families of full-precision ratios, whose
+    // Ruby-exact formatting (a slow exact fallback in `rubyfloat`) costs as
+    // much as all other lines together.
+    let integral = |s: &Scenario| -> Vec<_> {
+        let reg = s.registry();
+        reg.family_ids()
+            .filter(|&f| {
+                !reg.family_name(f).contains("capacity")
+                    && !reg.family_name(f).contains("utilisation")
+            })
+            .collect()
+    };
+    let (baseline_families, fast_families) = (integral(&baseline), integral(&fast));
+    let integral_lines: usize = baseline_families
+        .iter()
+        .map(|&f| baseline.registry().values(f).len())
+        .sum();
+    let mut group = c.benchmark_group(format!("render_{}k_integral_values", integral_lines / 1000));
+    group.throughput(Throughput::Elements(integral_lines as u64));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(8));
+    group.bench_function("baseline", |b| {
+        b.iter(|| {
+            baseline
+                .registry()
+                .render_families_into(&baseline_families, &mut out);
+            black_box(out.len())
+        })
+    });
+    group.bench_function("prerender", |b| {
+        b.iter(|| {
+            fast.registry()
+                .render_families_into(&fast_families, &mut out);
+            black_box(out.len())
+        })
+    });
+    group.finish();
 }
 
 /// One scrape: request sent → last body byte received (the server moves values and renders).

@@ -120,7 +120,7 @@ fn value() -> impl Strategy<Value = f64> {
         Just(f64::NAN),
         Just(f64::MIN_POSITIVE),
         Just(-5e-324),
-        (1u64..1 << 52).prop_map(|bits| f64::from_bits(bits)), // subnormals
+        (1u64..1 << 52).prop_map(f64::from_bits), // subnormals
         Just(9_007_199_254_740_992.0),
         Just(1e16),
         (-1_000_000i64..1_000_000).prop_map(|i| i as f64),
