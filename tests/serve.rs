@@ -298,6 +298,16 @@ fn store_mode_refuses_a_missing_directory() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
 }
 
+#[test]
+fn unknown_scenario_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_promlab"))
+        .args(["serve", "--scenario", "kafka", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scenario `kafka`"));
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
