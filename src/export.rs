@@ -25,6 +25,7 @@ use crate::render;
 use crate::strategy::{Strategy, StrategySet};
 use ahash::AHashMap;
 use anyhow::{anyhow, bail, Context, Result};
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -168,13 +169,16 @@ fn read_whole(file: &File, buffers: &mut ReadBuffers, visit: &mut dyn FnMut(Entr
     let mut reader = file;
     let mut header = [0u8; 4];
     if file.metadata()?.len() < 4 {
-        bail!("file is shorter than its header");
+        // Being created by its writer: client_ruby reads it as empty.
+        return Ok(());
     }
     reader.read_exact(&mut header)?;
     let used = check_used(header, file.metadata()?.len())?;
-    let region = &mut buffers.region;
-    region.clear();
-    region.resize(used, 0);
+    // Grow (and zero) the reused buffer only when a file is larger than any before.
+    if buffers.region.len() < used {
+        buffers.region.resize(used, 0);
+    }
+    let region = &mut buffers.region[..used];
     region[..4].copy_from_slice(&header);
     reader.read_exact(&mut region[4..])?;
     for entry in entries(region, used) {
@@ -192,7 +196,8 @@ fn read_entry_by_entry(
 ) -> Result<()> {
     let file_len = file.metadata()?.len();
     if file_len < 4 {
-        bail!("file is shorter than its header");
+        // Being created by its writer: client_ruby reads it as empty.
+        return Ok(());
     }
     // Ruby's IO buffer is 8 KiB.
     let mut reader = BufReader::with_capacity(8192, file);
@@ -274,8 +279,9 @@ struct SeriesTable {
     labels: Vec<LabelSet>,
     values: Vec<Aggregate>,
     by_hash: AHashMap<u64, Vec<usize>>,
-    /// `decode-once`: raw key → series.
-    by_raw_key: AHashMap<Box<[u8]>, usize>,
+    /// `decode-once`: raw key → series. foldhash is markedly faster than
+    /// ahash's portable fallback on keys of hundreds of bytes.
+    by_raw_key: HashMap<Box<[u8]>, usize, foldhash::fast::FixedState>,
     hasher: ahash::RandomState,
 }
 
@@ -285,7 +291,7 @@ impl SeriesTable {
             labels: Vec::new(),
             values: Vec::new(),
             by_hash: AHashMap::new(),
-            by_raw_key: AHashMap::new(),
+            by_raw_key: HashMap::default(),
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
         }
     }
@@ -384,30 +390,31 @@ pub struct SummaryValue {
     pub count: f64,
 }
 
-/// Splits `label` out of a label set (the rest keeps its order).
-fn split_label(labels: &LabelSet, label: &[u8]) -> (LabelSet, Option<Box<[u8]>>) {
-    let mut rest = Vec::with_capacity(labels.len());
-    let mut found = None;
-    for (n, v) in labels {
-        if &**n == label {
-            found = Some(v.clone());
-        } else {
-            rest.push((n.clone(), v.clone()));
-        }
-    }
-    (rest, found)
-}
-
-/// Groups aggregated series by their label set without `label`, in order of first appearance.
-fn group_by_base(table: &SeriesTable, label: &[u8]) -> Vec<(LabelSet, Vec<(Option<Box<[u8]>>, f64)>)> {
-    let mut groups: Vec<(LabelSet, Vec<(Option<Box<[u8]>>, f64)>)> = Vec::new();
-    let mut index: AHashMap<LabelSet, usize> = AHashMap::new();
+/// Groups aggregated series by their label set without `label`, in order of
+/// first appearance: each group's labels and its `(label value, value)` slots.
+/// Label sets are compared borrowed; only a new group's labels are copied.
+fn group_by_base<'t>(table: &'t SeriesTable, label: &[u8]) -> Vec<(LabelSet, Vec<(Option<&'t [u8]>, f64)>)> {
+    type Base<'t> = Vec<(&'t [u8], &'t [u8])>;
+    let mut groups: Vec<(LabelSet, Vec<(Option<&'t [u8]>, f64)>)> = Vec::new();
+    let mut index: AHashMap<Base<'t>, usize> = AHashMap::new();
     for (labels, aggregate) in table.labels.iter().zip(&table.values) {
-        let (base, slot) = split_label(labels, label);
-        let i = *index.entry(base.clone()).or_insert_with(|| {
-            groups.push((base, Vec::new()));
-            groups.len() - 1
-        });
+        let mut slot = None;
+        let mut base: Base<'t> = Vec::with_capacity(labels.len());
+        for (n, v) in labels {
+            if &**n == label {
+                slot = Some(&**v);
+            } else {
+                base.push((n, v));
+            }
+        }
+        let i = match index.get(&base) {
+            Some(&i) => i,
+            None => {
+                groups.push((base.iter().map(|(n, v)| (Box::from(*n), Box::from(*v))).collect(), Vec::new()));
+                index.insert(base, groups.len() - 1);
+                groups.len() - 1
+            }
+        };
         groups[i].1.push((slot, aggregate.value));
     }
     groups
@@ -423,14 +430,14 @@ fn histogram_values(def: &MetricDef, table: &SeriesTable) -> Vec<HistogramValue>
             for (le, value) in slots {
                 // Ruby: `label_set[:le].to_s`, so a missing `le` is the bucket "".
                 let le = le.unwrap_or_default();
-                if &*le == b"sum" {
+                if le == b"sum" {
                     sum = Some(value);
-                } else if let Some(i) = def.buckets.iter().position(|b| b.as_bytes() == &*le) {
+                } else if let Some(i) = def.buckets.iter().position(|b| b.as_bytes() == le) {
                     buckets[i] = value;
-                } else if let Some(slot) = others.iter_mut().find(|(name, _)| *name == le) {
+                } else if let Some(slot) = others.iter_mut().find(|(name, _)| **name == *le) {
                     slot.1 = value;
                 } else {
-                    others.push((le, value));
+                    others.push((Box::from(le), value));
                 }
             }
             // client_ruby's accumulate_buckets.
@@ -461,7 +468,7 @@ fn summary_values(table: &SeriesTable) -> Vec<SummaryValue> {
         .map(|(labels, slots)| {
             let mut value = SummaryValue { labels, sum: 0.0, count: 0.0 };
             for (quantile, v) in slots {
-                match quantile.as_deref() {
+                match quantile {
                     Some(b"sum") => value.sum = v,
                     Some(b"count") => value.count = v,
                     _ => {}

@@ -192,28 +192,27 @@ fn nth_piece_offset(raw: &[u8], n: usize) -> usize {
         .map_or(0, |(i, _)| i + 1)
 }
 
-/// Byte classes for the fast decoder.
-const PLAIN: u8 = 0;
-const SEPARATOR: u8 = 1; // `&` or `=`
-const ESCAPE: u8 = 2; // `%` or `+`
-const NON_ASCII: u8 = 3;
-
-static CLASS: [u8; 256] = {
-    let mut table = [PLAIN; 256];
-    let mut b = 128;
-    while b < 256 {
-        table[b] = NON_ASCII;
-        b += 1;
+/// Hex digit values; 0xFF marks a byte that is not a hex digit.
+static HEX: [u8; 256] = {
+    let mut table = [0xFF; 256];
+    let mut d = 0;
+    while d < 10 {
+        table[b'0' as usize + d] = d as u8;
+        d += 1;
     }
-    table[b'&' as usize] = SEPARATOR;
-    table[b'=' as usize] = SEPARATOR;
-    table[b'%' as usize] = ESCAPE;
-    table[b'+' as usize] = ESCAPE;
+    let mut d = 0;
+    while d < 6 {
+        table[b'a' as usize + d] = 10 + d as u8;
+        table[b'A' as usize + d] = 10 + d as u8;
+        d += 1;
+    }
     table
 };
 
-/// Decodes a raw key into labels with a table-driven scan, borrowing every
-/// component that holds no escape. Same result as [`decode_key_reference`].
+/// Decodes a raw key into labels, borrowing every component that holds no
+/// escape: SIMD scans (`memchr`, `is_ascii`) find each component's end and
+/// whether it needs decoding, and a table decodes `%XX`. Same result as
+/// [`decode_key_reference`], errors included.
 pub fn decode_key_fast(raw: &[u8]) -> Result<Vec<Label<'_>>, KeyError> {
     let mut labels = Vec::with_capacity(4);
     let mut pos = 0;
@@ -232,38 +231,62 @@ pub fn decode_key_fast(raw: &[u8]) -> Result<Vec<Label<'_>>, KeyError> {
     Ok(labels)
 }
 
-/// Scans one component from `start` to the next `&` (or `=` for a name).
-/// Returns it and the offset of the byte that ended it.
+/// One component from `start` to the next `&` (or `=` for a name); returns it
+/// and the offset of the byte that ended it.
 #[inline]
 fn component_fast(raw: &[u8], start: usize, is_name: bool) -> Result<(Cow<'_, [u8]>, usize), KeyError> {
-    let mut i = start;
-    let mut escaped = false;
-    while i < raw.len() {
-        match CLASS[usize::from(raw[i])] {
-            PLAIN => {}
-            SEPARATOR => {
-                if raw[i] == b'&' || is_name {
-                    break;
-                }
-            }
-            ESCAPE => escaped = true,
-            _ => return Err(KeyError::NotAscii { at: i }),
-        }
-        i += 1;
+    let rest = &raw[start..];
+    let len = if is_name { memchr::memchr2(b'&', b'=', rest) } else { memchr::memchr(b'&', rest) };
+    let end = start + len.unwrap_or(rest.len());
+    let s = &raw[start..end];
+    if !s.is_ascii() {
+        let at = s.iter().position(|b| !b.is_ascii()).expect("not ASCII");
+        return Err(KeyError::NotAscii { at: start + at });
     }
-    let s = &raw[start..i];
-    if !escaped {
-        return Ok((Cow::Borrowed(s), i));
-    }
-    match unescape_reference(s, start) {
-        Ok(decoded) => Ok((Cow::Owned(decoded), i)),
+    let Some(first) = memchr::memchr2(b'%', b'+', s) else {
+        return Ok((Cow::Borrowed(s), end));
+    };
+    match unescape_from(s, first, start) {
+        Ok(decoded) => Ok((Cow::Owned(decoded), end)),
         // The reference rejects a non-ASCII key before looking at escapes, so a
         // non-ASCII byte later in the key is the error to report.
-        Err(err) => match raw[i..].iter().position(|b| !b.is_ascii()) {
-            Some(at) => Err(KeyError::NotAscii { at: i + at }),
+        Err(err) => match raw[end..].iter().position(|b| !b.is_ascii()) {
+            Some(at) => Err(KeyError::NotAscii { at: end + at }),
             None => Err(err),
         },
     }
+}
+
+/// Decodes `s`, whose first escape is at `first`, writing by index into a
+/// buffer the size of the input (decoding never grows it).
+fn unescape_from(s: &[u8], first: usize, offset: usize) -> Result<Vec<u8>, KeyError> {
+    let mut out = vec![0u8; s.len()];
+    out[..first].copy_from_slice(&s[..first]);
+    let (mut i, mut w) = (first, first);
+    while i < s.len() {
+        out[w] = match s[i] {
+            b'+' => {
+                i += 1;
+                b' '
+            }
+            b'%' => {
+                let hi = HEX[usize::from(*s.get(i + 1).unwrap_or(&0))];
+                let lo = HEX[usize::from(*s.get(i + 2).unwrap_or(&0))];
+                if hi == 0xFF || lo == 0xFF {
+                    return Err(KeyError::InvalidEscape { at: offset + i });
+                }
+                i += 3;
+                hi << 4 | lo
+            }
+            b => {
+                i += 1;
+                b
+            }
+        };
+        w += 1;
+    }
+    out.truncate(w);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -315,5 +338,46 @@ mod tests {
     fn fast_decoder_borrows_plain_components() {
         let labels = decode_key_fast(b"code=200&path=plain").unwrap();
         assert!(labels.iter().all(|(n, v)| matches!(n, Cow::Borrowed(_)) && matches!(v, Cow::Borrowed(_))));
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn key_bytes() -> impl Strategy<Value = Vec<u8>> {
+            // Mostly key-like bytes, so both decoders get past the first byte.
+            proptest::collection::vec(
+                prop_oneof![
+                    4 => prop::sample::select(b"ab=&%+2F7e~*".to_vec()),
+                    1 => any::<u8>(),
+                ],
+                0..40,
+            )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+
+            /// `fast-unescape` against the reference on arbitrary bytes, errors included.
+            #[test]
+            fn fast_decoder_equals_reference(raw in key_bytes()) {
+                prop_assert_eq!(decode_key_fast(&raw).map(owned), decode_key_reference(&raw).map(owned));
+            }
+
+            /// Encoding in either dialect decodes back to the labels.
+            #[test]
+            fn decode_inverts_encode(
+                labels in proptest::collection::btree_map("[a-z_]{1,6}", ".*", 0..4),
+                cgi in any::<bool>(),
+            ) {
+                let dialect = if cgi { Dialect::Cgi } else { Dialect::Uri };
+                let pairs: Vec<(&[u8], &[u8])> = labels.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())).collect();
+                let mut key = Vec::new();
+                encode_key(&mut key, pairs.iter().copied(), dialect);
+                let expected: Vec<(Vec<u8>, Vec<u8>)> = pairs.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+                prop_assert_eq!(owned(decode_key_reference(&key).unwrap()), expected.clone());
+                prop_assert_eq!(owned(decode_key_fast(&key).unwrap()), expected);
+            }
+        }
     }
 }

@@ -13,6 +13,7 @@
 pub mod cli;
 pub mod export;
 pub mod formenc;
+pub mod harness;
 pub mod ingest;
 pub mod ops;
 pub mod registry;
@@ -20,5 +21,5 @@ pub mod render;
 pub mod rubyfloat;
 pub mod store;
 pub mod strategy;
-
 pub mod text;
+pub mod workload;

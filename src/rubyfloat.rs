@@ -47,12 +47,45 @@ pub fn write(out: &mut Vec<u8>, v: f64) {
         return;
     }
     let mut buf = ryu::Buffer::new();
-    let (negative, digits, decpt) = split_ryu(buf.format_finite(v));
+    let (negative, digits, decpt) = split_decimal(buf.format_finite(v));
     if digits.len > MAX_UNIQUE_DIGITS {
-        write_reference(out, v);
+        // Ryu says the shortest has 16 or 17 digits: the correctly rounded
+        // 16-digit decimal if it parses back to `v`, else the 17-digit one.
+        let mut text = StackText::new();
+        if !text.format_round_trips(v, 15) {
+            text.format_round_trips(v, 16);
+        }
+        let (negative, digits, decpt) = split_decimal(text.as_str());
+        layout(out, negative, &digits, decpt);
         return;
     }
     layout(out, negative, &digits, decpt);
+}
+
+/// A stack buffer for `{:.Ne}` formatting, without allocating.
+struct StackText {
+    buf: [u8; 40],
+    len: usize,
+}
+
+impl StackText {
+    fn new() -> Self {
+        StackText { buf: [0; 40], len: 0 }
+    }
+
+    /// Formats `v` correctly rounded (half to even) to `precision + 1`
+    /// significant digits; returns whether that parses back to `v`.
+    fn format_round_trips(&mut self, v: f64, precision: usize) -> bool {
+        use std::io::Write;
+        let mut cursor = std::io::Cursor::new(&mut self.buf[..]);
+        write!(cursor, "{:.*e}", precision, v).expect("40 bytes hold any {:.16e}");
+        self.len = cursor.position() as usize;
+        self.as_str().parse::<f64>() == Ok(v)
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).expect("ASCII")
+    }
 }
 
 /// Appends Ruby's `Float#to_s` of `v`, the obviously-correct way: the fewest
@@ -98,9 +131,10 @@ fn write_non_finite(out: &mut Vec<u8>, v: f64) {
     });
 }
 
-/// Splits ryu's output (`1.5`, `1e20`, `1.5e-7`, `0.001`, `-12.0`) into sign,
+/// Splits ryu's or `{:e}`'s output (`1.5`, `1e20`, `1.5e-7`, `0.001`, `-12.0`,
+/// `1.25e15`) into sign,
 /// significant digits (no leading/trailing zeros, at least one digit) and `decpt`.
-fn split_ryu(text: &str) -> (bool, DigitBuf, i32) {
+fn split_decimal(text: &str) -> (bool, DigitBuf, i32) {
     let bytes = text.as_bytes();
     let (negative, bytes) = match bytes.first() {
         Some(b'-') => (true, &bytes[1..]),

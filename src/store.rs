@@ -231,6 +231,8 @@ impl StoreFile {
             }
             Io::Mapped(map) => {
                 map[at..at + entry.len()].copy_from_slice(&entry);
+                // Readers trust `used`: the entry must be in place before it grows.
+                std::sync::atomic::fence(Ordering::Release);
                 map[..4].copy_from_slice(&used_bytes);
             }
         }

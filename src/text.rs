@@ -24,10 +24,13 @@ impl Escape {
     }
 }
 
-/// Whether `s` has any byte that `mode` escapes (a fast scan; most values have none).
+/// Whether `s` has any byte that `mode` escapes (a SIMD scan; most values have none).
 #[inline]
 pub fn needs_escaping(s: &[u8], mode: Escape) -> bool {
-    s.iter().any(|&b| mode.needs(b))
+    match mode {
+        Escape::Help => memchr::memchr2(b'\n', b'\\', s).is_some(),
+        Escape::LabelValue => memchr::memchr3(b'\n', b'\\', b'"', s).is_some(),
+    }
 }
 
 /// `s` escaped, borrowed when nothing needs escaping.
@@ -40,13 +43,24 @@ pub fn escaped(s: &[u8], mode: Escape) -> Cow<'_, [u8]> {
     Cow::Owned(out)
 }
 
-/// Appends `s` escaped: a scan first, then one copy when nothing needs escaping.
+/// Appends `s` escaped: runs without special bytes are found with a SIMD scan
+/// and copied whole (one copy when nothing needs escaping).
 #[inline]
 pub fn write_escaped(out: &mut Vec<u8>, s: &[u8], mode: Escape) {
-    if needs_escaping(s, mode) {
-        write_escaped_bytewise(out, s, mode);
-    } else {
-        out.extend_from_slice(s);
+    let mut rest = s;
+    loop {
+        let found = match mode {
+            Escape::Help => memchr::memchr2(b'\n', b'\\', rest),
+            Escape::LabelValue => memchr::memchr3(b'\n', b'\\', b'"', rest),
+        };
+        let Some(i) = found else {
+            out.extend_from_slice(rest);
+            return;
+        };
+        out.extend_from_slice(&rest[..i]);
+        out.push(b'\\');
+        out.push(if rest[i] == b'\n' { b'n' } else { rest[i] });
+        rest = &rest[i + 1..];
     }
 }
 
@@ -87,6 +101,15 @@ mod tests {
 
     #[test]
     fn escapes_like_ruby() {
+        for mode in [Escape::Help, Escape::LabelValue] {
+            for s in [&b""[..], b"\"", b"a\\\n\"b\"\"", b"\n\n", b"plain text"] {
+                let mut fast = Vec::new();
+                write_escaped(&mut fast, s, mode);
+                let mut reference = Vec::new();
+                write_escaped_bytewise(&mut reference, s, mode);
+                assert_eq!(fast, reference);
+            }
+        }
         assert_eq!(&*escaped(b"plain", Escape::LabelValue), b"plain");
         assert!(matches!(escaped(b"plain", Escape::LabelValue), Cow::Borrowed(_)));
         assert_eq!(&*escaped(b"a\"b\\c\nd", Escape::LabelValue), br#"a\"b\\c\nd"#);
@@ -94,5 +117,25 @@ mod tests {
         let mut out = Vec::new();
         write_label_block(&mut out, [(&b"a"[..], &b"x\"y"[..]), (&b"le"[..], &b"+Inf"[..])]);
         assert_eq!(out, br#"{a="x\"y",le="+Inf"}"#);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// The SIMD escaper against the byte-by-byte reference.
+            #[test]
+            fn scan_escaper_equals_bytewise(s in proptest::collection::vec(
+                prop_oneof![Just(b'\n'), Just(b'\\'), Just(b'"'), any::<u8>()], 0..80), help in any::<bool>()) {
+                let mode = if help { Escape::Help } else { Escape::LabelValue };
+                let mut fast = Vec::new();
+                write_escaped(&mut fast, &s, mode);
+                let mut reference = Vec::new();
+                write_escaped_bytewise(&mut reference, &s, mode);
+                prop_assert_eq!(&fast, &reference);
+                prop_assert_eq!(&*escaped(&s, mode), &reference[..]);
+            }
+        }
     }
 }

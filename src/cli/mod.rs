@@ -142,16 +142,56 @@ pub struct ServeArgs {
     pub strategies: crate::strategy::StrategySet,
 }
 
+/// `promlab ablate`: verify, then measure, every strategy on built-in scenarios.
 #[derive(clap::Args, Debug)]
-pub struct AblateArgs {}
+pub struct AblateArgs {
+    /// Scenarios (built-in names or .toml paths); all built-ins when none.
+    pub scenarios: Vec<String>,
+    /// The quick sizes (what CI and the default run use).
+    #[arg(long)]
+    pub quick: bool,
+    /// Restrict the arms to these strategies (comma-separated; repeatable).
+    #[arg(long)]
+    pub strategies: Vec<StrategySet>,
+    /// Where the CSVs and machine.txt go (default experiments/results/<date>-<host>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Timed rounds per arm, instead of the scenario's own.
+    #[arg(long)]
+    pub repeats: Option<usize>,
+    /// Print each scenario's output digest instead of checking it.
+    #[arg(long)]
+    pub print_digests: bool,
+}
+
 impl AblateArgs {
+    /// `cargo run --release` with no arguments: the quick matrix over all scenarios.
     pub fn main_job() -> Self {
-        AblateArgs {}
+        AblateArgs {
+            scenarios: Vec::new(),
+            quick: true,
+            strategies: Vec::new(),
+            out: None,
+            repeats: None,
+            print_digests: false,
+        }
     }
 }
-pub fn ablate(_: AblateArgs) -> Result<()> {
-    bail!("todo")
+
+pub fn ablate(args: AblateArgs) -> Result<()> {
+    let only = (!args.strategies.is_empty())
+        .then(|| args.strategies.iter().flat_map(|s| s.iter()).collect::<StrategySet>());
+    let options = crate::harness::AblateOptions {
+        quick: args.quick,
+        only,
+        out: args.out,
+        repeats: args.repeats,
+        print_digests: args.print_digests,
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    crate::harness::ablate(&args.scenarios, &options).map(drop)
 }
+
 pub fn serve(args: ServeArgs) -> Result<()> {
     if args.store.is_some() || args.scenario.is_some() {
         crate::render::server::serve(args)

@@ -1,0 +1,142 @@
+//! Scenario generators → runnable [`Workload`]s, one per pipeline stage seam.
+
+use super::{Scenario, Size, Workload};
+use crate::strategy::{Stage, StrategySet};
+use crate::workload::{self, LongLabelWriter, StoreWorkload};
+use anyhow::{bail, Context, Result};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Reads an integer parameter.
+pub fn param_usize(size: &Size, name: &str) -> Result<usize> {
+    size.params
+        .get(name)
+        .and_then(|v| v.as_integer())
+        .and_then(|v| usize::try_from(v).ok())
+        .with_context(|| format!("scenario parameter `{name}` (a non-negative integer) is missing"))
+}
+
+/// Builds the workload a scenario names.
+pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn Workload>> {
+    let workload: Box<dyn Workload> = match scenario.generator.as_str() {
+        "long-label" => Box::new(LongLabel::new(param_usize(size, "steps")?)?),
+        "seed-repro" => Box::new(Export::new(workload::seed_repro(
+            param_usize(size, "processes")?,
+            param_usize(size, "statements")?,
+        ))?),
+        "large" => Box::new(Export::new(workload::large(
+            param_usize(size, "processes")?,
+            param_usize(size, "statements")?,
+            param_usize(size, "max_len")?,
+        ))?),
+        other => bail!("unknown generator `{other}`"),
+    };
+    let expected_stage = match scenario.generator.as_str() {
+        "long-label" => Stage::Write,
+        _ => Stage::Export,
+    };
+    if stage != expected_stage {
+        bail!("generator `{}` belongs to the {expected_stage} stage, not {stage}", scenario.generator);
+    }
+    Ok(workload)
+}
+
+/// Export: a store written once by promlab's writer, exported per run.
+struct Export {
+    _dir: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    workload: StoreWorkload,
+    lines: u64,
+}
+
+impl Export {
+    fn new(workload: StoreWorkload) -> Result<Export> {
+        let dir = tempfile::tempdir()?;
+        workload.write(dir.path(), StrategySet::NONE)?;
+        let text = crate::export::export(dir.path(), &workload.registry, StrategySet::NONE)?;
+        let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
+        Ok(Export { dir: dir.path().to_path_buf(), _dir: dir, workload, lines })
+    }
+}
+
+impl Workload for Export {
+    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>> {
+        crate::export::export(&self.dir, &self.workload.registry, strategies)
+    }
+
+    fn run(&mut self, strategies: StrategySet) -> Result<()> {
+        crate::export::export(&self.dir, &self.workload.registry, strategies).map(drop)
+    }
+
+    fn units(&self) -> (u64, &'static str) {
+        (self.lines, "lines")
+    }
+}
+
+/// Write: `steps` × (histogram observe + counter increment) with a 195-char label.
+struct LongLabel {
+    steps: usize,
+    /// One warm writer per strategy set, so runs time the steady state.
+    writers: HashMap<StrategySet, (tempfile::TempDir, LongLabelWriter)>,
+}
+
+impl LongLabel {
+    fn new(steps: usize) -> Result<LongLabel> {
+        Ok(LongLabel { steps, writers: HashMap::new() })
+    }
+
+    fn value(i: usize) -> f64 {
+        [0.003, 0.03, 0.3, 3.0][i % 4]
+    }
+}
+
+/// A store directory as comparable bytes: per file, its name, `used`, and its
+/// used region with timestamps zeroed.
+pub fn store_bytes(dir: &Path) -> Result<Vec<u8>> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+    names.sort();
+    let mut out = Vec::new();
+    for path in names {
+        let bytes = std::fs::read(&path)?;
+        out.extend_from_slice(path.file_name().unwrap_or_default().as_encoded_bytes());
+        out.push(b'\n');
+        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        let used = i32::from_le_bytes(bytes[..4].try_into()?) as usize;
+        let mut region = bytes[..used].to_vec();
+        for entry in crate::export::entries(&bytes, used) {
+            let at = entry?.value_offset + 8;
+            region[at..at + 8].fill(0);
+        }
+        out.extend_from_slice(&region);
+    }
+    Ok(out)
+}
+
+impl Workload for LongLabel {
+    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>> {
+        let dir = tempfile::tempdir()?;
+        let mut writer = LongLabelWriter::new(dir.path(), strategies)?;
+        for i in 0..self.steps {
+            writer.step(Self::value(i))?;
+        }
+        drop(writer);
+        store_bytes(dir.path())
+    }
+
+    fn run(&mut self, strategies: StrategySet) -> Result<()> {
+        if !self.writers.contains_key(&strategies) {
+            let dir = tempfile::tempdir()?;
+            let writer = LongLabelWriter::new(dir.path(), strategies)?;
+            self.writers.insert(strategies, (dir, writer));
+        }
+        let (_, writer) = self.writers.get_mut(&strategies).expect("inserted above");
+        for i in 0..self.steps {
+            writer.step(Self::value(i))?;
+        }
+        Ok(())
+    }
+
+    fn units(&self) -> (u64, &'static str) {
+        (self.steps as u64, "steps")
+    }
+}

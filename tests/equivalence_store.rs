@@ -1,0 +1,185 @@
+//! Property tests for the first half: random registries, label values, values
+//! and op sequences over 1–12 processes. Every write-side strategy combination
+//! must write the same store bytes (timestamps aside), and every export-side
+//! combination must print the same exposition as the baseline.
+
+mod common;
+
+use promlab::formenc::Dialect;
+use promlab::ops::{Op, OpKind, OpLog, OpValue};
+use promlab::registry::{Aggregation, MetricDef, MetricType, Registry};
+use promlab::store::{Client, ClientConfig};
+use promlab::strategy::{Stage, StrategySet};
+use proptest::prelude::*;
+use std::path::Path;
+
+/// Label values with everything that needs escaping somewhere.
+fn label_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        "[a-z0-9 ]{1,12}",
+        proptest::collection::vec(
+            prop_oneof![
+                Just("&".to_string()),
+                Just("=".to_string()),
+                Just("%".to_string()),
+                Just("+".to_string()),
+                Just("~".to_string()),
+                Just("*".to_string()),
+                Just("\"".to_string()),
+                Just("\\".to_string()),
+                Just("\n".to_string()),
+                Just(" ".to_string()),
+                Just("é日".to_string()),
+                "[a-zA-Z0-9_.-]{1,4}",
+                any::<char>().prop_map(|c| c.to_string()),
+            ],
+            1..8
+        )
+        .prop_map(|parts| parts.concat()),
+    ]
+}
+
+fn value() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        Just(0.0),
+        Just(-0.0),
+        Just(f64::INFINITY),
+        Just(f64::NEG_INFINITY),
+        Just(f64::NAN),
+        Just(5e-324),
+        Just(2.2250738585072014e-308),
+        Just(1e300),
+        Just(1e-300),
+        Just(0.1),
+        -1e6f64..1e6,
+        any::<f64>(),
+    ]
+}
+
+fn metric_def(index: usize) -> impl Strategy<Value = MetricDef> {
+    let kind = prop_oneof![
+        Just(MetricType::Counter),
+        Just(MetricType::Gauge),
+        Just(MetricType::Histogram),
+        Just(MetricType::Summary)
+    ];
+    (kind, 0..3usize, 0..5usize, proptest::collection::vec(-100.0f64..100.0, 1..5), "[ -~\n\\\\]{0,20}")
+        .prop_map(move |(kind, n_labels, agg, mut bounds, help)| {
+            let aggregation = match (kind, agg) {
+                (MetricType::Gauge, 0) => Aggregation::Sum,
+                (MetricType::Gauge, 1) => Aggregation::Max,
+                (MetricType::Gauge, 2) => Aggregation::Min,
+                (MetricType::Gauge, 3) => Aggregation::MostRecent,
+                (MetricType::Gauge, _) => Aggregation::All,
+                _ => Aggregation::Sum,
+            };
+            bounds.sort_by(f64::total_cmp);
+            let buckets = if kind == MetricType::Histogram {
+                bounds.iter().map(|b| promlab::rubyfloat::to_s(*b)).collect()
+            } else {
+                Vec::new()
+            };
+            MetricDef {
+                name: format!("m{index}_{}", kind.name()),
+                kind,
+                help,
+                labels: ["path", "code", "zone"][..n_labels].iter().map(|s| s.to_string()).collect(),
+                aggregation: Some(aggregation),
+                buckets,
+            }
+        })
+}
+
+fn registry() -> impl Strategy<Value = Registry> {
+    (1..4usize)
+        .prop_flat_map(|n| (0..n).map(metric_def).collect::<Vec<_>>())
+        .prop_map(|metrics| {
+            let mut registry = Registry { metrics };
+            registry.validate().expect("generated registries are valid");
+            registry
+        })
+}
+
+/// Ops valid for `registry`: label sets drawn from a small pool so series repeat.
+fn ops(registry: &Registry, pid: u32) -> impl Strategy<Value = Vec<Op>> {
+    let registry = registry.clone();
+    let pool = proptest::collection::vec(label_value(), 3);
+    (pool, proptest::collection::vec((0..16usize, 0..3usize, 0..3usize, 0..3usize, value(), 0..4u8), 0..25))
+        .prop_map(move |(pool, raw)| {
+            raw.into_iter()
+                .map(|(m, a, b, c, v, choice)| {
+                    let def = &registry.metrics[m % registry.metrics.len()];
+                    let picks = [a, b, c];
+                    let labels =
+                        def.labels.iter().zip(picks).map(|(name, i)| (name.clone(), pool[i].clone())).collect();
+                    let (op, v) = match def.kind {
+                        MetricType::Counter => (OpKind::Inc, if v.is_nan() { 1.0 } else { v.abs() }),
+                        MetricType::Gauge if def.aggregation() == Aggregation::MostRecent => (OpKind::Set, v),
+                        MetricType::Gauge => (
+                            match choice {
+                                0 => OpKind::Inc,
+                                1 => OpKind::Dec,
+                                _ => OpKind::Set,
+                            },
+                            v,
+                        ),
+                        _ if choice == 0 => (OpKind::Init, 0.0),
+                        _ => (OpKind::Observe, v),
+                    };
+                    Op { pid, metric: def.name.clone(), op, value: OpValue::new(v), labels }
+                })
+                .collect()
+        })
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    registry: Registry,
+    /// Per process: its dialect and its ops.
+    processes: Vec<(Dialect, OpLog)>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (registry(), 1..=12usize).prop_flat_map(|(registry, n)| {
+        let processes: Vec<_> = (0..n)
+            .map(|i| {
+                let pid = 1000 + i as u32 * 7;
+                let dialect = prop_oneof![Just(Dialect::Uri), Just(Dialect::Cgi)];
+                (dialect, ops(&registry, pid)).prop_map(move |(d, ops)| (d, OpLog { pid, ops }))
+            })
+            .collect();
+        (Just(registry), processes).prop_map(|(registry, processes)| Case { registry, processes })
+    })
+}
+
+/// Writes every process's ops, one after another, like forked writers would.
+fn write_store(case: &Case, dir: &Path, strategies: StrategySet) {
+    for (dialect, log) in &case.processes {
+        let config = ClientConfig { dialect: *dialect, strategies, pid_override: Some(log.pid) };
+        let mut client = Client::new(dir, &case.registry, config).unwrap();
+        for op in &log.ops {
+            promlab::ops::apply(&mut client, op).unwrap();
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_strategy_combination_writes_and_exports_the_same_bytes(case in case()) {
+        let baseline_dir = tempfile::tempdir().unwrap();
+        write_store(&case, baseline_dir.path(), StrategySet::NONE);
+        for strategies in StrategySet::combinations(Stage::Write).into_iter().skip(1) {
+            let dir = tempfile::tempdir().unwrap();
+            write_store(&case, dir.path(), strategies);
+            common::assert_same_store(baseline_dir.path(), dir.path(), &format!("write with {strategies}"));
+        }
+        let expected = promlab::export::export(baseline_dir.path(), &case.registry, StrategySet::NONE).unwrap();
+        for strategies in StrategySet::combinations(Stage::Export).into_iter().skip(1) {
+            let out = promlab::export::export(baseline_dir.path(), &case.registry, strategies).unwrap();
+            prop_assert!(out == expected, "export with {} differs", strategies);
+        }
+    }
+}
