@@ -72,6 +72,9 @@ pub struct Ingester {
     max_decoded: usize,
     decompressed: Vec<u8>,
     scratch: RouteScratch,
+    /// A decoded request's buffers, kept between requests.
+    spare_batch: Batch<'static>,
+    spare_ids: Vec<u32>,
 }
 
 impl Ingester {
@@ -93,6 +96,8 @@ impl Ingester {
             max_decoded: 32 << 20,
             decompressed: Vec::new(),
             scratch: RouteScratch::default(),
+            spare_batch: Batch::default(),
+            spare_ids: Vec::new(),
         };
         ingester.set_plan(plan);
         ingester
@@ -159,12 +164,24 @@ impl Ingester {
     /// One decompressed `WriteRequest`.
     pub fn handle_decoded(&mut self, raw: &[u8]) -> Result<Stats, IngestError> {
         let mut holder = WriteRequest::default();
-        let batch = if self.strategies.contains(Strategy::BorrowedDecode) {
-            wire::decode_borrowed(raw)?
+        let mut batch = std::mem::take(&mut self.spare_batch).recycle();
+        let result = self.handle_batch(raw, &mut holder, &mut batch);
+        self.spare_batch = batch.recycle();
+        result
+    }
+
+    fn handle_batch<'a>(
+        &mut self,
+        raw: &'a [u8],
+        holder: &'a mut WriteRequest,
+        batch: &mut Batch<'a>,
+    ) -> Result<Stats, IngestError> {
+        if self.strategies.contains(Strategy::BorrowedDecode) {
+            wire::decode_borrowed_into(raw, batch)?;
         } else {
-            wire::decode_owned(raw, &mut holder)?
-        };
-        let resolved = self.resolve(&batch)?;
+            wire::decode_owned_into(raw, holder, batch)?;
+        }
+        let resolved = self.resolve(batch)?;
         let mut stats = Stats {
             requests: 1,
             series: batch.series.len() as u64,
@@ -173,11 +190,12 @@ impl Ingester {
             ..Stats::default()
         };
         let newest = if self.strategies.contains(Strategy::BatchRouting) {
-            self.route_batched(&batch, &resolved, &mut stats)
+            self.route_batched(batch, &resolved, &mut stats)
         } else {
-            self.route_per_sample(&batch, &resolved, &mut stats)
+            self.route_per_sample(batch, &resolved, &mut stats)
         };
-        if let Resolved::Cached(_) = resolved {
+        if let Resolved::Cached(ids) = resolved {
+            self.spare_ids = ids;
             self.cache.evict_if_full();
         }
         if let Some(newest) = newest {
@@ -263,7 +281,8 @@ impl Ingester {
             return Ok(Resolved::Baseline(series));
         }
         self.cache.check_generation(self.plan.generation);
-        let mut ids = Vec::with_capacity(batch.series.len());
+        let mut ids = std::mem::take(&mut self.spare_ids);
+        ids.clear();
         let mut key = Vec::new();
         for span in &batch.series {
             let labels = batch.series_labels(span);

@@ -119,6 +119,16 @@ pub struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
+    /// Empties the batch, keeping its buffers for a later request (of any lifetime).
+    pub fn recycle<'b>(self) -> Batch<'b> {
+        Batch {
+            labels: recycle(self.labels),
+            samples: recycle(self.samples),
+            series: recycle(self.series),
+            metadata: 0,
+        }
+    }
+
     pub fn series_labels(&self, s: &SeriesSpan<'a>) -> &[(&'a [u8], &'a [u8])] {
         &self.labels[s.labels.start as usize..s.labels.end as usize]
     }
@@ -128,14 +138,31 @@ impl<'a> Batch<'a> {
     }
 }
 
+/// An empty `Vec<U>` in the allocation of `v` (in-place collect; `T` and `U`
+/// differ only in lifetimes here, so the layout matches).
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter()
+        .map(|_| -> U { unreachable!("the vector is empty") })
+        .collect()
+}
+
 /// The reference decoder: prost into owned structs, then a [`Batch`] borrowing them.
 pub fn decode_owned<'a>(raw: &[u8], holder: &'a mut WriteRequest) -> Result<Batch<'a>, WireError> {
+    let mut batch = Batch::default();
+    decode_owned_into(raw, holder, &mut batch)?;
+    Ok(batch)
+}
+
+/// [`decode_owned`] into a (cleared) batch whose buffers are reused.
+pub fn decode_owned_into<'a>(
+    raw: &[u8],
+    holder: &'a mut WriteRequest,
+    batch: &mut Batch<'a>,
+) -> Result<(), WireError> {
     *holder = prost::Message::decode(raw)
         .map_err(|e: prost::DecodeError| WireError::Protobuf(e.to_string()))?;
-    let mut batch = Batch {
-        metadata: holder.metadata.len(),
-        ..Batch::default()
-    };
+    batch.metadata = holder.metadata.len();
     for ts in &holder.timeseries {
         let l0 = batch.labels.len() as u32;
         batch.labels.extend(
@@ -151,7 +178,7 @@ pub fn decode_owned<'a>(raw: &[u8], holder: &'a mut WriteRequest) -> Result<Batc
             raw_labels: None,
         });
     }
-    Ok(batch)
+    Ok(())
 }
 
 // Protobuf wire types.
@@ -184,8 +211,19 @@ impl<'a> Reader<'a> {
     }
 
     /// A varint of at most 10 bytes; the tenth may only carry the top bit (as prost).
-    #[inline]
+    #[inline(always)]
     fn varint(&mut self) -> Result<u64, WireError> {
+        match self.buf.get(self.pos) {
+            Some(&b) if b < 0x80 => {
+                self.pos += 1;
+                Ok(u64::from(b))
+            }
+            _ => self.varint_slow(),
+        }
+    }
+
+    #[inline(never)]
+    fn varint_slow(&mut self) -> Result<u64, WireError> {
         let mut value = 0u64;
         for i in 0..10 {
             let Some(&b) = self.buf.get(self.pos) else {
@@ -204,7 +242,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A field key: (field number, wire type).
-    #[inline]
+    #[inline(always)]
     fn key(&mut self) -> Result<(u32, u8), WireError> {
         let key = self.varint()?;
         if key > u64::from(u32::MAX) {
@@ -221,6 +259,7 @@ impl<'a> Reader<'a> {
         Ok((tag, wire_type))
     }
 
+    #[inline(always)]
     fn take(&mut self, n: u64) -> Result<&'a [u8], WireError> {
         if n > (self.buf.len() - self.pos) as u64 {
             return Err(err("buffer underflow"));
@@ -230,7 +269,7 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    #[inline]
+    #[inline(always)]
     fn bytes(&mut self, wire_type: u8) -> Result<&'a [u8], WireError> {
         if wire_type != LEN {
             return Err(err("invalid wire type for a length-delimited field"));
@@ -279,6 +318,18 @@ fn nested(depth: u32) -> Result<u32, WireError> {
 /// The `borrowed-decode` strategy: walks the protobuf in `raw`, no owned strings.
 pub fn decode_borrowed(raw: &[u8]) -> Result<Batch<'_>, WireError> {
     let mut batch = Batch::default();
+    decode_borrowed_into(raw, &mut batch)?;
+    Ok(batch)
+}
+
+/// [`decode_borrowed`] into a (cleared) batch whose buffers are reused.
+pub fn decode_borrowed_into<'a>(raw: &'a [u8], batch: &mut Batch<'a>) -> Result<(), WireError> {
+    // Room for the common shape (one sample, a few labels per ~64 bytes) up front.
+    let series = raw.len() / 64;
+    batch.series.reserve(series);
+    batch.labels.reserve(series * 3);
+    batch.samples.reserve(series);
+    let batch = &mut *batch;
     let mut r = Reader::new(raw);
     let depth = RECURSION_LIMIT;
     while !r.done() {
@@ -286,7 +337,7 @@ pub fn decode_borrowed(raw: &[u8]) -> Result<Batch<'_>, WireError> {
         match tag {
             1 => {
                 let body = r.bytes(wire_type)?;
-                walk_series(body, nested(depth)?, &mut batch)?;
+                walk_series(body, nested(depth)?, batch)?;
             }
             3 => {
                 let body = r.bytes(wire_type)?;
@@ -296,9 +347,10 @@ pub fn decode_borrowed(raw: &[u8]) -> Result<Batch<'_>, WireError> {
             _ => r.skip(wire_type, tag, depth)?,
         }
     }
-    Ok(batch)
+    Ok(())
 }
 
+#[inline]
 fn walk_series<'a>(body: &'a [u8], depth: u32, batch: &mut Batch<'a>) -> Result<(), WireError> {
     let mut r = Reader::new(body);
     let l0 = batch.labels.len() as u32;
@@ -341,6 +393,7 @@ fn walk_series<'a>(body: &'a [u8], depth: u32, batch: &mut Batch<'a>) -> Result<
     Ok(())
 }
 
+#[inline]
 fn walk_label(body: &[u8], depth: u32) -> Result<(&[u8], &[u8]), WireError> {
     let mut r = Reader::new(body);
     let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
@@ -355,6 +408,7 @@ fn walk_label(body: &[u8], depth: u32) -> Result<(&[u8], &[u8]), WireError> {
     Ok((name, value))
 }
 
+#[inline]
 fn walk_sample(body: &[u8], depth: u32) -> Result<Sample, WireError> {
     let mut r = Reader::new(body);
     let mut sample = Sample {
@@ -504,6 +558,17 @@ mod tests {
         put_label(&mut expect, b"__name__", b"data");
         put_label(&mut expect, b"label_0", b"g\"0");
         assert_eq!(raw_labels, &expect[..]);
+    }
+
+    #[test]
+    fn recycled_batches_keep_their_buffers() {
+        let raw = req().encode_to_vec();
+        let mut batch = Batch::default();
+        decode_borrowed_into(&raw, &mut batch).unwrap();
+        let capacity = batch.labels.capacity();
+        let again: Batch<'static> = batch.recycle();
+        assert!(again.labels.is_empty());
+        assert_eq!(again.labels.capacity(), capacity);
     }
 
     #[test]

@@ -1,0 +1,81 @@
+//! CPU per sample and RSS of the receiver at the feeder's paced rate.
+//!
+//! For each strategy set: start `promlab serve`, run `promlab feed` (1,000
+//! groups × 100 series at 1 sample/s = 1e5 samples/s) for `SECS` seconds, then
+//! read the receiver's user+system CPU time and peak RSS from /proc.
+//!
+//! ```text
+//! cargo build --release && cargo run --release --example ingest_cpu -- \
+//!     target/release/promlab 30 none all borrowed-decode series-cache batch-routing bulk-sketch
+//! ```
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [bin, secs, sets @ ..] = &args[..] else {
+        eprintln!("usage: ingest_cpu PROMLAB_BIN SECS STRATEGIES...");
+        std::process::exit(2);
+    };
+    let secs: u64 = secs.parse().expect("SECS");
+    let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    println!("| strategies | samples | receiver CPU s | CPU µs/sample | peak RSS MB |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for set in sets {
+        let mut server = Command::new(bin)
+            .args(["serve", "--listen", "127.0.0.1:0", "--strategies", set])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn promlab serve");
+        let mut line = String::new();
+        BufReader::new(server.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .expect("address")
+            .to_string();
+        let start_ms = 1_700_000_000_000i64;
+        let feed = Command::new(bin)
+            .args([
+                "feed",
+                "--url",
+                &format!("http://{addr}/api/v1/write"),
+                "--duration-secs",
+                &secs.to_string(),
+            ])
+            .args(["--start-ms", &start_ms.to_string()])
+            .status()
+            .expect("run promlab feed");
+        assert!(feed.success(), "feed failed");
+        let pid = server.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        // Fields after the command name's closing parenthesis: utime is the 14th field overall.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        let cpu = (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap())
+            / ticks_per_sec;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let hwm_kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let samples = secs as f64 * 100_000.0;
+        println!(
+            "| {set} | {samples:.0} | {cpu:.2} | {:.3} | {:.0} |",
+            cpu * 1e6 / samples,
+            hwm_kb / 1024.0
+        );
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+}
