@@ -21,11 +21,11 @@
 use crate::formenc::{self, Dialect};
 use crate::registry::{Aggregation, MetricDef, MetricType, Registry};
 use crate::strategy::{Strategy, StrategySet};
-use ahash::AHashMap;
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::MmapMut;
 use std::fs::{File, OpenOptions};
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
@@ -121,8 +121,8 @@ pub struct StoreFile {
     path: PathBuf,
     used: usize,
     capacity: u64,
-    /// Key → offset of its value.
-    positions: AHashMap<Box<[u8]>, usize>,
+    /// Key → offset of its value (foldhash: fast on keys of hundreds of bytes).
+    positions: HashMap<Box<[u8]>, usize, foldhash::fast::RandomState>,
 }
 
 impl StoreFile {
@@ -146,7 +146,7 @@ impl StoreFile {
             path: path.to_path_buf(),
             used: 0,
             capacity,
-            positions: AHashMap::new(),
+            positions: HashMap::default(),
         };
         store.with_lock(|s| s.load())?;
         if mapped {
@@ -326,8 +326,8 @@ fn encode_key(labels: &[(&str, &str)], extra: Extra<'_>, pid: Option<u32>, diale
 #[derive(Default)]
 struct KeyCache {
     // Hash of (labels, extra) → entries with that hash.
-    entries: AHashMap<u64, Vec<CachedKey>>,
-    hasher: ahash::RandomState,
+    entries: HashMap<u64, Vec<CachedKey>, foldhash::fast::RandomState>,
+    hasher: foldhash::fast::RandomState,
 }
 
 struct CachedKey {
@@ -344,21 +344,27 @@ impl KeyCache {
         h.finish()
     }
 
-    fn get(&self, hash: u64, labels: &[(&str, &str)], extra: Extra<'_>) -> Option<&[u8]> {
-        self.entries.get(&hash)?.iter().find_map(|c| {
-            let same = c.labels.len() == labels.len()
+    /// The position of the entry for this label set among those with `hash`.
+    fn find(&self, hash: u64, labels: &[(&str, &str)], extra: Extra<'_>) -> Option<usize> {
+        self.entries.get(&hash)?.iter().position(|c| {
+            c.labels.len() == labels.len()
                 && c.labels.iter().zip(labels).all(|((k, v), (k2, v2))| &**k == *k2 && &**v == *v2)
-                && c.extra.as_deref() == extra.map(|(_, v)| v);
-            same.then_some(&*c.key)
+                && c.extra.as_deref() == extra.map(|(_, v)| v)
         })
     }
 
-    fn insert(&mut self, hash: u64, labels: &[(&str, &str)], extra: Extra<'_>, key: Vec<u8>) {
-        self.entries.entry(hash).or_default().push(CachedKey {
+    fn key(&self, hash: u64, index: usize) -> &[u8] {
+        &self.entries[&hash][index].key
+    }
+
+    fn insert(&mut self, hash: u64, labels: &[(&str, &str)], extra: Extra<'_>, key: Vec<u8>) -> usize {
+        let bucket = self.entries.entry(hash).or_default();
+        bucket.push(CachedKey {
             labels: labels.iter().map(|(k, v)| (Box::from(*k), Box::from(*v))).collect(),
             extra: extra.map(|(_, v)| Box::from(v)),
             key: key.into(),
         });
+        bucket.len() - 1
     }
 }
 
@@ -563,12 +569,14 @@ impl Client {
             return Ok((Cow::Owned(encode_key(labels, extra, pid_label, dialect)), file));
         }
         let hash = keys.hash(labels, extra);
-        if keys.get(hash, labels, extra).is_none() {
-            validate_labels(&def.name, &def.labels, labels)?;
-            keys.insert(hash, labels, extra, encode_key(labels, extra, pid_label, dialect));
-        }
-        let key = keys.get(hash, labels, extra).expect("inserted above");
-        Ok((Cow::Borrowed(key), file))
+        let index = match keys.find(hash, labels, extra) {
+            Some(index) => index,
+            None => {
+                validate_labels(&def.name, &def.labels, labels)?;
+                keys.insert(hash, labels, extra, encode_key(labels, extra, pid_label, dialect))
+            }
+        };
+        Ok((Cow::Borrowed(keys.key(hash, index)), file))
     }
 
     fn set_raw(&mut self, id: MetricId, labels: &[(&str, &str)], extra: Extra<'_>, value: f64) -> Result<()> {

@@ -119,6 +119,27 @@ pub fn arms(stage: Stage, only: Option<StrategySet>) -> Vec<(String, StrategySet
     arms
 }
 
+/// The arms a criterion bench shows side by side: the baseline, each of the
+/// stage's strategies alone, and the configured set — the build's features
+/// (`cargo bench --features decode-once,single-read`), or all of the stage's
+/// strategies when no feature is on.
+pub fn bench_arms(stage: Stage) -> Vec<(String, StrategySet)> {
+    let mut arms = vec![("baseline".to_string(), StrategySet::NONE)];
+    for s in stage.strategies() {
+        arms.push((s.name().to_string(), StrategySet::NONE.with(s)));
+    }
+    let configured = StrategySet::compiled_default().restrict(stage);
+    let (name, set) = if configured.is_empty() {
+        ("all".to_string(), StrategySet::all().restrict(stage))
+    } else {
+        (format!("configured({configured})"), configured)
+    };
+    if !arms.iter().any(|(_, s)| *s == set) {
+        arms.push((name, set));
+    }
+    arms
+}
+
 /// A combination's output did not match.
 fn mismatch_report(scenario: &str, strategies: StrategySet, got: &[u8], baseline: Option<&[u8]>, expected: &str) -> String {
     let mut report = format!(
