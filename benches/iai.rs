@@ -1,0 +1,67 @@
+//! Instruction counts per stage (iai-callgrind): repeatable on this shared,
+//! noisy machine where wall time is not. Baseline and each strategy, at the
+//! quick sizes. Run with `cargo bench --bench iai` (needs valgrind and
+//! `iai-callgrind-runner` 0.16.1 on the PATH); build without
+//! `target-cpu=native`, since valgrind cannot run AVX-512 code.
+
+use iai_callgrind::{library_benchmark, library_benchmark_group, main};
+use promlab::strategy::StrategySet;
+use promlab::workload::{self, LongLabelWriter, StoreWorkload};
+use std::hint::black_box;
+
+/// Steps per write benchmark (divide the count by this for one step).
+const WRITE_STEPS: usize = 1000;
+
+struct WarmWriter {
+    _dir: tempfile::TempDir,
+    writer: LongLabelWriter,
+}
+
+fn warm_writer(strategies: &str) -> WarmWriter {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = LongLabelWriter::new(dir.path(), strategies.parse().unwrap()).unwrap();
+    writer.step(0.03).unwrap();
+    WarmWriter { _dir: dir, writer }
+}
+
+// 1000 × (histogram observe + counter increment), 195-character label.
+#[library_benchmark]
+#[benches::long_label(
+    args = ["none", "key-cache", "increment-once", "mmap-store", "key-cache,increment-once,mmap-store"],
+    setup = warm_writer
+)]
+fn write_long_label(mut w: WarmWriter) -> WarmWriter {
+    for i in 0..WRITE_STEPS {
+        w.writer.step(black_box([0.003, 0.03, 0.3, 3.0][i % 4])).unwrap();
+    }
+    w
+}
+
+struct WrittenStore {
+    _dir: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    workload: StoreWorkload,
+    strategies: StrategySet,
+}
+
+fn seed_repro_store(strategies: &str) -> WrittenStore {
+    let workload = workload::seed_repro(10, 150);
+    let dir = tempfile::tempdir().unwrap();
+    workload.write(dir.path(), StrategySet::NONE).unwrap();
+    WrittenStore { dir: dir.path().to_path_buf(), _dir: dir, workload, strategies: strategies.parse().unwrap() }
+}
+
+// One export of the seed repro (10 processes × 150 statements, 2,102 lines).
+#[library_benchmark]
+#[benches::seed_repro(
+    args = ["none", "single-read", "decode-once", "fast-unescape", "single-read,decode-once,fast-unescape"],
+    setup = seed_repro_store
+)]
+fn export_seed_repro(store: WrittenStore) -> (WrittenStore, Vec<u8>) {
+    let out = promlab::export::export(&store.dir, &store.workload.registry, store.strategies).unwrap();
+    (store, out)
+}
+
+library_benchmark_group!(name = write; benchmarks = write_long_label);
+library_benchmark_group!(name = export; benchmarks = export_seed_repro);
+main!(library_benchmark_groups = write, export);
