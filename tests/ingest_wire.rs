@@ -182,8 +182,17 @@ proptest! {
 
     /// Whatever the bytes, every strategy combination answers the same, and nothing panics.
     #[test]
-    fn every_combination_refuses_the_same_bytes(raw in prop::collection::vec(any::<u8>(), 0..48), raw2 in valid_request()) {
-        for bytes in [&raw[..], &raw2[..]] {
+    fn every_combination_refuses_the_same_bytes(
+        raw in prop::collection::vec(any::<u8>(), 0..48),
+        raw2 in valid_request(),
+        edit in (any::<prop::sample::Index>(), any::<u8>()),
+    ) {
+        let mut mutated = raw2.clone();
+        if !mutated.is_empty() {
+            let i = edit.0.index(mutated.len());
+            mutated[i] = edit.1;
+        }
+        for bytes in [&raw[..], &raw2[..], &mutated[..]] {
             let outcomes: Vec<_> = StrategySet::combinations(Stage::Ingest)
                 .into_iter()
                 .map(|set| Ingester::new(Plan::default(), set).handle_decoded(bytes).map_err(|e| e.status()))

@@ -296,28 +296,19 @@ impl Ingester {
                     &key[..]
                 }
             };
-            let hash = self.cache.hasher.hash_one(raw);
-            let id = match self.cache.lookup(hash, raw) {
+            let id = match self.cache.lookup(raw) {
                 Some(id) => id,
                 None => {
                     let series = BaselineSeries::canonicalize(labels, &self.plan.plan)?;
-                    let dests = series
-                        .aggs
-                        .iter()
-                        .map(|&agg| {
-                            let group_key = series
-                                .group_key(&self.plan.plan.aggregations[agg as usize].group_by);
-                            let (gid, dest) = self.intern(agg, group_key.as_bytes());
-                            CachedDest {
-                                agg,
-                                gid,
-                                dest,
-                                group_key: group_key.into_boxed_str(),
-                            }
-                        })
-                        .collect();
+                    let mut dests = Vec::with_capacity(series.aggs.len());
+                    for &agg in &series.aggs {
+                        let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
+                        let group_key = series.group_key(group_by);
+                        let (_, dest) = self.intern(agg, group_key.as_bytes());
+                        dests.push((dest, agg, group_key.into_boxed_str()));
+                    }
                     self.cache
-                        .insert(hash, raw, series.series_key.into_boxed_str(), dests)
+                        .insert(raw, series.series_key.into_boxed_str(), dests)
                 }
             };
             ids.push(id);
@@ -374,8 +365,8 @@ impl Ingester {
                     }
                     Resolved::Cached(ids) => {
                         let entry = &self.cache.entries[ids[i] as usize];
-                        for d in &*entry.dests {
-                            push(d.agg, d.group_key.to_string(), entry.series_key.to_string());
+                        for (agg, group_key) in self.cache.dest_keys(entry) {
+                            push(*agg, group_key.to_string(), entry.series_key.to_string());
                         }
                     }
                 }
@@ -432,7 +423,8 @@ impl Ingester {
                 }
                 Resolved::Cached(ids) => {
                     let entry = &self.cache.entries[ids[i] as usize];
-                    sc.series_dests.extend(entry.dests.iter().map(|d| d.dest));
+                    sc.series_dests
+                        .extend_from_slice(self.cache.dest_ids(entry));
                 }
             }
             let d1 = sc.series_dests.len();
@@ -738,12 +730,22 @@ impl RouteScratch {
 }
 
 /// `series-cache`: a series' raw label bytes → its canonical key and destinations.
+///
+/// Entries are numbered in insertion order. Senders repeat their series in the
+/// same order request after request, so the entry after the last one found is
+/// tried first (one sequential compare); the hash index is the fallback.
 struct SeriesCache {
     hasher: ahash::RandomState,
     index: HashMap<u64, u32, BuildHasherDefault<PassThroughHasher>>,
     entries: Vec<CacheEntry>,
     /// The raw label bytes of every entry, back to back.
     arena: Vec<u8>,
+    /// Destination ids of every entry, back to back (the hot part).
+    dest_ids: Vec<u32>,
+    /// Per destination: its aggregation and group key (for the per-sample router).
+    dest_keys: Vec<(u16, Box<str>)>,
+    /// The entry tried first by the next lookup.
+    next_guess: u32,
     capacity: usize,
     generation: u64,
     hits: u64,
@@ -754,16 +756,8 @@ struct SeriesCache {
 
 struct CacheEntry {
     raw: (u32, u32),
+    dests: (u32, u32),
     series_key: Box<str>,
-    dests: Box<[CachedDest]>,
-}
-
-struct CachedDest {
-    agg: u16,
-    #[allow(dead_code)] // kept for debugging the cache; routing uses `dest`
-    gid: u32,
-    dest: u32,
-    group_key: Box<str>,
 }
 
 impl SeriesCache {
@@ -773,6 +767,9 @@ impl SeriesCache {
             index: HashMap::default(),
             entries: Vec::new(),
             arena: Vec::new(),
+            dest_ids: Vec::new(),
+            dest_keys: Vec::new(),
+            next_guess: 0,
             capacity,
             generation: 0,
             hits: 0,
@@ -786,6 +783,9 @@ impl SeriesCache {
         self.index.clear();
         self.entries.clear();
         self.arena.clear();
+        self.dest_ids.clear();
+        self.dest_keys.clear();
+        self.next_guess = 0;
     }
 
     fn check_generation(&mut self, generation: u64) {
@@ -806,35 +806,59 @@ impl SeriesCache {
     }
 
     #[inline]
-    fn lookup(&mut self, hash: u64, raw: &[u8]) -> Option<u32> {
-        let &id = self.index.get(&hash)?;
+    fn raw_of(&self, id: u32) -> &[u8] {
         let (at, len) = self.entries[id as usize].raw;
-        if &self.arena[at as usize..(at + len) as usize] == raw {
-            self.hits += 1;
-            Some(id)
+        &self.arena[at as usize..(at + len) as usize]
+    }
+
+    fn dest_ids(&self, entry: &CacheEntry) -> &[u32] {
+        &self.dest_ids[entry.dests.0 as usize..(entry.dests.0 + entry.dests.1) as usize]
+    }
+
+    fn dest_keys(&self, entry: &CacheEntry) -> &[(u16, Box<str>)] {
+        &self.dest_keys[entry.dests.0 as usize..(entry.dests.0 + entry.dests.1) as usize]
+    }
+
+    #[inline]
+    fn lookup(&mut self, raw: &[u8]) -> Option<u32> {
+        let guess = self.next_guess;
+        let id = if (guess as usize) < self.entries.len() && self.raw_of(guess) == raw {
+            guess
         } else {
-            None
-        }
+            let &id = self.index.get(&self.hasher.hash_one(raw))?;
+            if self.raw_of(id) != raw {
+                return None;
+            }
+            id
+        };
+        self.hits += 1;
+        self.next_guess = id + 1;
+        Some(id)
     }
 
     fn insert(
         &mut self,
-        hash: u64,
         raw: &[u8],
         series_key: Box<str>,
-        dests: Box<[CachedDest]>,
+        dests: Vec<(u32, u16, Box<str>)>,
     ) -> u32 {
         self.misses += 1;
         let id = self.entries.len() as u32;
         let at = self.arena.len() as u32;
         self.arena.extend_from_slice(raw);
+        let first_dest = self.dest_ids.len() as u32;
+        for (dest, agg, group_key) in dests {
+            self.dest_ids.push(dest);
+            self.dest_keys.push((agg, group_key));
+        }
         self.entries.push(CacheEntry {
             raw: (at, raw.len() as u32),
+            dests: (first_dest, self.dest_ids.len() as u32 - first_dest),
             series_key,
-            dests,
         });
         // A hash collision replaces the older entry in the index.
-        self.index.insert(hash, id);
+        self.index.insert(self.hasher.hash_one(raw), id);
+        self.next_guess = id + 1;
         id
     }
 }
