@@ -35,18 +35,12 @@ fn large(c: &mut Criterion) {
     bench_store(c, "large", workload::large(10, 350, 3900), 10);
 }
 
+#[path = "support/profiler.rs"]
+mod profiler;
+
 criterion_group! {
     name = benches;
-    config = promlab_profiler::config();
+    config = profiler::criterion();
     targets = seed_repro, large
 }
 criterion_main!(benches);
-
-/// Criterion's profiler hook: `--profile-time N` writes a flamegraph per bench.
-mod promlab_profiler {
-    use criterion::Criterion;
-
-    pub fn config() -> Criterion {
-        Criterion::default().with_profiler(pprof::criterion::PProfProfiler::new(997, pprof::criterion::Output::Flamegraph(None)))
-    }
-}

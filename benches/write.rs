@@ -24,5 +24,12 @@ fn long_label(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, long_label);
+#[path = "support/profiler.rs"]
+mod profiler;
+
+criterion_group! {
+    name = benches;
+    config = profiler::criterion();
+    targets = long_label
+}
 criterion_main!(benches);
