@@ -25,6 +25,7 @@ use crate::render;
 use crate::strategy::{Strategy, StrategySet};
 use ahash::AHashMap;
 use anyhow::{anyhow, bail, Context, Result};
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -278,8 +279,9 @@ struct SeriesTable {
     labels: Vec<LabelSet>,
     values: Vec<Aggregate>,
     by_hash: AHashMap<u64, Vec<usize>>,
-    /// `decode-once`: raw key → series.
-    by_raw_key: hashbrown::HashMap<SampledKey, usize, foldhash::fast::FixedState>,
+    /// `decode-once`: raw key → series. foldhash is markedly faster than
+    /// ahash's portable fallback on keys of hundreds of bytes.
+    by_raw_key: HashMap<Box<[u8]>, usize, foldhash::fast::FixedState>,
     hasher: ahash::RandomState,
 }
 
@@ -289,18 +291,18 @@ impl SeriesTable {
             labels: Vec::new(),
             values: Vec::new(),
             by_hash: AHashMap::new(),
-            by_raw_key: hashbrown::HashMap::default(),
+            by_raw_key: HashMap::default(),
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
         }
     }
 
     fn add(&mut self, entry: Entry<'_>, mode: Aggregation, s: StrategySet) -> Result<()> {
         let index = if s.contains(Strategy::DecodeOnce) {
-            match self.by_raw_key.get(&RawKey(entry.key)) {
+            match self.by_raw_key.get(entry.key) {
                 Some(&index) => index,
                 None => {
                     let index = self.find_or_insert(entry.key, s)?;
-                    self.by_raw_key.insert(SampledKey(entry.key.into()), index);
+                    self.by_raw_key.insert(entry.key.into(), index);
                     index
                 }
             }
@@ -346,45 +348,6 @@ impl SeriesTable {
         }
         h.finish()
     }
-}
-
-/// A raw key whose hash reads only its length and a few samples of its bytes
-/// (both ends, the middle): keys run to thousands of bytes, and hashing them
-/// whole cost as much as everything else in a lookup. Equality still compares
-/// every byte, so a shared sample only puts two keys in one bucket.
-#[derive(PartialEq, Eq)]
-struct SampledKey(Box<[u8]>);
-
-impl Hash for SampledKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        sample_key(&self.0).hash(state);
-    }
-}
-
-/// A borrowed raw key to look a [`SampledKey`] up by, hashed the same way.
-struct RawKey<'a>(&'a [u8]);
-
-impl Hash for RawKey<'_> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        sample_key(self.0).hash(state);
-    }
-}
-
-impl hashbrown::Equivalent<SampledKey> for RawKey<'_> {
-    fn equivalent(&self, key: &SampledKey) -> bool {
-        *self.0 == *key.0
-    }
-}
-
-/// The part of a raw key that its hash reads.
-fn sample_key(key: &[u8]) -> (usize, &[u8], &[u8], &[u8]) {
-    const SAMPLE: usize = 32;
-    let n = key.len();
-    if n <= 3 * SAMPLE {
-        return (n, key, &[], &[]);
-    }
-    let middle = n / 2 - SAMPLE / 2;
-    (n, &key[..SAMPLE], &key[middle..middle + SAMPLE], &key[n - SAMPLE..])
 }
 
 fn same_labels(stored: &LabelSet, decoded: &[Label<'_>]) -> bool {
