@@ -1,8 +1,10 @@
 //! CPU per sample and RSS of the receiver at the feeder's paced rate.
 //!
-//! For each strategy set: start `promlab serve`, run `promlab feed` (1,000
-//! groups × 100 series at 1 sample/s = 1e5 samples/s) for `SECS` seconds, then
-//! read the receiver's user+system CPU time and peak RSS from /proc.
+//! For each strategy set: start `promlab serve`, warm it with two ticks of
+//! `promlab feed` (1,000 groups × 100 series at 1 sample/s = 1e5 samples/s;
+//! the first tick meets every series for the first time), then feed `SECS`
+//! more ticks, and read the receiver's user+system CPU time from /proc before
+//! and after them, and its peak RSS.
 //!
 //! ```text
 //! cargo build --release && cargo run --release --example ingest_cpu -- \
@@ -20,7 +22,9 @@ fn main() {
     };
     let secs: u64 = secs.parse().expect("SECS");
     let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    println!("| strategies | samples | receiver CPU s | CPU µs/sample | peak RSS MB |");
+    println!(
+        "| strategies | samples (after warm-up) | receiver CPU s | CPU µs/sample | peak RSS MB |"
+    );
     println!("| --- | ---: | ---: | ---: | ---: |");
     for set in sets {
         let mut server = Command::new(bin)
@@ -39,29 +43,32 @@ fn main() {
             .expect("address")
             .to_string();
         let start_ms = 1_700_000_000_000i64;
-        let feed = Command::new(bin)
-            .args([
-                "feed",
-                "--url",
-                &format!("http://{addr}/api/v1/write"),
-                "--duration-secs",
-                &secs.to_string(),
-            ])
-            .args(["--start-ms", &start_ms.to_string()])
-            .status()
-            .expect("run promlab feed");
-        assert!(feed.success(), "feed failed");
+        let url = format!("http://{addr}/api/v1/write");
+        let feed = |from_ms: i64, ticks: u64| {
+            let status = Command::new(bin)
+                .args(["feed", "--url", &url, "--duration-secs", &ticks.to_string()])
+                .args(["--start-ms", &from_ms.to_string()])
+                .status()
+                .expect("run promlab feed");
+            assert!(status.success(), "feed failed");
+        };
         let pid = server.id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        // Fields after the command name's closing parenthesis: utime is the 14th field overall.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        let cpu = (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap())
-            / ticks_per_sec;
+        let cpu_seconds = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            // After the command name's closing parenthesis, utime and stime are fields 12 and 13.
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .unwrap()
+                .1
+                .split_whitespace()
+                .collect();
+            (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap())
+                / ticks_per_sec
+        };
+        feed(start_ms, 2);
+        let warm = cpu_seconds();
+        feed(start_ms + 2_000, secs);
+        let cpu = cpu_seconds() - warm;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let hwm_kb: f64 = status
             .lines()
