@@ -205,7 +205,7 @@ impl BulkStore {
         }
         let hi = self.lo + self.bins.len() as i32 - 1;
         let (new_lo, new_hi) = (key.min(self.lo), key.max(hi));
-        if new_hi - new_lo + 1 <= self.limit {
+        if new_hi - new_lo < self.limit {
             if key < self.lo {
                 let grow = (self.lo - key) as usize;
                 self.bins.splice(0..0, std::iter::repeat_n(0, grow));
