@@ -19,6 +19,8 @@ enum Command {
     Replay(promlab::cli::ReplayArgs),
     /// Verify, then measure, every strategy combination on built-in scenarios.
     Ablate(promlab::cli::AblateArgs),
+    /// Regenerate the dossiers' measured tables and the ranking from the latest results.
+    Report(promlab::cli::ReportArgs),
     /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
     Serve(promlab::cli::ServeArgs),
     /// Replay remote-write request bodies offline and print the quantiles.
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Some(Command::Replay(args)) => promlab::cli::replay(args),
         Some(Command::ReplayOne(args)) => promlab::cli::replay_one(args),
         Some(Command::Ablate(args)) => promlab::cli::ablate(args),
+        Some(Command::Report(args)) => promlab::cli::report(args),
         Some(Command::Serve(args)) => promlab::cli::serve(args),
         Some(Command::Ingest(args)) => promlab::ingest::cli::ingest(args),
         Some(Command::Feed(args)) => promlab::ingest::cli::feed(args),

@@ -192,6 +192,28 @@ pub fn ablate(args: AblateArgs) -> Result<()> {
     crate::harness::ablate(&args.scenarios, &options).map(drop)
 }
 
+/// `promlab report`: rewrite the measured tables of `strategies/*.md` and the
+/// ranking in `strategies/README.md` from ablation results.
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// A results directory (default: the newest under experiments/results).
+    #[arg(long)]
+    pub results: Option<PathBuf>,
+    /// Where the dossiers are.
+    #[arg(long, default_value = "strategies")]
+    pub strategies_dir: PathBuf,
+}
+
+pub fn report(args: ReportArgs) -> Result<()> {
+    let results = match args.results {
+        Some(dir) => dir,
+        None => crate::harness::dossier::latest_results(std::path::Path::new("experiments/results"))?,
+    };
+    crate::harness::dossier::regenerate(&results, &args.strategies_dir)?;
+    println!("dossiers regenerated from {}", results.display());
+    Ok(())
+}
+
 pub fn serve(args: ServeArgs) -> Result<()> {
     if args.store.is_some() || args.scenario.is_some() {
         crate::render::server::serve(args)

@@ -12,6 +12,7 @@
 //!    alike, and reports medians, spread and the speed-up over the baseline;
 //! 3. **reports** a terminal table and a CSV per scenario plus `machine.txt`.
 
+pub mod dossier;
 pub mod report;
 pub mod workloads;
 
