@@ -64,10 +64,11 @@ impl Scenario {
 }
 
 /// The scenarios that ship with promlab (`experiments/scenarios/`), in run order.
-pub const BUILT_IN: [(&str, &str); 3] = [
+pub const BUILT_IN: [(&str, &str); 4] = [
     ("write-long-label", include_str!("../../experiments/scenarios/write-long-label.toml")),
     ("seed-repro", include_str!("../../experiments/scenarios/seed-repro.toml")),
     ("large", include_str!("../../experiments/scenarios/large.toml")),
+    ("rabbitmq-per-object", include_str!("../../experiments/scenarios/rabbitmq-per-object.toml")),
 ];
 
 /// A built-in scenario by name, or a scenario file by path.

@@ -16,6 +16,11 @@ pub fn param_usize(size: &Size, name: &str) -> Result<usize> {
         .with_context(|| format!("scenario parameter `{name}` (a non-negative integer) is missing"))
 }
 
+/// Reads a boolean parameter (false when absent).
+pub fn param_bool(size: &Size, name: &str) -> bool {
+    size.params.get(name).and_then(|v| v.as_bool()).unwrap_or(false)
+}
+
 /// Builds the workload a scenario names.
 pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn Workload>> {
     let workload: Box<dyn Workload> = match scenario.generator.as_str() {
@@ -29,10 +34,12 @@ pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn W
             param_usize(size, "statements")?,
             param_usize(size, "max_len")?,
         ))?),
+        "rabbitmq" => Box::new(Render::new(param_usize(size, "queues")?, param_bool(size, "awkward_names"))),
         other => bail!("unknown generator `{other}`"),
     };
     let expected_stage = match scenario.generator.as_str() {
         "long-label" => Stage::Write,
+        "rabbitmq" => Stage::Render,
         _ => Stage::Export,
     };
     if stage != expected_stage {
@@ -138,5 +145,52 @@ impl Workload for LongLabel {
 
     fn units(&self) -> (u64, &'static str) {
         (self.steps as u64, "steps")
+    }
+}
+
+/// Render: RabbitMQ's per-object scrape of a live registry. Each strategy set
+/// gets its own registry, built once (`prerender` pays its escaping there, at
+/// series creation); a run is one scrape into a reused buffer.
+struct Render {
+    queues: usize,
+    awkward_names: bool,
+    scenarios: HashMap<StrategySet, crate::render::rabbitmq::Scenario>,
+    body: Vec<u8>,
+    lines: u64,
+}
+
+impl Render {
+    fn new(queues: usize, awkward_names: bool) -> Render {
+        Render { queues, awkward_names, scenarios: HashMap::new(), body: Vec::new(), lines: 0 }
+    }
+
+    fn scenario(&mut self, strategies: StrategySet) -> Result<&crate::render::rabbitmq::Scenario> {
+        // Only the render stage's strategies change a registry.
+        let key = strategies.restrict(Stage::Render);
+        if !self.scenarios.contains_key(&key) {
+            let scenario = crate::render::rabbitmq::Scenario::build(self.queues, self.awkward_names, key)?;
+            self.scenarios.insert(key, scenario);
+        }
+        Ok(&self.scenarios[&key])
+    }
+}
+
+impl Workload for Render {
+    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.scenario(strategies)?.render_per_object(&mut out);
+        self.lines = out.iter().filter(|&&b| b == b'\n').count() as u64;
+        Ok(out)
+    }
+
+    fn run(&mut self, strategies: StrategySet) -> Result<()> {
+        let mut body = std::mem::take(&mut self.body);
+        self.scenario(strategies)?.render_per_object(&mut body);
+        self.body = body;
+        Ok(())
+    }
+
+    fn units(&self) -> (u64, &'static str) {
+        (self.lines, "lines")
     }
 }
