@@ -271,6 +271,7 @@ impl Ingester {
     }
 
     /// Canonicalize seam: every series of the request, validated, before anything is applied.
+    #[inline(never)] // one call per request; kept apart so profiles show the seam
     fn resolve(&mut self, batch: &Batch<'_>) -> Result<Resolved, IngestError> {
         if !self.strategies.contains(Strategy::SeriesCache) {
             let series = batch
@@ -328,6 +329,7 @@ impl Ingester {
 
     /// Reference route: per sample and aggregation, string keys into a `HashMap`
     /// of per-destination vectors; then each vector goes to the sketch seam.
+    #[inline(never)] // one call per request; kept apart so profiles show the seam
     fn route_per_sample(
         &mut self,
         batch: &Batch<'_>,
@@ -395,6 +397,7 @@ impl Ingester {
 
     /// `batch-routing`: destinations once per series, then a stable counting sort
     /// of the request's samples into one contiguous run per destination.
+    #[inline(never)] // one call per request; kept apart so profiles show the seam
     fn route_batched(
         &mut self,
         batch: &Batch<'_>,

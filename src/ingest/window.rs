@@ -175,6 +175,7 @@ impl Accumulator {
     }
 
     /// The sketch-update seam: one group's samples (finite values), in order.
+    #[inline(never)] // one call per (group, request); kept apart so profiles show the seam
     pub fn add(&mut self, gid: u32, ts: &[i64], values: &[f64], watermark: i64, stats: &mut Stats) {
         if self.bulk {
             self.add_runs(gid, ts, values, watermark, stats)
