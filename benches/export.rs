@@ -12,7 +12,8 @@ use promlab::workload::{self, StoreWorkload};
 fn bench_store(c: &mut Criterion, name: &str, workload: StoreWorkload, samples: usize) {
     let dir = tempfile::tempdir().unwrap();
     workload.write(dir.path(), StrategySet::NONE).unwrap();
-    let expected = promlab::export::export(dir.path(), &workload.registry, StrategySet::NONE).unwrap();
+    let expected =
+        promlab::export::export(dir.path(), &workload.registry, StrategySet::NONE).unwrap();
     let lines = expected.iter().filter(|&&b| b == b'\n').count() as u64;
     let mut group = c.benchmark_group(format!("export/{name}"));
     group.sample_size(samples);

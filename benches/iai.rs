@@ -32,7 +32,9 @@ fn warm_writer(strategies: &str) -> WarmWriter {
 )]
 fn write_long_label(mut w: WarmWriter) -> WarmWriter {
     for i in 0..WRITE_STEPS {
-        w.writer.step(black_box([0.003, 0.03, 0.3, 3.0][i % 4])).unwrap();
+        w.writer
+            .step(black_box([0.003, 0.03, 0.3, 3.0][i % 4]))
+            .unwrap();
     }
     w
 }
@@ -48,7 +50,12 @@ fn seed_repro_store(strategies: &str) -> WrittenStore {
     let workload = workload::seed_repro(10, 150);
     let dir = tempfile::tempdir().unwrap();
     workload.write(dir.path(), StrategySet::NONE).unwrap();
-    WrittenStore { dir: dir.path().to_path_buf(), _dir: dir, workload, strategies: strategies.parse().unwrap() }
+    WrittenStore {
+        dir: dir.path().to_path_buf(),
+        _dir: dir,
+        workload,
+        strategies: strategies.parse().unwrap(),
+    }
 }
 
 // One export of the seed repro (10 processes × 150 statements, 2,102 lines).
@@ -58,7 +65,8 @@ fn seed_repro_store(strategies: &str) -> WrittenStore {
     setup = seed_repro_store
 )]
 fn export_seed_repro(store: WrittenStore) -> (WrittenStore, Vec<u8>) {
-    let out = promlab::export::export(&store.dir, &store.workload.registry, store.strategies).unwrap();
+    let out =
+        promlab::export::export(&store.dir, &store.workload.registry, store.strategies).unwrap();
     (store, out)
 }
 

@@ -17,7 +17,9 @@ fn long_label(c: &mut Criterion) {
         group.bench_function(BenchmarkId::from_parameter(&name), |b| {
             b.iter(|| {
                 i += 1;
-                writer.step(black_box([0.003, 0.03, 0.3, 3.0][i % 4])).unwrap()
+                writer
+                    .step(black_box([0.003, 0.03, 0.3, 3.0][i % 4]))
+                    .unwrap()
             })
         });
     }

@@ -50,16 +50,28 @@ pub struct Entry<'a> {
 /// Why an entry could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EntryError {
-    BadLength { at: usize, len: i32 },
-    Truncated { at: usize, needs: usize, used: usize },
+    BadLength {
+        at: usize,
+        len: i32,
+    },
+    Truncated {
+        at: usize,
+        needs: usize,
+        used: usize,
+    },
 }
 
 impl fmt::Display for EntryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EntryError::BadLength { at, len } => write!(f, "entry at offset {at} has key length {len}"),
+            EntryError::BadLength { at, len } => {
+                write!(f, "entry at offset {at} has key length {len}")
+            }
             EntryError::Truncated { at, needs, used } => {
-                write!(f, "entry at offset {at} needs {needs} bytes but used ends at {used}")
+                write!(
+                    f,
+                    "entry at offset {at} needs {needs} bytes but used ends at {used}"
+                )
             }
         }
     }
@@ -69,7 +81,10 @@ impl std::error::Error for EntryError {}
 
 /// client_ruby's `unpack("A*")`: the key without trailing spaces and NULs.
 fn strip_padding(padded: &[u8]) -> &[u8] {
-    let end = padded.iter().rposition(|&b| b != b' ' && b != 0).map_or(0, |i| i + 1);
+    let end = padded
+        .iter()
+        .rposition(|&b| b != b' ' && b != 0)
+        .map_or(0, |i| i + 1);
     &padded[..end]
 }
 
@@ -93,7 +108,10 @@ pub fn entries(region: &[u8], used: usize) -> impl Iterator<Item = Result<Entry<
 
 fn entry_at(region: &[u8], at: usize, used: usize) -> Result<(Entry<'_>, usize), EntryError> {
     let truncated = |needs| EntryError::Truncated { at, needs, used };
-    let len_bytes = region.get(at..at + 4).filter(|_| at + 4 <= used).ok_or(truncated(4))?;
+    let len_bytes = region
+        .get(at..at + 4)
+        .filter(|_| at + 4 <= used)
+        .ok_or(truncated(4))?;
     let len = i32::from_le_bytes(len_bytes.try_into().expect("4 bytes"));
     if len < 0 {
         return Err(EntryError::BadLength { at, len });
@@ -104,9 +122,25 @@ fn entry_at(region: &[u8], at: usize, used: usize) -> Result<(Entry<'_>, usize),
     }
     let key = strip_padding(&region[at + 4..at + 4 + len as usize]);
     let value_offset = at + 4 + len as usize;
-    let value = f64::from_le_bytes(region[value_offset..value_offset + 8].try_into().expect("8 bytes"));
-    let timestamp = f64::from_le_bytes(region[value_offset + 8..value_offset + 16].try_into().expect("8 bytes"));
-    Ok((Entry { key, value, timestamp, value_offset }, at + needs))
+    let value = f64::from_le_bytes(
+        region[value_offset..value_offset + 8]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    let timestamp = f64::from_le_bytes(
+        region[value_offset + 8..value_offset + 16]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    Ok((
+        Entry {
+            key,
+            value,
+            timestamp,
+            value_offset,
+        },
+        at + needs,
+    ))
 }
 
 // ---------------------------------------------------------------------------
@@ -165,7 +199,11 @@ fn check_used(header: [u8; 4], file_len: u64) -> Result<usize> {
 }
 
 /// `single-read`: one read of the used region, then a walk over it.
-fn read_whole(file: &File, buffers: &mut ReadBuffers, visit: &mut dyn FnMut(Entry<'_>) -> Result<()>) -> Result<()> {
+fn read_whole(
+    file: &File,
+    buffers: &mut ReadBuffers,
+    visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
+) -> Result<()> {
     let mut reader = file;
     let mut header = [0u8; 4];
     if file.metadata()?.len() < 4 {
@@ -310,7 +348,10 @@ impl SeriesTable {
             self.find_or_insert(entry.key, s)?
         };
         if index == self.values.len() {
-            self.values.push(Aggregate { value: entry.value, timestamp: entry.timestamp });
+            self.values.push(Aggregate {
+                value: entry.value,
+                timestamp: entry.timestamp,
+            });
         } else {
             self.values[index].fold(mode, entry.value, entry.timestamp);
         }
@@ -325,7 +366,8 @@ impl SeriesTable {
         } else {
             formenc::decode_key_reference(raw)
         };
-        let decoded = decoded.map_err(|e| anyhow!("key {:?}: {e}", String::from_utf8_lossy(raw)))?;
+        let decoded =
+            decoded.map_err(|e| anyhow!("key {:?}: {e}", String::from_utf8_lossy(raw)))?;
         let hash = self.hash(&decoded);
         if let Some(candidates) = self.by_hash.get(&hash) {
             for &index in candidates {
@@ -335,7 +377,12 @@ impl SeriesTable {
             }
         }
         let index = self.labels.len();
-        self.labels.push(decoded.into_iter().map(|(n, v)| (n.into_owned().into(), v.into_owned().into())).collect());
+        self.labels.push(
+            decoded
+                .into_iter()
+                .map(|(n, v)| (n.into_owned().into(), v.into_owned().into()))
+                .collect(),
+        );
         self.by_hash.entry(hash).or_default().push(index);
         Ok(index)
     }
@@ -352,7 +399,10 @@ impl SeriesTable {
 
 fn same_labels(stored: &LabelSet, decoded: &[Label<'_>]) -> bool {
     stored.len() == decoded.len()
-        && stored.iter().zip(decoded).all(|((n, v), (n2, v2))| **n == **n2 && **v == **v2)
+        && stored
+            .iter()
+            .zip(decoded)
+            .all(|((n, v), (n2, v2))| **n == **n2 && **v == **v2)
 }
 
 // ---------------------------------------------------------------------------
@@ -390,12 +440,16 @@ pub struct SummaryValue {
     pub count: f64,
 }
 
+/// A label set without one label, and that label's value with the series value
+/// for each series of the group.
+type Group<'t> = (LabelSet, Vec<(Option<&'t [u8]>, f64)>);
+
 /// Groups aggregated series by their label set without `label`, in order of
 /// first appearance: each group's labels and its `(label value, value)` slots.
 /// Label sets are compared borrowed; only a new group's labels are copied.
-fn group_by_base<'t>(table: &'t SeriesTable, label: &[u8]) -> Vec<(LabelSet, Vec<(Option<&'t [u8]>, f64)>)> {
+fn group_by_base<'t>(table: &'t SeriesTable, label: &[u8]) -> Vec<Group<'t>> {
     type Base<'t> = Vec<(&'t [u8], &'t [u8])>;
-    let mut groups: Vec<(LabelSet, Vec<(Option<&'t [u8]>, f64)>)> = Vec::new();
+    let mut groups: Vec<Group<'t>> = Vec::new();
     let mut index: AHashMap<Base<'t>, usize> = AHashMap::new();
     for (labels, aggregate) in table.labels.iter().zip(&table.values) {
         let mut slot = None;
@@ -410,7 +464,12 @@ fn group_by_base<'t>(table: &'t SeriesTable, label: &[u8]) -> Vec<(LabelSet, Vec
         let i = match index.get(&base) {
             Some(&i) => i,
             None => {
-                groups.push((base.iter().map(|(n, v)| (Box::from(*n), Box::from(*v))).collect(), Vec::new()));
+                groups.push((
+                    base.iter()
+                        .map(|(n, v)| (Box::from(*n), Box::from(*v)))
+                        .collect(),
+                    Vec::new(),
+                ));
                 index.insert(base, groups.len() - 1);
                 groups.len() - 1
             }
@@ -457,7 +516,13 @@ fn histogram_values(def: &MetricDef, table: &SeriesTable) -> Vec<HistogramValue>
                     acc
                 }
             };
-            HistogramValue { labels, buckets, others, sum, count }
+            HistogramValue {
+                labels,
+                buckets,
+                others,
+                sum,
+                count,
+            }
         })
         .collect()
 }
@@ -466,7 +531,11 @@ fn summary_values(table: &SeriesTable) -> Vec<SummaryValue> {
     group_by_base(table, b"quantile")
         .into_iter()
         .map(|(labels, slots)| {
-            let mut value = SummaryValue { labels, sum: 0.0, count: 0.0 };
+            let mut value = SummaryValue {
+                labels,
+                sum: 0.0,
+                count: 0.0,
+            };
             for (quantile, v) in slots {
                 match quantile {
                     Some(b"sum") => value.sum = v,
@@ -486,9 +555,15 @@ fn summary_values(table: &SeriesTable) -> Vec<SummaryValue> {
 pub fn metric_files(dir: &Path, metric: &str) -> Result<Vec<PathBuf>> {
     let prefix = format!("metric_{metric}___");
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read store directory {}", dir.display()))? {
+    for entry in std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read store directory {}", dir.display()))?
+    {
         let entry = entry?;
-        if entry.file_name().as_encoded_bytes().starts_with(prefix.as_bytes()) {
+        if entry
+            .file_name()
+            .as_encoded_bytes()
+            .starts_with(prefix.as_bytes())
+        {
             files.push(entry.path());
         }
     }
@@ -506,7 +581,12 @@ pub struct Exporter {
 
 impl Exporter {
     pub fn new(dir: &Path, registry: Registry, strategies: StrategySet) -> Exporter {
-        Exporter { dir: dir.to_path_buf(), registry, strategies, buffers: ReadBuffers::default() }
+        Exporter {
+            dir: dir.to_path_buf(),
+            registry,
+            strategies,
+            buffers: ReadBuffers::default(),
+        }
     }
 
     pub fn registry(&self) -> &Registry {
@@ -520,15 +600,27 @@ impl Exporter {
         let mode = def.aggregation();
         let mut table = SeriesTable::new();
         for path in metric_files(&self.dir, &def.name)? {
-            read_file(&path, s.contains(Strategy::SingleRead), &mut self.buffers, &mut |entry| {
-                table.add(entry, mode, s).with_context(|| format!("entry at offset {}", entry.value_offset - entry.key.len()))
-            })
+            read_file(
+                &path,
+                s.contains(Strategy::SingleRead),
+                &mut self.buffers,
+                &mut |entry| {
+                    table.add(entry, mode, s).with_context(|| {
+                        format!("entry at offset {}", entry.value_offset - entry.key.len())
+                    })
+                },
+            )
             .with_context(|| format!("metric {}", def.name))?;
         }
         Ok(match def.kind {
-            MetricType::Counter | MetricType::Gauge => {
-                MetricValues::Scalar(table.labels.into_iter().zip(table.values).map(|(l, a)| (l, a.value)).collect())
-            }
+            MetricType::Counter | MetricType::Gauge => MetricValues::Scalar(
+                table
+                    .labels
+                    .into_iter()
+                    .zip(table.values)
+                    .map(|(l, a)| (l, a.value))
+                    .collect(),
+            ),
             MetricType::Histogram => MetricValues::Histogram(histogram_values(def, &table)),
             MetricType::Summary => MetricValues::Summary(summary_values(&table)),
         })

@@ -35,7 +35,9 @@ impl std::str::FromStr for Dialect {
         match s {
             "cgi" => Ok(Dialect::Cgi),
             "uri" => Ok(Dialect::Uri),
-            other => Err(format!("unknown key dialect `{other}` (expected cgi or uri)")),
+            other => Err(format!(
+                "unknown key dialect `{other}` (expected cgi or uri)"
+            )),
         }
     }
 }
@@ -62,7 +64,11 @@ pub fn encode_component(out: &mut Vec<u8>, bytes: &[u8], dialect: Dialect) {
         } else if b == b' ' {
             out.push(b'+');
         } else {
-            out.extend_from_slice(&[b'%', HEX_UPPER[usize::from(b >> 4)], HEX_UPPER[usize::from(b & 15)]]);
+            out.extend_from_slice(&[
+                b'%',
+                HEX_UPPER[usize::from(b >> 4)],
+                HEX_UPPER[usize::from(b & 15)],
+            ]);
         }
     }
 }
@@ -178,7 +184,9 @@ fn check_names(labels: &[Label<'_>], raw: &[u8]) -> Result<(), KeyError> {
             return Err(KeyError::EmptyLabelName { at });
         }
         if labels[..i].iter().any(|(other, _)| other == name) {
-            return Err(KeyError::DuplicateLabelName { name: String::from_utf8_lossy(name).into_owned() });
+            return Err(KeyError::DuplicateLabelName {
+                name: String::from_utf8_lossy(name).into_owned(),
+            });
         }
     }
     Ok(())
@@ -234,9 +242,17 @@ pub fn decode_key_fast(raw: &[u8]) -> Result<Vec<Label<'_>>, KeyError> {
 /// One component from `start` to the next `&` (or `=` for a name); returns it
 /// and the offset of the byte that ended it.
 #[inline]
-fn component_fast(raw: &[u8], start: usize, is_name: bool) -> Result<(Cow<'_, [u8]>, usize), KeyError> {
+fn component_fast(
+    raw: &[u8],
+    start: usize,
+    is_name: bool,
+) -> Result<(Cow<'_, [u8]>, usize), KeyError> {
     let rest = &raw[start..];
-    let len = if is_name { memchr::memchr2(b'&', b'=', rest) } else { memchr::memchr(b'&', rest) };
+    let len = if is_name {
+        memchr::memchr2(b'&', b'=', rest)
+    } else {
+        memchr::memchr(b'&', rest)
+    };
     let end = start + len.unwrap_or(rest.len());
     let s = &raw[start..end];
     if !s.is_ascii() {
@@ -294,18 +310,32 @@ mod tests {
     use super::*;
 
     fn owned(labels: Vec<Label<'_>>) -> Vec<(Vec<u8>, Vec<u8>)> {
-        labels.into_iter().map(|(n, v)| (n.into_owned(), v.into_owned())).collect()
+        labels
+            .into_iter()
+            .map(|(n, v)| (n.into_owned(), v.into_owned()))
+            .collect()
     }
 
     #[test]
     fn dialects_differ_only_in_tilde_and_star() {
         let mut cgi = Vec::new();
-        encode_key(&mut cgi, [(&b"path"[..], &b"tilde~star* a&b=c%"[..])], Dialect::Cgi);
+        encode_key(
+            &mut cgi,
+            [(&b"path"[..], &b"tilde~star* a&b=c%"[..])],
+            Dialect::Cgi,
+        );
         assert_eq!(cgi, b"path=tilde~star%2A+a%26b%3Dc%25");
         let mut uri = Vec::new();
-        encode_key(&mut uri, [(&b"path"[..], &b"tilde~star* a&b=c%"[..])], Dialect::Uri);
+        encode_key(
+            &mut uri,
+            [(&b"path"[..], &b"tilde~star* a&b=c%"[..])],
+            Dialect::Uri,
+        );
         assert_eq!(uri, b"path=tilde%7Estar*+a%26b%3Dc%25");
-        assert_eq!(owned(decode_key_reference(&cgi).unwrap()), owned(decode_key_reference(&uri).unwrap()));
+        assert_eq!(
+            owned(decode_key_reference(&cgi).unwrap()),
+            owned(decode_key_reference(&uri).unwrap())
+        );
     }
 
     #[test]
@@ -331,13 +361,18 @@ mod tests {
             let fast = decode_key_fast(raw).map(owned);
             assert_eq!(reference, fast, "key {:?}", String::from_utf8_lossy(raw));
         }
-        assert_eq!(owned(decode_key_fast(b"a=b=c").unwrap()), vec![(b"a".to_vec(), b"b=c".to_vec())]);
+        assert_eq!(
+            owned(decode_key_fast(b"a=b=c").unwrap()),
+            vec![(b"a".to_vec(), b"b=c".to_vec())]
+        );
     }
 
     #[test]
     fn fast_decoder_borrows_plain_components() {
         let labels = decode_key_fast(b"code=200&path=plain").unwrap();
-        assert!(labels.iter().all(|(n, v)| matches!(n, Cow::Borrowed(_)) && matches!(v, Cow::Borrowed(_))));
+        assert!(labels
+            .iter()
+            .all(|(n, v)| matches!(n, Cow::Borrowed(_)) && matches!(v, Cow::Borrowed(_))));
     }
 
     mod properties {

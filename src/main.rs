@@ -5,7 +5,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "promlab", version, about = "The Prometheus metrics path, measurably fast and provably identical")]
+#[command(
+    name = "promlab",
+    version,
+    about = "The Prometheus metrics path, measurably fast and provably identical"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,

@@ -69,7 +69,6 @@ pub struct Op {
     pub labels: Vec<(String, String)>,
 }
 
-
 #[derive(Deserialize)]
 struct RawOp {
     pid: u32,
@@ -90,8 +89,13 @@ pub struct OpLog {
 impl OpLog {
     pub fn parse(text: &str) -> Result<OpLog> {
         let mut ops = Vec::new();
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let raw: RawOp = serde_json::from_str(line).with_context(|| format!("line {}", i + 1))?;
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let raw: RawOp =
+                serde_json::from_str(line).with_context(|| format!("line {}", i + 1))?;
             let labels = raw
                 .labels
                 .into_iter()
@@ -100,9 +104,17 @@ impl OpLog {
                     other => Ok((k, other.to_string())),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            ops.push(Op { pid: raw.pid, metric: raw.metric, op: raw.op, value: raw.value, labels });
+            ops.push(Op {
+                pid: raw.pid,
+                metric: raw.metric,
+                op: raw.op,
+                value: raw.value,
+                labels,
+            });
         }
-        let Some(pid) = ops.first().map(|op| op.pid) else { bail!("the op log is empty") };
+        let Some(pid) = ops.first().map(|op| op.pid) else {
+            bail!("the op log is empty")
+        };
         if let Some(other) = ops.iter().find(|op| op.pid != pid) {
             bail!("the op log mixes pids {pid} and {}", other.pid);
         }
@@ -110,14 +122,16 @@ impl OpLog {
     }
 
     pub fn load(path: &Path) -> Result<OpLog> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
         OpLog::parse(&text).with_context(|| format!("op log {}", path.display()))
     }
 
     /// Runs every op against `client`, in order.
     pub fn replay(&self, client: &mut Client) -> Result<()> {
         for (i, op) in self.ops.iter().enumerate() {
-            apply(client, op).with_context(|| format!("op {} ({:?} {})", i + 1, op.op, op.metric))?;
+            apply(client, op)
+                .with_context(|| format!("op {} ({:?} {})", i + 1, op.op, op.metric))?;
         }
         Ok(())
     }
@@ -125,8 +139,11 @@ impl OpLog {
     pub fn to_jsonl(&self) -> String {
         let mut out = String::new();
         for op in &self.ops {
-            let labels: serde_json::Map<String, serde_json::Value> =
-                op.labels.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+            let labels: serde_json::Map<String, serde_json::Value> = op
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
             let line = serde_json::json!({
                 "pid": op.pid, "metric": op.metric, "op": op.op, "value": op.value, "labels": labels,
             });
@@ -140,7 +157,11 @@ impl OpLog {
 /// Applies one op.
 pub fn apply(client: &mut Client, op: &Op) -> Result<()> {
     let id = client.metric(&op.metric)?;
-    let labels: Vec<(&str, &str)> = op.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let labels: Vec<(&str, &str)> = op
+        .labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let value = op.value.get();
     match op.op {
         OpKind::Inc => client.increment(id, &labels, value),

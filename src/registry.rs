@@ -59,8 +59,9 @@ pub struct MetricDef {
 }
 
 /// client_ruby's default histogram buckets, as Ruby prints them.
-pub const DEFAULT_BUCKETS: [&str; 11] =
-    ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10"];
+pub const DEFAULT_BUCKETS: [&str; 11] = [
+    "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10",
+];
 
 impl MetricDef {
     pub fn aggregation(&self) -> Aggregation {
@@ -72,7 +73,10 @@ impl MetricDef {
 
     /// Bucket bounds parsed as numbers, in declared order.
     pub fn bucket_bounds(&self) -> Vec<f64> {
-        self.buckets.iter().map(|b| b.parse().expect("validated on load")).collect()
+        self.buckets
+            .iter()
+            .map(|b| b.parse().expect("validated on load"))
+            .collect()
     }
 
     fn validate(&mut self) -> Result<()> {
@@ -90,7 +94,10 @@ impl MetricDef {
         }
         let agg = self.aggregation();
         if agg == Aggregation::MostRecent && self.kind != MetricType::Gauge {
-            bail!("metric {}: most_recent aggregation is only for gauges", self.name);
+            bail!(
+                "metric {}: most_recent aggregation is only for gauges",
+                self.name
+            );
         }
         if self.kind == MetricType::Histogram {
             if self.buckets.is_empty() {
@@ -102,7 +109,9 @@ impl MetricDef {
                     .parse()
                     .ok()
                     .filter(|v: &f64| v.is_finite())
-                    .with_context(|| format!("metric {}: bucket {b:?} is not a finite number", self.name))?;
+                    .with_context(|| {
+                        format!("metric {}: bucket {b:?} is not a finite number", self.name)
+                    })?;
                 if bound < previous {
                     bail!("metric {}: buckets are not sorted", self.name);
                 }
@@ -129,7 +138,8 @@ pub struct Registry {
 
 impl Registry {
     pub fn from_json(text: &str) -> Result<Registry> {
-        let mut registry: Registry = serde_json::from_str(text).context("registry does not parse")?;
+        let mut registry: Registry =
+            serde_json::from_str(text).context("registry does not parse")?;
         registry.validate()?;
         Ok(registry)
     }

@@ -23,9 +23,9 @@ use crate::registry::{Aggregation, MetricDef, MetricType, Registry};
 use crate::strategy::{Strategy, StrategySet};
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::MmapMut;
-use std::fs::{File, OpenOptions};
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
@@ -97,7 +97,10 @@ fn cached_pid() -> u32 {
 
 /// Monotonic-clock seconds, as Ruby's `Process.clock_gettime(CLOCK_MONOTONIC)`.
 fn monotonic_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid timespec to write into.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -158,7 +161,8 @@ impl StoreFile {
     fn map(&self) -> Result<MmapMut> {
         // SAFETY: the file is this process's own; other processes only read it
         // under flock, as they do with client_ruby's writes.
-        unsafe { MmapMut::map_mut(&self.file) }.with_context(|| format!("cannot map {}", self.path.display()))
+        unsafe { MmapMut::map_mut(&self.file) }
+            .with_context(|| format!("cannot map {}", self.path.display()))
     }
 
     /// Reads `used` and every entry's position (an empty file gets `used` = 8).
@@ -175,13 +179,18 @@ impl StoreFile {
         }
         let used = used as usize;
         if used < HEADER_SIZE || used as u64 > self.capacity {
-            bail!("corrupt store file {}: used = {used} outside 8..={}", self.path.display(), self.capacity);
+            bail!(
+                "corrupt store file {}: used = {used} outside 8..={}",
+                self.path.display(),
+                self.capacity
+            );
         }
         let mut region = vec![0u8; used];
         self.file.seek(SeekFrom::Start(0))?;
         self.file.read_exact(&mut region)?;
         for entry in crate::export::entries(&region, used) {
-            let entry = entry.map_err(|e| anyhow!("corrupt store file {}: {e}", self.path.display()))?;
+            let entry =
+                entry.map_err(|e| anyhow!("corrupt store file {}: {e}", self.path.display()))?;
             self.positions.insert(entry.key.into(), entry.value_offset);
         }
         self.used = used;
@@ -250,7 +259,9 @@ impl StoreFile {
                 self.file.read_exact(&mut buf)?;
                 Ok(f64::from_le_bytes(buf))
             }
-            Io::Mapped(map) => Ok(f64::from_le_bytes(map[pos..pos + 8].try_into().expect("8 bytes"))),
+            Io::Mapped(map) => Ok(f64::from_le_bytes(
+                map[pos..pos + 8].try_into().expect("8 bytes"),
+            )),
         }
     }
 
@@ -307,9 +318,17 @@ fn flock(fd: std::os::fd::RawFd, op: libc::c_int) -> Result<()> {
 type Extra<'a> = Option<(&'static str, &'a str)>;
 
 /// Sorts `labels` (+ `extra`, + `pid` in `all` mode) by name and form-encodes them.
-fn encode_key(labels: &[(&str, &str)], extra: Extra<'_>, pid: Option<u32>, dialect: Dialect) -> Vec<u8> {
+fn encode_key(
+    labels: &[(&str, &str)],
+    extra: Extra<'_>,
+    pid: Option<u32>,
+    dialect: Dialect,
+) -> Vec<u8> {
     let pid_text = pid.map(|p| p.to_string());
-    let mut pairs: Vec<(&[u8], &[u8])> = labels.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())).collect();
+    let mut pairs: Vec<(&[u8], &[u8])> = labels
+        .iter()
+        .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+        .collect();
     if let Some((k, v)) = extra {
         pairs.push((k.as_bytes(), v.as_bytes()));
     }
@@ -348,7 +367,10 @@ impl KeyCache {
     fn find(&self, hash: u64, labels: &[(&str, &str)], extra: Extra<'_>) -> Option<usize> {
         self.entries.get(&hash)?.iter().position(|c| {
             c.labels.len() == labels.len()
-                && c.labels.iter().zip(labels).all(|((k, v), (k2, v2))| &**k == *k2 && &**v == *v2)
+                && c.labels
+                    .iter()
+                    .zip(labels)
+                    .all(|((k, v), (k2, v2))| &**k == *k2 && &**v == *v2)
                 && c.extra.as_deref() == extra.map(|(_, v)| v)
         })
     }
@@ -357,10 +379,19 @@ impl KeyCache {
         &self.entries[&hash][index].key
     }
 
-    fn insert(&mut self, hash: u64, labels: &[(&str, &str)], extra: Extra<'_>, key: Vec<u8>) -> usize {
+    fn insert(
+        &mut self,
+        hash: u64,
+        labels: &[(&str, &str)],
+        extra: Extra<'_>,
+        key: Vec<u8>,
+    ) -> usize {
         let bucket = self.entries.entry(hash).or_default();
         bucket.push(CachedKey {
-            labels: labels.iter().map(|(k, v)| (Box::from(*k), Box::from(*v))).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (Box::from(*k), Box::from(*v)))
+                .collect(),
             extra: extra.map(|(_, v)| Box::from(v)),
             key: key.into(),
         });
@@ -396,7 +427,11 @@ pub struct ClientConfig {
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        ClientConfig { dialect: Dialect::Uri, strategies: StrategySet::compiled_default(), pid_override: None }
+        ClientConfig {
+            dialect: Dialect::Uri,
+            strategies: StrategySet::compiled_default(),
+            pid_override: None,
+        }
     }
 }
 
@@ -416,7 +451,8 @@ impl Client {
     /// Registers every metric of `registry` against the store in `dir`.
     /// Writes nothing yet; see [`Client::init_unlabeled`].
     pub fn new(dir: &Path, registry: &Registry, config: ClientConfig) -> Result<Client> {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create store directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create store directory {}", dir.display()))?;
         let metrics = registry
             .metrics
             .iter()
@@ -427,7 +463,11 @@ impl Client {
                 state: None,
             })
             .collect();
-        Ok(Client { dir: dir.to_path_buf(), config, metrics })
+        Ok(Client {
+            dir: dir.to_path_buf(),
+            config,
+            metrics,
+        })
     }
 
     pub fn metric(&self, name: &str) -> Result<MetricId> {
@@ -474,12 +514,17 @@ impl Client {
     pub fn increment(&mut self, id: MetricId, labels: &[(&str, &str)], by: f64) -> Result<()> {
         let def = &self.metrics[id.0].def;
         match def.kind {
-            MetricType::Counter if by < 0.0 => bail!("{}: increment must be a non-negative number", def.name),
+            MetricType::Counter if by < 0.0 => {
+                bail!("{}: increment must be a non-negative number", def.name)
+            }
             MetricType::Counter | MetricType::Gauge => {}
             _ => bail!("{}: a {} has no increment", def.name, def.kind.name()),
         }
         if self.metrics[id.0].aggregation == Aggregation::MostRecent {
-            bail!("{}: the most_recent aggregation does not support increment/decrement", def.name);
+            bail!(
+                "{}: the most_recent aggregation does not support increment/decrement",
+                def.name
+            );
         }
         self.increment_raw(id, labels, None, by)
     }
@@ -501,7 +546,12 @@ impl Client {
             MetricType::Histogram => {
                 // The first bound >= value (client_ruby's bsearch), else +Inf.
                 let index = metric.bucket_bounds.partition_point(|&bound| bound < value);
-                let le = metric.def.buckets.get(index).cloned().unwrap_or_else(|| "+Inf".to_string());
+                let le = metric
+                    .def
+                    .buckets
+                    .get(index)
+                    .cloned()
+                    .unwrap_or_else(|| "+Inf".to_string());
                 self.with_file_lock(id, s, |client| {
                     client.increment_raw(id, labels, Some(("le", &le)), 1.0)?;
                     client.increment_raw(id, labels, Some(("le", "sum")), value)
@@ -530,7 +580,11 @@ impl Client {
     }
 
     fn pid(&self, s: StrategySet) -> u32 {
-        let pid = if s.contains(Strategy::IncrementOnce) { cached_pid() } else { os_pid() };
+        let pid = if s.contains(Strategy::IncrementOnce) {
+            cached_pid()
+        } else {
+            os_pid()
+        };
         self.config.pid_override.unwrap_or(pid)
     }
 
@@ -543,7 +597,11 @@ impl Client {
             slot => {
                 let path = file_path(&self.dir, &metric.def.name, pid);
                 let file = StoreFile::open(&path, s.contains(Strategy::MmapStore))?;
-                *slot = Some(ProcessState { pid, file, keys: KeyCache::default() });
+                *slot = Some(ProcessState {
+                    pid,
+                    file,
+                    keys: KeyCache::default(),
+                });
             }
         }
         Ok(metric.state.as_mut().expect("just opened"))
@@ -561,30 +619,55 @@ impl Client {
         let dialect = self.config.dialect;
         let pid = self.pid(s);
         self.state(id, s)?;
-        let MetricStore { def, aggregation, state, .. } = &mut self.metrics[id.0];
+        let MetricStore {
+            def,
+            aggregation,
+            state,
+            ..
+        } = &mut self.metrics[id.0];
         let ProcessState { file, keys, .. } = state.as_mut().expect("opened above");
         let pid_label = (*aggregation == Aggregation::All).then_some(pid);
         if !s.contains(Strategy::KeyCache) {
             validate_labels(&def.name, &def.labels, labels)?;
-            return Ok((Cow::Owned(encode_key(labels, extra, pid_label, dialect)), file));
+            return Ok((
+                Cow::Owned(encode_key(labels, extra, pid_label, dialect)),
+                file,
+            ));
         }
         let hash = keys.hash(labels, extra);
         let index = match keys.find(hash, labels, extra) {
             Some(index) => index,
             None => {
                 validate_labels(&def.name, &def.labels, labels)?;
-                keys.insert(hash, labels, extra, encode_key(labels, extra, pid_label, dialect))
+                keys.insert(
+                    hash,
+                    labels,
+                    extra,
+                    encode_key(labels, extra, pid_label, dialect),
+                )
             }
         };
         Ok((Cow::Borrowed(keys.key(hash, index)), file))
     }
 
-    fn set_raw(&mut self, id: MetricId, labels: &[(&str, &str)], extra: Extra<'_>, value: f64) -> Result<()> {
+    fn set_raw(
+        &mut self,
+        id: MetricId,
+        labels: &[(&str, &str)],
+        extra: Extra<'_>,
+        value: f64,
+    ) -> Result<()> {
         let (key, file) = self.key_and_file(id, labels, extra)?;
         file.write_value(&key, value)
     }
 
-    fn increment_raw(&mut self, id: MetricId, labels: &[(&str, &str)], extra: Extra<'_>, by: f64) -> Result<()> {
+    fn increment_raw(
+        &mut self,
+        id: MetricId,
+        labels: &[(&str, &str)],
+        extra: Extra<'_>,
+        by: f64,
+    ) -> Result<()> {
         let once = self.config.strategies.contains(Strategy::IncrementOnce);
         let (key, file) = self.key_and_file(id, labels, extra)?;
         if once {
@@ -601,7 +684,9 @@ impl Client {
 /// client_ruby's label validation: the label set has exactly the declared names.
 fn validate_labels(metric: &str, declared: &[String], labels: &[(&str, &str)]) -> Result<()> {
     let same_names = labels.len() == declared.len()
-        && declared.iter().all(|d| labels.iter().filter(|(k, _)| k == d).count() == 1);
+        && declared
+            .iter()
+            .all(|d| labels.iter().filter(|(k, _)| k == d).count() == 1);
     if !same_names {
         let given: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
         bail!("{metric}: labels {given:?} do not match the declared labels {declared:?}");

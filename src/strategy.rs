@@ -49,7 +49,9 @@ impl FromStr for Stage {
         Stage::ALL
             .into_iter()
             .find(|st| st.name() == s)
-            .ok_or_else(|| format!("unknown stage `{s}` (expected write, export, render or ingest)"))
+            .ok_or_else(|| {
+                format!("unknown stage `{s}` (expected write, export, render or ingest)")
+            })
     }
 }
 
@@ -105,10 +107,13 @@ impl fmt::Display for Strategy {
 impl FromStr for Strategy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Strategy::ALL.into_iter().find(|st| st.name() == s).ok_or_else(|| {
-            let known: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
-            format!("unknown strategy `{s}` (known: {})", known.join(", "))
-        })
+        Strategy::ALL
+            .into_iter()
+            .find(|st| st.name() == s)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
+                format!("unknown strategy `{s}` (known: {})", known.join(", "))
+            })
     }
 }
 
@@ -126,7 +131,10 @@ impl StrategySet {
 
     /// What this build turns on by default (its cargo features).
     pub fn compiled_default() -> StrategySet {
-        Strategy::ALL.into_iter().filter(|s| s.on_by_default()).collect()
+        Strategy::ALL
+            .into_iter()
+            .filter(|s| s.on_by_default())
+            .collect()
     }
 
     pub fn contains(self, s: Strategy) -> bool {
@@ -205,7 +213,10 @@ impl FromStr for StrategySet {
             "none" | "baseline" | "" => Ok(StrategySet::NONE),
             "all" => Ok(StrategySet::all()),
             "default" => Ok(StrategySet::compiled_default()),
-            list => list.split(',').map(|name| name.trim().parse::<Strategy>()).collect(),
+            list => list
+                .split(',')
+                .map(|name| name.trim().parse::<Strategy>())
+                .collect(),
         }
     }
 }
@@ -223,7 +234,10 @@ mod tests {
         assert_eq!(set.to_string().parse::<StrategySet>().unwrap(), set);
         assert_eq!("none".parse::<StrategySet>().unwrap(), StrategySet::NONE);
         assert_eq!("all".parse::<StrategySet>().unwrap().iter().count(), 11);
-        assert!("key-cache,bogus".parse::<StrategySet>().unwrap_err().contains("bogus"));
+        assert!("key-cache,bogus"
+            .parse::<StrategySet>()
+            .unwrap_err()
+            .contains("bogus"));
     }
 
     #[test]
@@ -232,6 +246,9 @@ mod tests {
         assert_eq!(StrategySet::combinations(Stage::Export).len(), 8);
         assert_eq!(StrategySet::combinations(Stage::Render).len(), 2);
         assert_eq!(StrategySet::combinations(Stage::Ingest).len(), 16);
-        assert_eq!(StrategySet::combinations(Stage::Ingest)[0], StrategySet::NONE);
+        assert_eq!(
+            StrategySet::combinations(Stage::Ingest)[0],
+            StrategySet::NONE
+        );
     }
 }

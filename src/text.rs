@@ -111,11 +111,20 @@ mod tests {
             }
         }
         assert_eq!(&*escaped(b"plain", Escape::LabelValue), b"plain");
-        assert!(matches!(escaped(b"plain", Escape::LabelValue), Cow::Borrowed(_)));
-        assert_eq!(&*escaped(b"a\"b\\c\nd", Escape::LabelValue), br#"a\"b\\c\nd"#);
+        assert!(matches!(
+            escaped(b"plain", Escape::LabelValue),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            &*escaped(b"a\"b\\c\nd", Escape::LabelValue),
+            br#"a\"b\\c\nd"#
+        );
         assert_eq!(&*escaped(b"a\"b\\c\nd", Escape::Help), br#"a"b\\c\nd"#);
         let mut out = Vec::new();
-        write_label_block(&mut out, [(&b"a"[..], &b"x\"y"[..]), (&b"le"[..], &b"+Inf"[..])]);
+        write_label_block(
+            &mut out,
+            [(&b"a"[..], &b"x\"y"[..]), (&b"le"[..], &b"+Inf"[..])],
+        );
         assert_eq!(out, br#"{a="x\"y",le="+Inf"}"#);
     }
 

@@ -28,7 +28,11 @@ impl StoreWorkload {
     /// Writes every process's ops into `dir` (files named by the logs' pids).
     pub fn write(&self, dir: &Path, strategies: StrategySet) -> Result<()> {
         for log in &self.logs {
-            let config = ClientConfig { dialect: Dialect::Uri, strategies, pid_override: Some(log.pid) };
+            let config = ClientConfig {
+                dialect: Dialect::Uri,
+                strategies,
+                pid_override: Some(log.pid),
+            };
             let mut client = Client::new(dir, &self.registry, config)?;
             log.replay(&mut client)?;
         }
@@ -62,7 +66,10 @@ pub fn statement(i: usize, placeholders: usize) -> String {
 }
 
 fn labels(db: &str, statement: &str) -> Vec<(String, String)> {
-    vec![("db".to_string(), db.to_string()), ("statement".to_string(), statement.to_string())]
+    vec![
+        ("db".to_string(), db.to_string()),
+        ("statement".to_string(), statement.to_string()),
+    ]
 }
 
 const SEED_VALUES: [f64; 4] = [0.003, 0.03, 0.3, 3.0];
@@ -70,7 +77,9 @@ const SEED_VALUES: [f64; 4] = [0.003, 0.03, 0.3, 3.0];
 /// The seed repro: `processes` writers × `statements` label sets of 60–200 characters.
 pub fn seed_repro(processes: usize, statements: usize) -> StoreWorkload {
     let registry = Registry::from_json(HISTOGRAM_REGISTRY).expect("built-in registry");
-    let texts: Vec<String> = (0..statements).map(|i| statement(i, 10 + i * 30 / statements.max(1))).collect();
+    let texts: Vec<String> = (0..statements)
+        .map(|i| statement(i, 10 + i * 30 / statements.max(1)))
+        .collect();
     let logs = (0..processes)
         .map(|p| {
             let pid = 20_000 + p as u32;
@@ -97,8 +106,9 @@ pub fn seed_repro(processes: usize, statements: usize) -> StoreWorkload {
 pub fn large(processes: usize, statements: usize, max_len: usize) -> StoreWorkload {
     let registry = Registry::from_json(LARGE_REGISTRY).expect("built-in registry");
     let max_marks = (max_len.saturating_sub(60)) / 3;
-    let texts: Vec<String> =
-        (0..statements).map(|i| statement(i, 10 + (i * 7919) % max_marks.max(1))).collect();
+    let texts: Vec<String> = (0..statements)
+        .map(|i| statement(i, 10 + (i * 7919) % max_marks.max(1)))
+        .collect();
     let logs = (0..processes)
         .map(|p| {
             let pid = 30_000 + p as u32;
@@ -161,11 +171,20 @@ impl LongLabelWriter {
     pub fn new(dir: &Path, strategies: StrategySet) -> Result<LongLabelWriter> {
         // A fixed pid names the files, so the output is the same on every run;
         // the baseline still asks the OS for its pid on every call.
-        let config = ClientConfig { dialect: Dialect::Uri, strategies, pid_override: Some(4242) };
+        let config = ClientConfig {
+            dialect: Dialect::Uri,
+            strategies,
+            pid_override: Some(4242),
+        };
         let client = Client::new(dir, &long_label_registry(), config)?;
         let histogram = client.metric("request_seconds")?;
         let counter = client.metric("requests_total")?;
-        Ok(LongLabelWriter { client, histogram, counter, label: long_label_value() })
+        Ok(LongLabelWriter {
+            client,
+            histogram,
+            counter,
+            label: long_label_value(),
+        })
     }
 
     /// One histogram observe and one counter increment.

@@ -64,7 +64,13 @@ fn metric_def(index: usize) -> impl Strategy<Value = MetricDef> {
         Just(MetricType::Histogram),
         Just(MetricType::Summary)
     ];
-    (kind, 0..3usize, 0..5usize, proptest::collection::vec(-100.0f64..100.0, 1..5), "[ -~\n\\\\]{0,20}")
+    (
+        kind,
+        0..3usize,
+        0..5usize,
+        proptest::collection::vec(-100.0f64..100.0, 1..5),
+        "[ -~\n\\\\]{0,20}",
+    )
         .prop_map(move |(kind, n_labels, agg, mut bounds, help)| {
             let aggregation = match (kind, agg) {
                 (MetricType::Gauge, 0) => Aggregation::Sum,
@@ -76,7 +82,10 @@ fn metric_def(index: usize) -> impl Strategy<Value = MetricDef> {
             };
             bounds.sort_by(f64::total_cmp);
             let buckets = if kind == MetricType::Histogram {
-                bounds.iter().map(|b| promlab::rubyfloat::to_s(*b)).collect()
+                bounds
+                    .iter()
+                    .map(|b| promlab::rubyfloat::to_s(*b))
+                    .collect()
             } else {
                 Vec::new()
             };
@@ -84,7 +93,10 @@ fn metric_def(index: usize) -> impl Strategy<Value = MetricDef> {
                 name: format!("m{index}_{}", kind.name()),
                 kind,
                 help,
-                labels: ["path", "code", "zone"][..n_labels].iter().map(|s| s.to_string()).collect(),
+                labels: ["path", "code", "zone"][..n_labels]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
                 aggregation: Some(aggregation),
                 buckets,
             }
@@ -105,17 +117,31 @@ fn registry() -> impl Strategy<Value = Registry> {
 fn ops(registry: &Registry, pid: u32) -> impl Strategy<Value = Vec<Op>> {
     let registry = registry.clone();
     let pool = proptest::collection::vec(label_value(), 3);
-    (pool, proptest::collection::vec((0..16usize, 0..3usize, 0..3usize, 0..3usize, value(), 0..4u8), 0..25))
+    (
+        pool,
+        proptest::collection::vec(
+            (0..16usize, 0..3usize, 0..3usize, 0..3usize, value(), 0..4u8),
+            0..25,
+        ),
+    )
         .prop_map(move |(pool, raw)| {
             raw.into_iter()
                 .map(|(m, a, b, c, v, choice)| {
                     let def = &registry.metrics[m % registry.metrics.len()];
                     let picks = [a, b, c];
-                    let labels =
-                        def.labels.iter().zip(picks).map(|(name, i)| (name.clone(), pool[i].clone())).collect();
+                    let labels = def
+                        .labels
+                        .iter()
+                        .zip(picks)
+                        .map(|(name, i)| (name.clone(), pool[i].clone()))
+                        .collect();
                     let (op, v) = match def.kind {
-                        MetricType::Counter => (OpKind::Inc, if v.is_nan() { 1.0 } else { v.abs() }),
-                        MetricType::Gauge if def.aggregation() == Aggregation::MostRecent => (OpKind::Set, v),
+                        MetricType::Counter => {
+                            (OpKind::Inc, if v.is_nan() { 1.0 } else { v.abs() })
+                        }
+                        MetricType::Gauge if def.aggregation() == Aggregation::MostRecent => {
+                            (OpKind::Set, v)
+                        }
                         MetricType::Gauge => (
                             match choice {
                                 0 => OpKind::Inc,
@@ -127,7 +153,13 @@ fn ops(registry: &Registry, pid: u32) -> impl Strategy<Value = Vec<Op>> {
                         _ if choice == 0 => (OpKind::Init, 0.0),
                         _ => (OpKind::Observe, v),
                     };
-                    Op { pid, metric: def.name.clone(), op, value: OpValue::new(v), labels }
+                    Op {
+                        pid,
+                        metric: def.name.clone(),
+                        op,
+                        value: OpValue::new(v),
+                        labels,
+                    }
                 })
                 .collect()
         })
@@ -149,14 +181,21 @@ fn case() -> impl Strategy<Value = Case> {
                 (dialect, ops(&registry, pid)).prop_map(move |(d, ops)| (d, OpLog { pid, ops }))
             })
             .collect();
-        (Just(registry), processes).prop_map(|(registry, processes)| Case { registry, processes })
+        (Just(registry), processes).prop_map(|(registry, processes)| Case {
+            registry,
+            processes,
+        })
     })
 }
 
 /// Writes every process's ops, one after another, like forked writers would.
 fn write_store(case: &Case, dir: &Path, strategies: StrategySet) {
     for (dialect, log) in &case.processes {
-        let config = ClientConfig { dialect: *dialect, strategies, pid_override: Some(log.pid) };
+        let config = ClientConfig {
+            dialect: *dialect,
+            strategies,
+            pid_override: Some(log.pid),
+        };
         let mut client = Client::new(dir, &case.registry, config).unwrap();
         for op in &log.ops {
             promlab::ops::apply(&mut client, op).unwrap();

@@ -26,13 +26,18 @@ fn registry() -> Registry {
 fn run(strategies: StrategySet) {
     let dir = tempfile::tempdir().unwrap();
     let registry = registry();
-    let config = ClientConfig { strategies, ..ClientConfig::default() };
+    let config = ClientConfig {
+        strategies,
+        ..ClientConfig::default()
+    };
     let mut client = Client::new(dir.path(), &registry, config).unwrap();
     let jobs = client.metric("jobs_total").unwrap();
     let seconds = client.metric("job_seconds").unwrap();
     let busy = client.metric("busy").unwrap();
     // The parent writes first, so its pid and keys are cached before the fork.
-    client.increment(jobs, &[("queue", "default")], 1.0).unwrap();
+    client
+        .increment(jobs, &[("queue", "default")], 1.0)
+        .unwrap();
     client.set(busy, &[], 1.0).unwrap();
 
     let mut pids = Vec::new();
@@ -44,7 +49,9 @@ fn run(strategies: StrategySet) {
             let mut ok = true;
             for i in 0..INCREMENTS {
                 ok &= client.increment(jobs, &[("queue", "default")], 1.0).is_ok();
-                ok &= client.observe(seconds, &[("queue", "default")], (i % 4) as f64).is_ok();
+                ok &= client
+                    .observe(seconds, &[("queue", "default")], (i % 4) as f64)
+                    .is_ok();
             }
             ok &= client.set(busy, &[], child as f64).is_ok();
             // SAFETY: leaves the child without running the parent's destructors.
@@ -61,22 +68,41 @@ fn run(strategies: StrategySet) {
         let mut status = 0;
         // SAFETY: waiting for our own child.
         assert_eq!(unsafe { libc::waitpid(*pid, &mut status, 0) }, *pid);
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child {pid} failed");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child {pid} failed"
+        );
     }
 
     for pid in &pids {
         let file = promlab::store::file_path(dir.path(), "jobs_total", *pid as u32);
         assert!(file.exists(), "child {pid} did not write its own file");
     }
-    let text = String::from_utf8(promlab::export::export(dir.path(), &registry, strategies).unwrap()).unwrap();
+    let text =
+        String::from_utf8(promlab::export::export(dir.path(), &registry, strategies).unwrap())
+            .unwrap();
     let total = 1 + CHILDREN * INCREMENTS;
-    assert!(text.contains(&format!("jobs_total{{queue=\"default\"}} {total}.0\n")), "{strategies}:\n{text}");
+    assert!(
+        text.contains(&format!("jobs_total{{queue=\"default\"}} {total}.0\n")),
+        "{strategies}:\n{text}"
+    );
     let observed = CHILDREN * INCREMENTS;
-    assert!(text.contains(&format!("job_seconds_count{{queue=\"default\"}} {observed}.0\n")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "job_seconds_count{{queue=\"default\"}} {observed}.0\n"
+        )),
+        "{text}"
+    );
     // Values 0,1,2,3 in turn: 0.5 gets the 0s, 1 also the 1s, 2.5 also the 2s.
     let quarter = observed / 4;
-    assert!(text.contains(&format!("job_seconds_bucket{{queue=\"default\",le=\"1\"}} {}.0\n", 2 * quarter)));
-    assert!(text.contains(&format!("job_seconds_sum{{queue=\"default\"}} {}.0\n", quarter * 6)));
+    assert!(text.contains(&format!(
+        "job_seconds_bucket{{queue=\"default\",le=\"1\"}} {}.0\n",
+        2 * quarter
+    )));
+    assert!(text.contains(&format!(
+        "job_seconds_sum{{queue=\"default\"}} {}.0\n",
+        quarter * 6
+    )));
     // `all` keeps one series per process: the parent and every child.
     assert_eq!(text.matches("busy{pid=").count(), 1 + CHILDREN, "{text}");
 }

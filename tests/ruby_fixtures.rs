@@ -25,14 +25,28 @@ fn assert_exports(case: &Path, store: &Path) {
 }
 
 fn first_difference(a: &[u8], b: &[u8]) -> String {
-    let at = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+    let at = a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
     let line = b[..at].iter().filter(|&&c| c == b'\n').count() + 1;
     let context = |s: &[u8]| {
-        let start = s[..at.min(s.len())].iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
-        let end = s[start..].iter().position(|&c| c == b'\n').map_or(s.len(), |i| start + i);
+        let start = s[..at.min(s.len())]
+            .iter()
+            .rposition(|&c| c == b'\n')
+            .map_or(0, |i| i + 1);
+        let end = s[start..]
+            .iter()
+            .position(|&c| c == b'\n')
+            .map_or(s.len(), |i| start + i);
         String::from_utf8_lossy(&s[start..end]).into_owned()
     };
-    format!("line {line}:\n  ours:  {}\n  ruby:  {}", context(a), context(b))
+    format!(
+        "line {line}:\n  ours:  {}\n  ruby:  {}",
+        context(a),
+        context(b)
+    )
 }
 
 #[test]
@@ -66,9 +80,16 @@ fn a_rolling_upgrade_directory_merges_both_dialects() {
     let text = String::from_utf8(baseline.clone()).unwrap();
     // One series for the `~`/`*` label set, summed over both versions' files.
     assert_eq!(text.matches("path=\"tilde~star*\"").count(), 1, "{text}");
-    assert!(text.contains("http_requests_total{code=\"404\",path=\"tilde~star*\"} 44.0"), "{text}");
+    assert!(
+        text.contains("http_requests_total{code=\"404\",path=\"tilde~star*\"} 44.0"),
+        "{text}"
+    );
     for strategies in StrategySet::combinations(Stage::Export) {
-        assert_eq!(promlab::export::export(tmp.path(), &registry, strategies).unwrap(), baseline, "{strategies}");
+        assert_eq!(
+            promlab::export::export(tmp.path(), &registry, strategies).unwrap(),
+            baseline,
+            "{strategies}"
+        );
     }
 }
 
@@ -78,11 +99,20 @@ fn replay(case: &Path, store: &Path, dialect: &str, strategies: StrategySet) {
         .arg(case.join("registry.json"))
         .arg("--store")
         .arg(store)
-        .args(["--dialect", dialect, "--strategies", &strategies.to_string()])
+        .args([
+            "--dialect",
+            dialect,
+            "--strategies",
+            &strategies.to_string(),
+        ])
         .args(op_logs(case))
         .status()
         .unwrap();
-    assert!(status.success(), "replay of {} with {strategies} failed", case.display());
+    assert!(
+        status.success(),
+        "replay of {} with {strategies} failed",
+        case.display()
+    );
 }
 
 #[test]
@@ -92,7 +122,11 @@ fn replaying_op_logs_rebuilds_every_ruby_store() {
         for strategies in StrategySet::combinations(Stage::Write) {
             let tmp = tempfile::tempdir().unwrap();
             replay(&case, tmp.path(), dialect, strategies);
-            assert_same_store(&case.join("store"), tmp.path(), &format!("{} with {strategies}", case.display()));
+            assert_same_store(
+                &case.join("store"),
+                tmp.path(),
+                &format!("{} with {strategies}", case.display()),
+            );
         }
     }
 }
@@ -103,7 +137,11 @@ fn replaying_the_large_case_rebuilds_its_store_and_exposition() {
     for strategies in [StrategySet::NONE, StrategySet::all()] {
         let tmp = tempfile::tempdir().unwrap();
         replay(&case, tmp.path(), "uri", strategies);
-        assert_same_store(&case.join("store"), tmp.path(), &format!("large with {strategies}"));
+        assert_same_store(
+            &case.join("store"),
+            tmp.path(),
+            &format!("large with {strategies}"),
+        );
         assert_exports(&case, tmp.path());
     }
 }

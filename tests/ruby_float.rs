@@ -8,14 +8,26 @@ fn every_oracle_line_matches() {
     let oracle = include_str!("fixtures/ruby-float/to_s.tsv");
     let mut checked = 0;
     for (n, line) in oracle.lines().enumerate() {
-        let (bits, expected) = line.split_once('\t').unwrap_or_else(|| panic!("line {} has no tab", n + 1));
+        let (bits, expected) = line
+            .split_once('\t')
+            .unwrap_or_else(|| panic!("line {} has no tab", n + 1));
         let v = f64::from_bits(u64::from_str_radix(bits, 16).expect("hex bits"));
         let mut fast = Vec::new();
         rubyfloat::write(&mut fast, v);
         let mut reference = Vec::new();
         rubyfloat::write_reference(&mut reference, v);
-        assert_eq!(String::from_utf8_lossy(&fast), expected, "fast path, line {} ({bits})", n + 1);
-        assert_eq!(String::from_utf8_lossy(&reference), expected, "reference, line {} ({bits})", n + 1);
+        assert_eq!(
+            String::from_utf8_lossy(&fast),
+            expected,
+            "fast path, line {} ({bits})",
+            n + 1
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&reference),
+            expected,
+            "reference, line {} ({bits})",
+            n + 1
+        );
         checked += 1;
     }
     assert_eq!(checked, 10_119);

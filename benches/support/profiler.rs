@@ -17,12 +17,15 @@ impl Profiler for Flamegraph {
     }
 
     fn stop_profiling(&mut self, benchmark_id: &str, benchmark_dir: &Path) {
-        let Some(guard) = self.active.take() else { return };
+        let Some(guard) = self.active.take() else {
+            return;
+        };
         let written = std::fs::create_dir_all(benchmark_dir)
             .map_err(|e| e.to_string())
             .and_then(|()| guard.report().build().map_err(|e| e.to_string()))
             .and_then(|report| {
-                let file = std::fs::File::create(benchmark_dir.join("flamegraph.svg")).map_err(|e| e.to_string())?;
+                let file = std::fs::File::create(benchmark_dir.join("flamegraph.svg"))
+                    .map_err(|e| e.to_string())?;
                 report.flamegraph(file).map_err(|e| e.to_string())
             });
         if let Err(err) = written {
@@ -33,5 +36,8 @@ impl Profiler for Flamegraph {
 
 /// Criterion with the flamegraph profiler (active only under `--profile-time`).
 pub fn criterion() -> Criterion {
-    Criterion::default().with_profiler(Flamegraph { frequency: 997, active: None })
+    Criterion::default().with_profiler(Flamegraph {
+        frequency: 997,
+        active: None,
+    })
 }

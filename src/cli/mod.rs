@@ -102,7 +102,11 @@ pub fn replay(args: ReplayArgs) -> Result<()> {
 pub fn replay_one(args: ReplayOneArgs) -> Result<()> {
     let registry = Registry::load(&args.registry)?;
     let log = crate::ops::OpLog::load(&args.ops)?;
-    let config = ClientConfig { dialect: args.dialect, strategies: args.strategies, pid_override: Some(log.pid) };
+    let config = ClientConfig {
+        dialect: args.dialect,
+        strategies: args.strategies,
+        pid_override: Some(log.pid),
+    };
     let mut client = Client::new(&args.store, &registry, config)?;
     log.replay(&mut client)
 }
@@ -179,8 +183,12 @@ impl AblateArgs {
 }
 
 pub fn ablate(args: AblateArgs) -> Result<()> {
-    let only = (!args.strategies.is_empty())
-        .then(|| args.strategies.iter().flat_map(|s| s.iter()).collect::<StrategySet>());
+    let only = (!args.strategies.is_empty()).then(|| {
+        args.strategies
+            .iter()
+            .flat_map(|s| s.iter())
+            .collect::<StrategySet>()
+    });
     let options = crate::harness::AblateOptions {
         quick: args.quick,
         only,
@@ -207,7 +215,9 @@ pub struct ReportArgs {
 pub fn report(args: ReportArgs) -> Result<()> {
     let results = match args.results {
         Some(dir) => dir,
-        None => crate::harness::dossier::latest_results(std::path::Path::new("experiments/results"))?,
+        None => {
+            crate::harness::dossier::latest_results(std::path::Path::new("experiments/results"))?
+        }
     };
     crate::harness::dossier::regenerate(&results, &args.strategies_dir)?;
     println!("dossiers regenerated from {}", results.display());

@@ -65,10 +65,22 @@ impl Scenario {
 
 /// The scenarios that ship with promlab (`experiments/scenarios/`), in run order.
 pub const BUILT_IN: [(&str, &str); 4] = [
-    ("write-long-label", include_str!("../../experiments/scenarios/write-long-label.toml")),
-    ("seed-repro", include_str!("../../experiments/scenarios/seed-repro.toml")),
-    ("large", include_str!("../../experiments/scenarios/large.toml")),
-    ("rabbitmq-per-object", include_str!("../../experiments/scenarios/rabbitmq-per-object.toml")),
+    (
+        "write-long-label",
+        include_str!("../../experiments/scenarios/write-long-label.toml"),
+    ),
+    (
+        "seed-repro",
+        include_str!("../../experiments/scenarios/seed-repro.toml"),
+    ),
+    (
+        "large",
+        include_str!("../../experiments/scenarios/large.toml"),
+    ),
+    (
+        "rabbitmq-per-object",
+        include_str!("../../experiments/scenarios/rabbitmq-per-object.toml"),
+    ),
 ];
 
 /// A built-in scenario by name, or a scenario file by path.
@@ -78,7 +90,10 @@ pub fn load_scenario(name_or_path: &str) -> Result<Scenario> {
         None if Path::new(name_or_path).exists() => std::fs::read_to_string(name_or_path)?,
         None => {
             let names: Vec<&str> = BUILT_IN.iter().map(|(n, _)| *n).collect();
-            bail!("unknown scenario `{name_or_path}` (built in: {}; or a path to a .toml file)", names.join(", "))
+            bail!(
+                "unknown scenario `{name_or_path}` (built in: {}; or a path to a .toml file)",
+                names.join(", ")
+            )
         }
     };
     toml::from_str(&text).with_context(|| format!("scenario {name_or_path} does not parse"))
@@ -103,8 +118,10 @@ pub fn digest(bytes: &[u8]) -> String {
 /// The arms of an ablation over a stage's strategies (restricted to `only`
 /// when given): baseline, each alone, all but one, all — without repeats.
 pub fn arms(stage: Stage, only: Option<StrategySet>) -> Vec<(String, StrategySet)> {
-    let strategies: Vec<Strategy> =
-        stage.strategies().filter(|s| only.is_none_or(|set| set.contains(*s))).collect();
+    let strategies: Vec<Strategy> = stage
+        .strategies()
+        .filter(|s| only.is_none_or(|set| set.contains(*s)))
+        .collect();
     let all: StrategySet = strategies.iter().copied().collect();
     let mut arms = vec![("baseline".to_string(), StrategySet::NONE)];
     for s in &strategies {
@@ -143,18 +160,35 @@ pub fn bench_arms(stage: Stage) -> Vec<(String, StrategySet)> {
 }
 
 /// A combination's output did not match.
-fn mismatch_report(scenario: &str, strategies: StrategySet, got: &[u8], baseline: Option<&[u8]>, expected: &str) -> String {
+fn mismatch_report(
+    scenario: &str,
+    strategies: StrategySet,
+    got: &[u8],
+    baseline: Option<&[u8]>,
+    expected: &str,
+) -> String {
     let mut report = format!(
         "scenario {scenario}: strategies `{strategies}` produced digest {} but {expected} was expected",
         digest(got)
     );
     if let Some(base) = baseline {
         if base != got {
-            let at = base.iter().zip(got).position(|(a, b)| a != b).unwrap_or(base.len().min(got.len()));
+            let at = base
+                .iter()
+                .zip(got)
+                .position(|(a, b)| a != b)
+                .unwrap_or(base.len().min(got.len()));
             let line = base[..at].iter().filter(|&&c| c == b'\n').count() + 1;
             let show = |s: &[u8]| {
-                let start = s[..at.min(s.len())].iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
-                let end = s[start..].iter().position(|&c| c == b'\n').map_or(s.len(), |i| start + i).min(start + 300);
+                let start = s[..at.min(s.len())]
+                    .iter()
+                    .rposition(|&c| c == b'\n')
+                    .map_or(0, |i| i + 1);
+                let end = s[start..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(s.len(), |i| start + i)
+                    .min(start + 300);
                 String::from_utf8_lossy(&s[start..end]).into_owned()
             };
             report.push_str(&format!(
@@ -225,22 +259,43 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
 
     // 1. Verify every combination of the stage's strategies.
     let combinations = StrategySet::combinations(stage);
-    let progress = report::Progress::new(options.progress, &scenario.name, combinations.len() as u64, "verify");
+    let progress = report::Progress::new(
+        options.progress,
+        &scenario.name,
+        combinations.len() as u64,
+        "verify",
+    );
     let mut baseline_output = None;
     for strategies in &combinations {
         let output = workload.output(*strategies)?;
         let got = digest(&output);
         if options.print_digests {
             if strategies.is_empty() {
-                println!("{} ({}): expected = \"{got}\"", scenario.name, if options.quick { "quick" } else { "full" });
+                println!(
+                    "{} ({}): expected = \"{got}\"",
+                    scenario.name,
+                    if options.quick { "quick" } else { "full" }
+                );
             }
         } else if got != size.expected {
-            bail!(mismatch_report(&scenario.name, *strategies, &output, baseline_output.as_deref(), &size.expected));
+            bail!(mismatch_report(
+                &scenario.name,
+                *strategies,
+                &output,
+                baseline_output.as_deref(),
+                &size.expected
+            ));
         }
         if strategies.is_empty() {
             baseline_output = Some(output);
         } else if Some(&output) != baseline_output.as_ref() {
-            bail!(mismatch_report(&scenario.name, *strategies, &output, baseline_output.as_deref(), &digest(baseline_output.as_deref().unwrap_or_default())));
+            bail!(mismatch_report(
+                &scenario.name,
+                *strategies,
+                &output,
+                baseline_output.as_deref(),
+                &digest(baseline_output.as_deref().unwrap_or_default())
+            ));
         }
         progress.inc();
     }
@@ -261,9 +316,20 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
 
     // 2. Measure the arms, interleaved.
     let repeats = options.repeats.unwrap_or(size.repeats).max(1);
-    let mut results: Vec<ArmResult> =
-        arms.iter().map(|(arm, s)| ArmResult { arm: arm.clone(), strategies: *s, samples: Vec::new() }).collect();
-    let progress = report::Progress::new(options.progress, &scenario.name, (repeats * arms.len()) as u64, "measure");
+    let mut results: Vec<ArmResult> = arms
+        .iter()
+        .map(|(arm, s)| ArmResult {
+            arm: arm.clone(),
+            strategies: *s,
+            samples: Vec::new(),
+        })
+        .collect();
+    let progress = report::Progress::new(
+        options.progress,
+        &scenario.name,
+        (repeats * arms.len()) as u64,
+        "measure",
+    );
     // One untimed warm-up round.
     for (_, s) in &arms {
         workload.run(*s)?;
@@ -292,9 +358,15 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
 
 /// Runs the named scenarios (all built-ins when empty) and reports.
 pub fn ablate(names: &[String], options: &AblateOptions) -> Result<Vec<ScenarioResult>> {
-    let names: Vec<String> =
-        if names.is_empty() { BUILT_IN.iter().map(|(n, _)| n.to_string()).collect() } else { names.to_vec() };
-    let scenarios: Vec<Scenario> = names.iter().map(|n| load_scenario(n)).collect::<Result<_>>()?;
+    let names: Vec<String> = if names.is_empty() {
+        BUILT_IN.iter().map(|(n, _)| n.to_string()).collect()
+    } else {
+        names.to_vec()
+    };
+    let scenarios: Vec<Scenario> = names
+        .iter()
+        .map(|n| load_scenario(n))
+        .collect::<Result<_>>()?;
     let out_dir = match &options.out {
         Some(dir) => dir.clone(),
         None => report::default_results_dir(),

@@ -18,9 +18,11 @@ impl Progress {
         }
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{prefix:>22} {msg:8} [{bar:30}] {pos}/{len} {elapsed}")
-                .expect("template")
-                .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template(
+                "{prefix:>22} {msg:8} [{bar:30}] {pos}/{len} {elapsed}",
+            )
+            .expect("template")
+            .progress_chars("=> "),
         );
         bar.set_prefix(scenario.to_string());
         bar.set_message(phase.to_string());
@@ -49,7 +51,9 @@ pub fn default_results_dir() -> PathBuf {
 
 fn command_output(cmd: &str, args: &[&str]) -> Option<String> {
     let out = std::process::Command::new(cmd).args(args).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 fn human(d: Duration) -> String {
@@ -66,7 +70,11 @@ fn human(d: Duration) -> String {
 }
 
 fn baseline(result: &ScenarioResult) -> &ArmResult {
-    result.arms.iter().find(|a| a.strategies == StrategySet::NONE).expect("every ablation has a baseline arm")
+    result
+        .arms
+        .iter()
+        .find(|a| a.strategies == StrategySet::NONE)
+        .expect("every ablation has a baseline arm")
 }
 
 /// The terminal table of one scenario.
@@ -87,7 +95,12 @@ pub fn table(result: &ScenarioResult) -> String {
     let _ = writeln!(
         out,
         "  {:<34} {:>11} {:>11} {:>11} {:>13} {:>9}",
-        "arm", "median", "min", "max", &format!("ns/{}", unit.trim_end_matches('s')), "speed-up"
+        "arm",
+        "median",
+        "min",
+        "max",
+        &format!("ns/{}", unit.trim_end_matches('s')),
+        "speed-up"
     );
     for arm in &result.arms {
         let median = arm.median();

@@ -18,7 +18,10 @@ pub fn param_usize(size: &Size, name: &str) -> Result<usize> {
 
 /// Reads a boolean parameter (false when absent).
 pub fn param_bool(size: &Size, name: &str) -> bool {
-    size.params.get(name).and_then(|v| v.as_bool()).unwrap_or(false)
+    size.params
+        .get(name)
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
 }
 
 /// Builds the workload a scenario names.
@@ -34,7 +37,10 @@ pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn W
             param_usize(size, "statements")?,
             param_usize(size, "max_len")?,
         ))?),
-        "rabbitmq" => Box::new(Render::new(param_usize(size, "queues")?, param_bool(size, "awkward_names"))),
+        "rabbitmq" => Box::new(Render::new(
+            param_usize(size, "queues")?,
+            param_bool(size, "awkward_names"),
+        )),
         other => bail!("unknown generator `{other}`"),
     };
     let expected_stage = match scenario.generator.as_str() {
@@ -43,7 +49,10 @@ pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn W
         _ => Stage::Export,
     };
     if stage != expected_stage {
-        bail!("generator `{}` belongs to the {expected_stage} stage, not {stage}", scenario.generator);
+        bail!(
+            "generator `{}` belongs to the {expected_stage} stage, not {stage}",
+            scenario.generator
+        );
     }
     Ok(workload)
 }
@@ -62,7 +71,12 @@ impl Export {
         workload.write(dir.path(), StrategySet::NONE)?;
         let text = crate::export::export(dir.path(), &workload.registry, StrategySet::NONE)?;
         let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
-        Ok(Export { dir: dir.path().to_path_buf(), _dir: dir, workload, lines })
+        Ok(Export {
+            dir: dir.path().to_path_buf(),
+            _dir: dir,
+            workload,
+            lines,
+        })
     }
 }
 
@@ -89,7 +103,10 @@ struct LongLabel {
 
 impl LongLabel {
     fn new(steps: usize) -> Result<LongLabel> {
-        Ok(LongLabel { steps, writers: HashMap::new() })
+        Ok(LongLabel {
+            steps,
+            writers: HashMap::new(),
+        })
     }
 
     fn value(i: usize) -> f64 {
@@ -100,7 +117,9 @@ impl LongLabel {
 /// A store directory as comparable bytes: per file, its name, `used`, and its
 /// used region with timestamps zeroed.
 pub fn store_bytes(dir: &Path) -> Result<Vec<u8>> {
-    let mut names: Vec<_> = std::fs::read_dir(dir)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+    let mut names: Vec<_> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
     names.sort();
     let mut out = Vec::new();
     for path in names {
@@ -131,12 +150,14 @@ impl Workload for LongLabel {
     }
 
     fn run(&mut self, strategies: StrategySet) -> Result<()> {
-        if !self.writers.contains_key(&strategies) {
-            let dir = tempfile::tempdir()?;
-            let writer = LongLabelWriter::new(dir.path(), strategies)?;
-            self.writers.insert(strategies, (dir, writer));
-        }
-        let (_, writer) = self.writers.get_mut(&strategies).expect("inserted above");
+        let (_, writer) = match self.writers.entry(strategies) {
+            std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let dir = tempfile::tempdir()?;
+                let writer = LongLabelWriter::new(dir.path(), strategies)?;
+                slot.insert((dir, writer))
+            }
+        };
         for i in 0..self.steps {
             writer.step(Self::value(i))?;
         }
@@ -161,14 +182,21 @@ struct Render {
 
 impl Render {
     fn new(queues: usize, awkward_names: bool) -> Render {
-        Render { queues, awkward_names, scenarios: HashMap::new(), body: Vec::new(), lines: 0 }
+        Render {
+            queues,
+            awkward_names,
+            scenarios: HashMap::new(),
+            body: Vec::new(),
+            lines: 0,
+        }
     }
 
     fn scenario(&mut self, strategies: StrategySet) -> Result<&crate::render::rabbitmq::Scenario> {
         // Only the render stage's strategies change a registry.
         let key = strategies.restrict(Stage::Render);
         if !self.scenarios.contains_key(&key) {
-            let scenario = crate::render::rabbitmq::Scenario::build(self.queues, self.awkward_names, key)?;
+            let scenario =
+                crate::render::rabbitmq::Scenario::build(self.queues, self.awkward_names, key)?;
             self.scenarios.insert(key, scenario);
         }
         Ok(&self.scenarios[&key])

@@ -57,7 +57,14 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
 }
 
 /// `name<suffix>{labels[,le="…"]} value\n`; a missing value prints empty, as Ruby's `nil.to_s`.
-fn write_sample(out: &mut Vec<u8>, name: &[u8], suffix: &[u8], labels: &LabelSet, le: Option<&[u8]>, value: Option<f64>) {
+fn write_sample(
+    out: &mut Vec<u8>,
+    name: &[u8],
+    suffix: &[u8],
+    labels: &LabelSet,
+    le: Option<&[u8]>,
+    value: Option<f64>,
+) {
     out.extend_from_slice(name);
     out.extend_from_slice(suffix);
     let pairs = labels.iter().map(|(n, v)| (&**n, &**v));

@@ -61,8 +61,10 @@ pub fn comparable(bytes: &[u8]) -> (Vec<u8>, usize) {
 /// be zero after `used`.
 pub fn assert_same_store(expected: &Path, actual: &Path, what: &str) {
     let names = |dir: &Path| {
-        let mut v: Vec<String> =
-            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         v.sort();
         v
     };
@@ -72,11 +74,21 @@ pub fn assert_same_store(expected: &Path, actual: &Path, what: &str) {
         let a = std::fs::read(actual.join(&name)).unwrap();
         let (e_region, e_len) = comparable(&e);
         let (a_region, a_len) = comparable(&a);
-        assert!(e_region == a_region, "{what}: {name} differs in its used region");
-        assert_eq!(a_len as u64 % promlab::store::INITIAL_FILE_SIZE, 0, "{what}: {name} size");
+        assert!(
+            e_region == a_region,
+            "{what}: {name} differs in its used region"
+        );
+        assert_eq!(
+            a_len as u64 % promlab::store::INITIAL_FILE_SIZE,
+            0,
+            "{what}: {name} size"
+        );
         if e_len > e_region.len() {
             assert_eq!(e_len, a_len, "{what}: {name} size");
         }
-        assert!(a[a_region.len()..].iter().all(|&b| b == 0), "{what}: {name} has bytes after used");
+        assert!(
+            a[a_region.len()..].iter().all(|&b| b == 0),
+            "{what}: {name} has bytes after used"
+        );
     }
 }
