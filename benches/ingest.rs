@@ -14,6 +14,7 @@
 //!
 //! ```text
 //! cargo bench --bench ingest
+//! cargo bench --bench ingest -- 'ingest_handle/(baseline|all)' --profile-time 10   # flamegraphs
 //! ```
 
 use criterion::measurement::{Measurement, ValueFormatter};
@@ -218,9 +219,12 @@ fn bench_query(c: &mut Criterion<ThreadCpu>) {
     group.finish();
 }
 
+#[path = "support/profiler.rs"]
+mod profiler;
+
 criterion_group! {
     name = benches;
-    config = Criterion::default().with_measurement(ThreadCpu);
+    config = profiler::criterion().with_measurement(ThreadCpu);
     targets = bench_handle, bench_decode, bench_query
 }
 criterion_main!(benches);

@@ -153,11 +153,12 @@ impl Ingester {
 
     /// One request body as sent (snappy block): the receiver's and `promlab ingest`'s entry point.
     pub fn handle(&mut self, body: &[u8]) -> Result<Stats, IngestError> {
-        let mut raw = std::mem::take(&mut self.decompressed);
-        let result = wire::decompress(body, self.max_decoded, &mut raw)
-            .map_err(IngestError::from)
-            .and_then(|()| self.handle_decoded(&raw));
-        self.decompressed = raw;
+        let mut buf = std::mem::take(&mut self.decompressed);
+        let result = match wire::decompress_reusing(body, self.max_decoded, &mut buf) {
+            Ok(raw) => self.handle_decoded(raw),
+            Err(e) => Err(e.into()),
+        };
+        self.decompressed = buf;
         result
     }
 
@@ -177,7 +178,12 @@ impl Ingester {
         batch: &mut Batch<'a>,
     ) -> Result<Stats, IngestError> {
         if self.strategies.contains(Strategy::BorrowedDecode) {
-            wire::decode_borrowed_into(raw, batch)?;
+            if self.strategies.contains(Strategy::SeriesCache) {
+                // The cache keys on raw label bytes; labels are parsed on a miss only.
+                wire::decode_borrowed_deferred_into(raw, batch)?;
+            } else {
+                wire::decode_borrowed_into(raw, batch)?;
+            }
         } else {
             wire::decode_owned_into(raw, holder, batch)?;
         }
@@ -285,8 +291,9 @@ impl Ingester {
         let mut ids = std::mem::take(&mut self.spare_ids);
         ids.clear();
         let mut key = Vec::new();
+        let mut deferred = Vec::new();
         for span in &batch.series {
-            let labels = batch.series_labels(span);
+            let mut labels = batch.series_labels(span);
             let raw = match span.raw_labels {
                 Some(raw) => raw,
                 None => {
@@ -300,6 +307,11 @@ impl Ingester {
             let id = match self.cache.lookup(raw) {
                 Some(id) => id,
                 None => {
+                    if let (true, Some(span_raw)) = (span.labels_deferred, span.raw_labels) {
+                        deferred.clear();
+                        wire::parse_label_fields(span_raw, &mut deferred)?;
+                        labels = &deferred;
+                    }
                     let series = BaselineSeries::canonicalize(labels, &self.plan.plan)?;
                     let mut dests = Vec::with_capacity(series.aggs.len());
                     for &agg in &series.aggs {

@@ -151,9 +151,10 @@ fn write_inner(rx: &Receiver, headers: &HeaderMap, body: &[u8]) -> (StatusCode, 
     }
     DECOMPRESSED.with_borrow_mut(|raw| {
         // Decompress outside the ingester's lock; only the update is serialized.
-        let result = wire::decompress(body, rx.max_body_bytes, raw)
-            .map_err(super::pipeline::IngestError::from)
-            .and_then(|()| rx.lock().handle_decoded(raw));
+        let result = match wire::decompress_reusing(body, rx.max_body_bytes, raw) {
+            Ok(decoded) => rx.lock().handle_decoded(decoded),
+            Err(e) => Err(e.into()),
+        };
         match result {
             Ok(_) => (StatusCode::NO_CONTENT, String::new()),
             Err(e) => (

@@ -91,6 +91,29 @@ pub fn decompress(body: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), Wi
     Ok(())
 }
 
+/// [`decompress`] into a buffer kept at its largest size, so its bytes are
+/// zeroed only when it grows; returns the decoded bytes.
+pub fn decompress_reusing<'b>(
+    body: &[u8],
+    limit: usize,
+    buf: &'b mut Vec<u8>,
+) -> Result<&'b [u8], WireError> {
+    let len = snap::raw::decompress_len(body).map_err(|e| WireError::Snappy(e.to_string()))?;
+    if len > limit {
+        return Err(WireError::TooLarge {
+            decoded: len,
+            limit,
+        });
+    }
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let n = snap::raw::Decoder::new()
+        .decompress(body, &mut buf[..len])
+        .map_err(|e| WireError::Snappy(e.to_string()))?;
+    Ok(&buf[..n])
+}
+
 /// Snappy block compression (what remote-write senders do).
 pub fn compress(raw: &[u8]) -> Vec<u8> {
     snap::raw::Encoder::new()
@@ -106,6 +129,9 @@ pub struct SeriesSpan<'a> {
     /// The wire bytes of this series' label fields, when they are contiguous
     /// (only the borrowed walker knows them). The series cache keys on them.
     pub raw_labels: Option<&'a [u8]>,
+    /// The label fields were stepped over, not parsed: `labels` is empty and
+    /// [`parse_label_fields`] on `raw_labels` gives them (or the error prost would give).
+    pub labels_deferred: bool,
 }
 
 /// A decoded request, flat: all label pairs, all samples, and per series its ranges.
@@ -176,6 +202,7 @@ pub fn decode_owned_into<'a>(
             labels: l0..batch.labels.len() as u32,
             samples: s0..batch.samples.len() as u32,
             raw_labels: None,
+            labels_deferred: false,
         });
     }
     Ok(())
@@ -324,6 +351,41 @@ pub fn decode_borrowed(raw: &[u8]) -> Result<Batch<'_>, WireError> {
 
 /// [`decode_borrowed`] into a (cleared) batch whose buffers are reused.
 pub fn decode_borrowed_into<'a>(raw: &'a [u8], batch: &mut Batch<'a>) -> Result<(), WireError> {
+    walk_request(raw, batch, false)
+}
+
+/// [`decode_borrowed_into`], but the label fields of a series whose labels are
+/// contiguous are only stepped over (`labels_deferred`): a series cache that
+/// finds the raw bytes never needs them parsed.
+pub fn decode_borrowed_deferred_into<'a>(
+    raw: &'a [u8],
+    batch: &mut Batch<'a>,
+) -> Result<(), WireError> {
+    walk_request(raw, batch, true)
+}
+
+/// The labels of a deferred series, parsed as [`decode_borrowed`] would have.
+pub fn parse_label_fields<'a>(
+    raw_labels: &'a [u8],
+    out: &mut Vec<(&'a [u8], &'a [u8])>,
+) -> Result<(), WireError> {
+    let mut r = Reader::new(raw_labels);
+    // The depth inside a `Label` of a `TimeSeries` of the `WriteRequest`.
+    let depth = RECURSION_LIMIT - 1;
+    while !r.done() {
+        let (tag, wire_type) = r.key()?;
+        debug_assert_eq!(tag, 1, "a deferred span holds only label fields");
+        let label = r.bytes(wire_type)?;
+        out.push(walk_label(label, nested(depth)?)?);
+    }
+    Ok(())
+}
+
+fn walk_request<'a>(
+    raw: &'a [u8],
+    batch: &mut Batch<'a>,
+    defer_labels: bool,
+) -> Result<(), WireError> {
     // Room for the common shape (one sample, a few labels per ~64 bytes) up front.
     let series = raw.len() / 64;
     batch.series.reserve(series);
@@ -337,7 +399,7 @@ pub fn decode_borrowed_into<'a>(raw: &'a [u8], batch: &mut Batch<'a>) -> Result<
         match tag {
             1 => {
                 let body = r.bytes(wire_type)?;
-                walk_series(body, nested(depth)?, batch)?;
+                walk_series(body, nested(depth)?, batch, defer_labels)?;
             }
             3 => {
                 let body = r.bytes(wire_type)?;
@@ -351,7 +413,12 @@ pub fn decode_borrowed_into<'a>(raw: &'a [u8], batch: &mut Batch<'a>) -> Result<
 }
 
 #[inline]
-fn walk_series<'a>(body: &'a [u8], depth: u32, batch: &mut Batch<'a>) -> Result<(), WireError> {
+fn walk_series<'a>(
+    body: &'a [u8],
+    depth: u32,
+    batch: &mut Batch<'a>,
+    defer_labels: bool,
+) -> Result<(), WireError> {
     let mut r = Reader::new(body);
     let l0 = batch.labels.len() as u32;
     let s0 = batch.samples.len() as u32;
@@ -364,7 +431,10 @@ fn walk_series<'a>(body: &'a [u8], depth: u32, batch: &mut Batch<'a>) -> Result<
         match tag {
             1 => {
                 let label = r.bytes(wire_type)?;
-                batch.labels.push(walk_label(label, nested(depth)?)?);
+                let inner = nested(depth)?;
+                if !defer_labels {
+                    batch.labels.push(walk_label(label, inner)?);
+                }
                 label_span = match label_span {
                     None => Some((field_start, r.pos)),
                     Some((start, end)) => {
@@ -385,10 +455,25 @@ fn walk_series<'a>(body: &'a [u8], depth: u32, batch: &mut Batch<'a>) -> Result<
         None => Some(&body[..0]),
         _ => None,
     };
+    if defer_labels && raw_labels.is_none() {
+        // Interleaved with other fields: no span to defer to, parse them now.
+        let mut r = Reader::new(body);
+        while !r.done() {
+            let (tag, wire_type) = r.key()?;
+            match tag {
+                1 => {
+                    let label = r.bytes(wire_type)?;
+                    batch.labels.push(walk_label(label, nested(depth)?)?);
+                }
+                _ => r.skip(wire_type, tag, depth)?,
+            }
+        }
+    }
     batch.series.push(SeriesSpan {
         labels: l0..batch.labels.len() as u32,
         samples: s0..batch.samples.len() as u32,
         raw_labels,
+        labels_deferred: defer_labels && raw_labels.is_some(),
     });
     Ok(())
 }
@@ -569,6 +654,19 @@ mod tests {
         let again: Batch<'static> = batch.recycle();
         assert!(again.labels.is_empty());
         assert_eq!(again.labels.capacity(), capacity);
+    }
+
+    #[test]
+    fn deferred_labels_parse_to_the_same() {
+        let raw = req().encode_to_vec();
+        let eager = decode_borrowed(&raw).unwrap();
+        let mut deferred = Batch::default();
+        decode_borrowed_deferred_into(&raw, &mut deferred).unwrap();
+        assert!(deferred.labels.is_empty() && deferred.series[0].labels_deferred);
+        assert_eq!(deferred.samples, eager.samples);
+        let mut labels = Vec::new();
+        parse_label_fields(deferred.series[0].raw_labels.unwrap(), &mut labels).unwrap();
+        assert_eq!(labels, eager.labels);
     }
 
     #[test]
