@@ -103,11 +103,14 @@ fn value(finite_only: bool) -> BoxedStrategy<f64> {
 
 /// Requests: each a list of (series index into the pool, samples as (offset ms, value)).
 /// Offsets move forward with the request number but may go back (out of order, late).
+/// One request: per series, its index into the pool and its (offset ms, value) samples.
+type Request = Vec<(usize, Vec<(i64, f64)>)>;
+
 #[derive(Clone, Debug)]
 struct Scenario {
     plan: Plan,
     pool: Vec<Vec<(String, String)>>,
-    requests: Vec<Vec<(usize, Vec<(i64, f64)>)>>,
+    requests: Vec<Request>,
     /// Request indexes to corrupt (invalid series), for the all-combinations test.
     corrupt: Vec<bool>,
 }
