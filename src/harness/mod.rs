@@ -64,7 +64,7 @@ impl Scenario {
 }
 
 /// The scenarios that ship with promlab (`experiments/scenarios/`), in run order.
-pub const BUILT_IN: [(&str, &str); 4] = [
+pub const BUILT_IN: [(&str, &str); 6] = [
     (
         "write-long-label",
         include_str!("../../experiments/scenarios/write-long-label.toml"),
@@ -80,6 +80,14 @@ pub const BUILT_IN: [(&str, &str); 4] = [
     (
         "rabbitmq-per-object",
         include_str!("../../experiments/scenarios/rabbitmq-per-object.toml"),
+    ),
+    (
+        "asap-1e5",
+        include_str!("../../experiments/scenarios/asap-1e5.toml"),
+    ),
+    (
+        "prometheus-captures",
+        include_str!("../../experiments/scenarios/prometheus-captures.toml"),
     ),
 ];
 

@@ -41,11 +41,18 @@ pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn W
             param_usize(size, "queues")?,
             param_bool(size, "awkward_names"),
         )),
+        "asap" => Box::new(Ingest::feeder(
+            param_usize(size, "groups")? as u64,
+            param_usize(size, "series_per_group")? as u64,
+            param_usize(size, "ticks")? as u64,
+        )?),
+        "prometheus-captures" => Box::new(Ingest::captures(param_usize(size, "passes")?)?),
         other => bail!("unknown generator `{other}`"),
     };
     let expected_stage = match scenario.generator.as_str() {
         "long-label" => Stage::Write,
         "rabbitmq" => Stage::Render,
+        "asap" | "prometheus-captures" => Stage::Ingest,
         _ => Stage::Export,
     };
     if stage != expected_stage {
@@ -220,5 +227,93 @@ impl Workload for Render {
 
     fn units(&self) -> (u64, &'static str) {
         (self.lines, "lines")
+    }
+}
+
+/// Ingest: remote-write request bodies through the receiver's handler, a new
+/// ingester per run; the output is the quantiles of every aggregation's last
+/// closed window (JSON) plus the counters, after the stream is flushed.
+struct Ingest {
+    plan: crate::ingest::plan::Plan,
+    bodies: Vec<Vec<u8>>,
+    samples: u64,
+}
+
+/// The plan for Prometheus's own self-scrape: GC pause quantiles by `quantile`, 5 s windows.
+const CAPTURES_PLAN: &str = "lateness_secs = 0\n[[aggregation]]\nid = \"gc\"\nmetric = \"go_gc_duration_seconds\"\ngroup_by = [\"quantile\"]\nwindow_secs = 5\n";
+
+impl Ingest {
+    /// The seed's feeder workload: `groups` × `series_per_group` series, one sample
+    /// per series per tick, `ticks` ticks (seconds), in 50,000-row requests.
+    fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Ingest> {
+        let workload = crate::ingest::feed::Workload {
+            groups,
+            series_per_group,
+            ..crate::ingest::feed::Workload::seed(1_700_000_000_000)
+        };
+        let generator = workload.generator();
+        let bodies: Vec<Vec<u8>> = (0..ticks).flat_map(|t| generator.tick_bodies(t)).collect();
+        Ok(Ingest {
+            plan: crate::ingest::plan::Plan::default(),
+            bodies,
+            samples: workload.samples_per_tick() * ticks,
+        })
+    }
+
+    /// The 27 requests a real Prometheus 2.42 sent, `passes` times over.
+    fn captures(passes: usize) -> Result<Ingest> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/remote-write/prometheus-2.42");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "bin"))
+            .collect();
+        files.sort();
+        let once: Vec<Vec<u8>> = files.iter().map(std::fs::read).collect::<Result<_, _>>()?;
+        let bodies: Vec<Vec<u8>> = (0..passes).flat_map(|_| once.iter().cloned()).collect();
+        let plan = crate::ingest::plan::Plan::parse(CAPTURES_PLAN)?;
+        let mut probe = crate::ingest::pipeline::Ingester::new(plan.clone(), StrategySet::NONE);
+        for body in &bodies {
+            probe.handle(body)?;
+        }
+        Ok(Ingest {
+            plan,
+            bodies,
+            samples: probe.totals().samples,
+        })
+    }
+
+    fn ingest(&self, strategies: StrategySet) -> Result<crate::ingest::pipeline::Ingester> {
+        let mut ingester = crate::ingest::pipeline::Ingester::new(self.plan.clone(), strategies);
+        for body in &self.bodies {
+            ingester.handle(body)?;
+        }
+        Ok(ingester)
+    }
+}
+
+impl Workload for Ingest {
+    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>> {
+        let mut ingester = self.ingest(strategies)?;
+        ingester.flush();
+        let totals = ingester.totals();
+        let mut out = serde_json::to_vec(&ingester.query_all())?;
+        out.extend_from_slice(
+            format!(
+                "\naccepted={} late={} stale={} rejected={} unrouted={}\n",
+                totals.accepted, totals.late, totals.stale, totals.rejected, totals.unrouted
+            )
+            .as_bytes(),
+        );
+        Ok(out)
+    }
+
+    fn run(&mut self, strategies: StrategySet) -> Result<()> {
+        self.ingest(strategies).map(drop)
+    }
+
+    fn units(&self) -> (u64, &'static str) {
+        (self.samples, "samples")
     }
 }
