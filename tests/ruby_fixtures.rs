@@ -17,36 +17,11 @@ fn assert_exports(case: &Path, store: &Path) {
         let out = promlab::export::export(store, &registry, strategies).unwrap();
         assert!(
             out == expected,
-            "{}: export with {strategies} differs from Ruby's\n{}",
+            "{}: export with {strategies} differs from Ruby's, {}",
             case.display(),
-            first_difference(&out, &expected)
+            promlab::harness::first_difference(&out, &expected, "ours", "ruby")
         );
     }
-}
-
-fn first_difference(a: &[u8], b: &[u8]) -> String {
-    let at = a
-        .iter()
-        .zip(b)
-        .position(|(x, y)| x != y)
-        .unwrap_or(a.len().min(b.len()));
-    let line = b[..at].iter().filter(|&&c| c == b'\n').count() + 1;
-    let context = |s: &[u8]| {
-        let start = s[..at.min(s.len())]
-            .iter()
-            .rposition(|&c| c == b'\n')
-            .map_or(0, |i| i + 1);
-        let end = s[start..]
-            .iter()
-            .position(|&c| c == b'\n')
-            .map_or(s.len(), |i| start + i);
-        String::from_utf8_lossy(&s[start..end]).into_owned()
-    };
-    format!(
-        "line {line}:\n  ours:  {}\n  ruby:  {}",
-        context(a),
-        context(b)
-    )
 }
 
 #[test]

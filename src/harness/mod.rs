@@ -167,6 +167,34 @@ pub fn bench_arms(stage: Stage) -> Vec<(String, StrategySet)> {
     arms
 }
 
+/// Where two outputs first differ: byte offset, line number, and that line of
+/// each (at most 300 bytes), named `a_name` and `b_name`.
+pub fn first_difference(a: &[u8], b: &[u8], a_name: &str, b_name: &str) -> String {
+    let at = a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
+    let line = a[..at].iter().filter(|&&c| c == b'\n').count() + 1;
+    let show = |s: &[u8]| {
+        let start = s[..at.min(s.len())]
+            .iter()
+            .rposition(|&c| c == b'\n')
+            .map_or(0, |i| i + 1);
+        let end = s[start..]
+            .iter()
+            .position(|&c| c == b'\n')
+            .map_or(s.len(), |i| start + i)
+            .min(start + 300);
+        String::from_utf8_lossy(&s[start..end]).into_owned()
+    };
+    format!(
+        "at byte {at} (line {line}):\n  {a_name}: {}\n  {b_name}: {}",
+        show(a),
+        show(b)
+    )
+}
+
 /// A combination's output did not match.
 fn mismatch_report(
     scenario: &str,
@@ -181,28 +209,12 @@ fn mismatch_report(
     );
     if let Some(base) = baseline {
         if base != got {
-            let at = base
-                .iter()
-                .zip(got)
-                .position(|(a, b)| a != b)
-                .unwrap_or(base.len().min(got.len()));
-            let line = base[..at].iter().filter(|&&c| c == b'\n').count() + 1;
-            let show = |s: &[u8]| {
-                let start = s[..at.min(s.len())]
-                    .iter()
-                    .rposition(|&c| c == b'\n')
-                    .map_or(0, |i| i + 1);
-                let end = s[start..]
-                    .iter()
-                    .position(|&c| c == b'\n')
-                    .map_or(s.len(), |i| start + i)
-                    .min(start + 300);
-                String::from_utf8_lossy(&s[start..end]).into_owned()
-            };
-            report.push_str(&format!(
-                "\nfirst difference from the baseline at byte {at} (line {line}):\n  baseline: {}\n  {strategies}: {}",
-                show(base),
-                show(got)
+            report.push_str("\nfirst difference from the baseline ");
+            report.push_str(&first_difference(
+                base,
+                got,
+                "baseline",
+                &strategies.to_string(),
             ));
         } else {
             report.push_str("\n(the baseline produces the same bytes: the expected digest is stale or the generator changed)");
@@ -310,16 +322,17 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     progress.finish();
     let digest = digest(baseline_output.as_deref().unwrap_or_default());
     let arms = arms(stage, options.only.map(|s| s.restrict(stage)));
+    let mut result = ScenarioResult {
+        scenario: scenario.name.clone(),
+        stage,
+        size: if options.quick { "quick" } else { "full" },
+        units: workload.units(),
+        digest,
+        combinations_verified: combinations.len(),
+        arms: Vec::new(),
+    };
     if options.print_digests {
-        return Ok(ScenarioResult {
-            scenario: scenario.name.clone(),
-            stage,
-            size: if options.quick { "quick" } else { "full" },
-            units: workload.units(),
-            digest,
-            combinations_verified: combinations.len(),
-            arms: Vec::new(),
-        });
+        return Ok(result);
     }
 
     // 2. Measure the arms, interleaved.
@@ -353,15 +366,8 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         }
     }
     progress.finish();
-    Ok(ScenarioResult {
-        scenario: scenario.name.clone(),
-        stage,
-        size: if options.quick { "quick" } else { "full" },
-        units: workload.units(),
-        digest,
-        combinations_verified: combinations.len(),
-        arms: results,
-    })
+    result.arms = results;
+    Ok(result)
 }
 
 /// Runs the named scenarios (all built-ins when empty) and reports.
