@@ -320,6 +320,8 @@ struct SeriesTable {
     /// `decode-once`: raw key → series. foldhash is markedly faster than
     /// ahash's portable fallback on keys of hundreds of bytes.
     by_raw_key: HashMap<Box<[u8]>, usize, foldhash::fast::FixedState>,
+    /// `decode-once`: raw component → decoded, for raw keys not seen before.
+    components: formenc::ComponentCache,
     hasher: ahash::RandomState,
 }
 
@@ -330,6 +332,7 @@ impl SeriesTable {
             values: Vec::new(),
             by_hash: AHashMap::new(),
             by_raw_key: HashMap::default(),
+            components: formenc::ComponentCache::default(),
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
         }
     }
@@ -361,7 +364,10 @@ impl SeriesTable {
     /// Decodes `raw` and finds its series; a new series gets index `len`
     /// (its value is pushed by the caller).
     fn find_or_insert(&mut self, raw: &[u8], s: StrategySet) -> Result<usize> {
-        let decoded = if s.contains(Strategy::FastUnescape) {
+        let fast = s.contains(Strategy::FastUnescape);
+        let decoded = if s.contains(Strategy::DecodeOnce) {
+            formenc::decode_key_cached(raw, fast, &mut self.components)
+        } else if fast {
             formenc::decode_key_fast(raw)
         } else {
             formenc::decode_key_reference(raw)

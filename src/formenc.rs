@@ -200,6 +200,69 @@ fn nth_piece_offset(raw: &[u8], n: usize) -> usize {
         .map_or(0, |(i, _)| i + 1)
 }
 
+/// Decoded components by their raw bytes. With `decode-once`, an export
+/// decodes each distinct component once: a histogram's raw keys differ only in
+/// `le`, so without this its (long) label values would be decoded once per bucket.
+#[derive(Default)]
+pub struct ComponentCache {
+    decoded: std::collections::HashMap<Box<[u8]>, Vec<u8>, foldhash::fast::FixedState>,
+}
+
+impl ComponentCache {
+    /// The component `s` (at key offset `offset`) decoded by the reference or
+    /// the fast decoder; only successful decodings are kept, so an error is
+    /// always reported with its own offset.
+    fn decode(&mut self, s: &[u8], offset: usize, fast: bool) -> Result<Vec<u8>, KeyError> {
+        if let Some(decoded) = self.decoded.get(s) {
+            return Ok(decoded.clone());
+        }
+        let decoded = if fast {
+            match memchr::memchr2(b'%', b'+', s) {
+                None => s.to_vec(),
+                Some(first) => unescape_from(s, first, offset)?,
+            }
+        } else {
+            unescape_reference(s, offset)?
+        };
+        self.decoded.insert(s.into(), decoded.clone());
+        Ok(decoded)
+    }
+}
+
+/// Decodes a raw key component by component through `cache`, with the
+/// reference (`fast` false) or the fast component decoder. Same labels and
+/// same errors as [`decode_key_reference`].
+pub fn decode_key_cached(
+    raw: &[u8],
+    fast: bool,
+    cache: &mut ComponentCache,
+) -> Result<Vec<Label<'static>>, KeyError> {
+    if !raw.is_ascii() {
+        // The whole-key decoders report where; they check ASCII first too.
+        return decode_key_reference(raw);
+    }
+    let mut labels = Vec::new();
+    // Pieces between `&`s, found with memchr (keys run to thousands of bytes).
+    let ends = memchr::memchr_iter(b'&', raw).chain(std::iter::once(raw.len()));
+    let mut piece_start = 0;
+    for end in ends {
+        let piece = &raw[piece_start..end];
+        if piece.is_empty() && piece_start == raw.len() {
+            break;
+        }
+        let (name, value, value_at) = match memchr::memchr(b'=', piece) {
+            Some(eq) => (&piece[..eq], &piece[eq + 1..], piece_start + eq + 1),
+            None => (piece, &piece[piece.len()..], piece_start + piece.len()),
+        };
+        let name = cache.decode(name, piece_start, fast)?;
+        let value = cache.decode(value, value_at, fast)?;
+        labels.push((Cow::Owned(name), Cow::Owned(value)));
+        piece_start = end + 1;
+    }
+    check_names(&labels, raw)?;
+    Ok(labels)
+}
+
 /// Hex digit values; 0xFF marks a byte that is not a hex digit.
 static HEX: [u8; 256] = {
     let mut table = [0xFF; 256];
@@ -397,6 +460,19 @@ mod tests {
             #[test]
             fn fast_decoder_equals_reference(raw in key_bytes()) {
                 prop_assert_eq!(decode_key_fast(&raw).map(owned), decode_key_reference(&raw).map(owned));
+            }
+
+            /// The component-cached decoder (`decode-once`) against the reference,
+            /// with one cache shared across keys, for both component decoders.
+            #[test]
+            fn cached_decoder_equals_reference(keys in proptest::collection::vec(key_bytes(), 1..6), fast in any::<bool>()) {
+                let mut cache = ComponentCache::default();
+                for raw in &keys {
+                    prop_assert_eq!(
+                        decode_key_cached(raw, fast, &mut cache).map(owned),
+                        decode_key_reference(raw).map(owned)
+                    );
+                }
             }
 
             /// Encoding in either dialect decodes back to the labels.
