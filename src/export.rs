@@ -162,27 +162,15 @@ fn read_file(
 ) -> Result<()> {
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let fd = file.as_raw_fd();
-    flock(fd, libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
+    crate::store::flock(fd, libc::LOCK_EX)
+        .with_context(|| format!("cannot lock {}", path.display()))?;
     let result = if single_read {
         read_whole(&file, buffers, visit)
     } else {
         read_entry_by_entry(&file, buffers, visit)
     };
-    flock(fd, libc::LOCK_UN)?;
+    crate::store::flock(fd, libc::LOCK_UN)?;
     result.with_context(|| format!("corrupt store file {}", path.display()))
-}
-
-fn flock(fd: std::os::fd::RawFd, op: libc::c_int) -> std::io::Result<()> {
-    loop {
-        // SAFETY: flock on a descriptor this process holds open.
-        if unsafe { libc::flock(fd, op) } == 0 {
-            return Ok(());
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
 }
 
 /// Reads `used` from the header: at least 8, at most the file's size.

@@ -200,9 +200,9 @@ impl StoreFile {
     /// Runs `f` holding an exclusive `flock` on the file.
     pub fn with_lock<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let fd = self.file.as_raw_fd();
-        flock(fd, libc::LOCK_EX)?;
+        flock(fd, libc::LOCK_EX).context("flock")?;
         let result = f(self);
-        flock(fd, libc::LOCK_UN)?;
+        flock(fd, libc::LOCK_UN).context("flock")?;
         result
     }
 
@@ -298,7 +298,9 @@ impl StoreFile {
     }
 }
 
-fn flock(fd: std::os::fd::RawFd, op: libc::c_int) -> Result<()> {
+/// `flock(2)`, retried when a signal interrupts it. Shared with the exporter,
+/// which locks each file while it reads it, as client_ruby's reader does.
+pub(crate) fn flock(fd: std::os::fd::RawFd, op: libc::c_int) -> std::io::Result<()> {
     loop {
         // SAFETY: flock on a descriptor this process holds open.
         if unsafe { libc::flock(fd, op) } == 0 {
@@ -306,7 +308,7 @@ fn flock(fd: std::os::fd::RawFd, op: libc::c_int) -> Result<()> {
         }
         let err = std::io::Error::last_os_error();
         if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(err).context("flock");
+            return Err(err);
         }
     }
 }
@@ -573,9 +575,9 @@ impl Client {
         f: impl FnOnce(&mut Client) -> Result<()>,
     ) -> Result<()> {
         let fd = self.state(id, s)?.file.file.as_raw_fd();
-        flock(fd, libc::LOCK_EX)?;
+        flock(fd, libc::LOCK_EX).context("flock")?;
         let result = f(self);
-        flock(fd, libc::LOCK_UN)?;
+        flock(fd, libc::LOCK_UN).context("flock")?;
         result
     }
 
