@@ -166,6 +166,12 @@ pub struct AblateArgs {
     /// Print each scenario's output digest instead of checking it.
     #[arg(long)]
     pub print_digests: bool,
+    /// After promlab's arms, run the peers' (see experiments/peers/README.md).
+    #[arg(long)]
+    pub peers: bool,
+    /// With --peers: include the embedded-ClickHouse (chdb) aggregation arm.
+    #[arg(long, requires = "peers")]
+    pub with_clickhouse: bool,
 }
 
 impl AblateArgs {
@@ -178,6 +184,8 @@ impl AblateArgs {
             out: None,
             repeats: None,
             print_digests: false,
+            peers: false,
+            with_clickhouse: false,
         }
     }
 }
@@ -195,6 +203,8 @@ pub fn ablate(args: AblateArgs) -> Result<()> {
         out: args.out,
         repeats: args.repeats,
         print_digests: args.print_digests,
+        peers: args.peers,
+        with_clickhouse: args.with_clickhouse,
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
     crate::harness::ablate(&args.scenarios, &options).map(drop)

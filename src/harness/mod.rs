@@ -13,6 +13,7 @@
 //! 3. **reports** a terminal table and a CSV per scenario plus `machine.txt`.
 
 pub mod dossier;
+pub mod peers;
 pub mod report;
 pub mod workloads;
 
@@ -235,6 +236,10 @@ pub struct AblateOptions {
     /// Print the digests instead of checking them (to bless a changed generator).
     pub print_digests: bool,
     pub progress: bool,
+    /// Run the peer arms after ours (`--peers`).
+    pub peers: bool,
+    /// Include the optional embedded-ClickHouse peer (`--with-clickhouse`).
+    pub with_clickhouse: bool,
 }
 
 /// Timings of one arm.
@@ -268,6 +273,10 @@ pub struct ScenarioResult {
     pub digest: String,
     pub combinations_verified: usize,
     pub arms: Vec<ArmResult>,
+    /// Peer arms (`--peers`), measured after ours.
+    pub peers: Vec<peers::PeerResult>,
+    /// Peers that had an arm here but did not run, with the reason.
+    pub peers_skipped: Vec<String>,
 }
 
 /// Verifies, then measures, one scenario.
@@ -330,6 +339,8 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         digest,
         combinations_verified: combinations.len(),
         arms: Vec::new(),
+        peers: Vec::new(),
+        peers_skipped: Vec::new(),
     };
     if options.print_digests {
         return Ok(result);
@@ -367,6 +378,17 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     }
     progress.finish();
     result.arms = results;
+
+    // 3. The peers, after ours.
+    if options.peers {
+        (result.peers, result.peers_skipped) = peers::run_for(
+            scenario,
+            size,
+            options.quick,
+            repeats,
+            options.with_clickhouse,
+        );
+    }
     Ok(result)
 }
 

@@ -120,23 +120,63 @@ pub fn table(result: &ScenarioResult) -> String {
             base / median.as_secs_f64()
         );
     }
+    if !result.peers.is_empty() || !result.peers_skipped.is_empty() {
+        let base_per_unit = base * 1e9 / units.max(1) as f64;
+        let all_per_unit = all(result).median().as_nanos() as f64 / units.max(1) as f64;
+        // Peers count their own units; compare per unit.
+        let _ = writeln!(out, "  peers (speed-up and ratios per unit):");
+        for peer in &result.peers {
+            let per_unit = peer.ns_per_unit();
+            let _ = writeln!(
+                out,
+                "  {:<34} {:>11} {:>11} {:>11} {:>13.1} {:>8.2}×  ({} time, {} {}/run{}; promlab-all {:.1}× faster, baseline {:.2}×)",
+                peer.arm,
+                human(peer.median()),
+                human(peer.quantile(0.0)),
+                human(peer.quantile(1.0)),
+                per_unit,
+                base_per_unit / per_unit,
+                peer.measure.name(),
+                peer.units.0,
+                peer.units.1,
+                peer.rss_kib.map_or(String::new(), |k| format!(", RSS {:.1} MiB", k as f64 / 1024.0)),
+                per_unit / all_per_unit,
+                per_unit / base_per_unit,
+            );
+            let _ = writeln!(out, "  {:<34} {}", "", peer.note);
+        }
+        for skipped in &result.peers_skipped {
+            let _ = writeln!(out, "  skipped {skipped}");
+        }
+    }
     out
 }
 
+/// promlab's arm with every strategy of the run on (the last arm).
+fn all(result: &ScenarioResult) -> &ArmResult {
+    result
+        .arms
+        .iter()
+        .max_by_key(|a| a.strategies.iter().count())
+        .expect("every ablation has arms")
+}
+
 /// The CSV header; see `experiments/README.md`.
-pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest";
+pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all";
 
 /// Writes `<dir>/<scenario>.csv`.
 pub fn write_csv(dir: &Path, result: &ScenarioResult) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let base = baseline(result).median().as_nanos() as f64;
+    let units = result.units.0.max(1) as f64;
+    let all_per_unit = all(result).median().as_nanos() as f64 / units;
     let mut csv = String::from(CSV_HEADER);
     csv.push('\n');
     for arm in &result.arms {
         let median = arm.median().as_nanos();
         let _ = writeln!(
             csv,
-            "{},{},{},{},\"{}\",{},{},{},{},{},{},{},{},{:.3},{:.4},{}",
+            "{},{},{},{},\"{}\",{},{},{},{},{},{},{},{},{:.3},{:.4},{},wall,,{:.4}",
             result.scenario,
             result.stage,
             result.size,
@@ -152,7 +192,34 @@ pub fn write_csv(dir: &Path, result: &ScenarioResult) -> Result<()> {
             result.units.1,
             median as f64 / result.units.0.max(1) as f64,
             base / median as f64,
-            result.digest
+            result.digest,
+            median as f64 / units / all_per_unit,
+        );
+    }
+    // Peer rows: per-unit ratios, since a peer counts its own units; no digest,
+    // since a peer's output is another format (each peer checks its answers).
+    for peer in &result.peers {
+        let per_unit = peer.ns_per_unit();
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},\"peer\",{},{},{},{},{},{},{},{},{:.3},{:.4},,{},{},{:.4}",
+            result.scenario,
+            result.stage,
+            result.size,
+            peer.arm,
+            peer.samples.len(),
+            peer.median().as_nanos(),
+            peer.quantile(0.0).as_nanos(),
+            peer.quantile(0.25).as_nanos(),
+            peer.quantile(0.75).as_nanos(),
+            peer.quantile(1.0).as_nanos(),
+            peer.units.0,
+            peer.units.1,
+            per_unit,
+            base / units / per_unit,
+            peer.measure.name(),
+            peer.rss_kib.map_or(String::new(), |k| k.to_string()),
+            per_unit / all_per_unit,
         );
     }
     let path = dir.join(format!("{}.csv", result.scenario));
