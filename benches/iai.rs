@@ -70,6 +70,40 @@ fn export_seed_repro(store: WrittenStore) -> (WrittenStore, Vec<u8>) {
     (store, out)
 }
 
+struct WarmExporter {
+    _store: WrittenStore,
+    exporter: promlab::export::Exporter,
+    out: Vec<u8>,
+}
+
+fn warm_exporter(strategies: &str) -> WarmExporter {
+    let store = seed_repro_store(strategies);
+    let mut exporter = promlab::export::Exporter::new(
+        &store.dir,
+        store.workload.registry.clone(),
+        store.strategies,
+    );
+    let mut out = Vec::new();
+    exporter.export_into(&mut out).unwrap();
+    WarmExporter {
+        _store: store,
+        exporter,
+        out,
+    }
+}
+
+// One scrape of the seed repro by a long-lived exporter that has scraped it
+// once already (what `promlab serve --store` does on every scrape).
+#[library_benchmark]
+#[benches::seed_repro(
+    args = ["none", "single-read,decode-once,fast-unescape", "prerender", "single-read,decode-once,fast-unescape,prerender"],
+    setup = warm_exporter
+)]
+fn scrape_seed_repro(mut warm: WarmExporter) -> WarmExporter {
+    warm.exporter.export_into(&mut warm.out).unwrap();
+    warm
+}
+
 library_benchmark_group!(name = write; benchmarks = write_long_label);
-library_benchmark_group!(name = export; benchmarks = export_seed_repro);
+library_benchmark_group!(name = export; benchmarks = export_seed_repro, scrape_seed_repro);
 main!(library_benchmark_groups = write, export);

@@ -8,24 +8,32 @@
 //! and `min` keep the first of equals, `all` keeps the first, `most_recent` the
 //! newest timestamp); series keep the order of first appearance.
 //!
-//! Three seams carry the export-side strategies:
+//! Four seams carry the export-side strategies:
 //! - **read** ([`Strategy::SingleRead`]): the baseline makes two buffered
 //!   passes of per-entry reads per file (positions, then values, as
-//!   `FileMappedDict` does); `single-read` reads the used region once.
+//!   `FileMappedDict` does); `single-read` maps the file and walks its used
+//!   region once.
 //! - **decode** ([`Strategy::DecodeOnce`]): the baseline decodes every entry's
 //!   key; `decode-once` decodes each distinct raw key once per export. Raw keys
 //!   of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so
 //!   series are still looked up by their decoded labels.
 //! - **unescape** ([`Strategy::FastUnescape`]): which key decoder runs
 //!   ([`formenc::decode_key_reference`] or the borrowing [`formenc::decode_key_fast`]).
+//! - **keep** ([`Strategy::Prerender`], the render strategy applied to a
+//!   long-lived exporter): the baseline starts every scrape from nothing;
+//!   `prerender` keeps each metric's catalogue of decoded, grouped label sets
+//!   with their label pairs rendered once, so a scrape of known keys compares
+//!   raw key bytes and copies rendered bytes. What is gone is dropped when the
+//!   catalogue outgrows the live series by [`CATALOGUE_SLACK`]; order of
+//!   appearance is recomputed every scrape, so output never depends on history.
 
 use crate::formenc::{self, Label};
 use crate::registry::{Aggregation, MetricDef, MetricType, Registry};
 use crate::render;
 use crate::strategy::{Strategy, StrategySet};
+use crate::text;
 use ahash::AHashMap;
 use anyhow::{anyhow, bail, Context, Result};
-use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -149,7 +157,6 @@ fn entry_at(region: &[u8], at: usize, used: usize) -> Result<(Entry<'_>, usize),
 /// Reusable buffers for reading files.
 #[derive(Default)]
 struct ReadBuffers {
-    region: Vec<u8>,
     key: Vec<u8>,
 }
 
@@ -165,7 +172,7 @@ fn read_file(
     crate::store::flock(fd, libc::LOCK_EX)
         .with_context(|| format!("cannot lock {}", path.display()))?;
     let result = if single_read {
-        read_whole(&file, buffers, visit)
+        read_whole(&file, visit)
     } else {
         read_entry_by_entry(&file, buffers, visit)
     };
@@ -186,28 +193,22 @@ fn check_used(header: [u8; 4], file_len: u64) -> Result<usize> {
     Ok(used as usize)
 }
 
-/// `single-read`: one read of the used region, then a walk over it.
-fn read_whole(
-    file: &File,
-    buffers: &mut ReadBuffers,
-    visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
-) -> Result<()> {
-    let mut reader = file;
-    let mut header = [0u8; 4];
-    if file.metadata()?.len() < 4 {
+/// `single-read`: the file mapped (the Python and GitLab clients' exporters
+/// read it so), then one walk over its used region: no copy into our memory.
+/// The mapping is only read under `flock`, when writers that follow the
+/// protocol are blocked; the size is checked against `used` first.
+fn read_whole(file: &File, visit: &mut dyn FnMut(Entry<'_>) -> Result<()>) -> Result<()> {
+    let len = file.metadata()?.len();
+    if len < 4 {
         // Being created by its writer: client_ruby reads it as empty.
         return Ok(());
     }
-    reader.read_exact(&mut header)?;
-    let used = check_used(header, file.metadata()?.len())?;
-    // Grow (and zero) the reused buffer only when a file is larger than any before.
-    if buffers.region.len() < used {
-        buffers.region.resize(used, 0);
-    }
-    let region = &mut buffers.region[..used];
-    region[..4].copy_from_slice(&header);
-    reader.read_exact(&mut region[4..])?;
-    for entry in entries(region, used) {
+    // SAFETY: the file is locked against writers that follow the store's
+    // protocol, none of which truncates; bounds come from `len`, read after
+    // the lock was taken.
+    let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(file)? };
+    let used = check_used(map[..4].try_into().expect("4 bytes"), len)?;
+    for entry in entries(&map, used) {
         visit(entry?)?;
     }
     Ok(())
@@ -272,7 +273,7 @@ fn read_entry_by_entry(
 }
 
 // ---------------------------------------------------------------------------
-// Series: decoded label sets and their aggregated values.
+// Series: decoded label sets, grouped, and one scrape's aggregated values.
 
 /// A decoded label set, in key order.
 pub type LabelSet = Vec<(Box<[u8]>, Box<[u8]>)>;
@@ -300,57 +301,132 @@ impl Aggregate {
     }
 }
 
-/// The series of one metric in order of first appearance, found by decoded labels.
-struct SeriesTable {
-    labels: Vec<LabelSet>,
-    values: Vec<Aggregate>,
+/// One decoded label set.
+struct Series {
+    labels: LabelSet,
+    /// Its group: the label set without the metric's group label (`le` for a
+    /// histogram, `quantile` for a summary; none for counters and gauges, whose
+    /// groups are their series).
+    group: usize,
+    /// The group label's value, if the set has it (the last one, if repeated).
+    slot: Option<Box<[u8]>>,
+}
+
+/// Series sharing a label set without the group label: one histogram or
+/// summary, or one counter or gauge series.
+pub struct Group {
+    pub labels: LabelSet,
+    /// `prerender`: the label pairs rendered and escaped once, `a="x",b="y"`.
+    pub rendered: Option<Box<[u8]>>,
+}
+
+/// `decode-once`: each distinct raw key, decoded once, with its series.
+#[derive(Default)]
+struct RawKeys {
+    keys: Vec<Box<[u8]>>,
+    series: Vec<usize>,
+    index: hashbrown::HashTable<usize>,
+    /// Raw-key ids by entry ordinal in the file read before, and in this one.
+    /// Processes running the same code write the same keys in the same order
+    /// (and a file read on the previous scrape only grows), so the key at an
+    /// ordinal is usually the one found there before: one comparison finds it
+    /// without hashing hundreds of bytes.
+    previous_file: Vec<usize>,
+    this_file: Vec<usize>,
+}
+
+/// foldhash is markedly faster than ahash's portable fallback on keys of
+/// hundreds of bytes.
+fn hash_raw_key(key: &[u8]) -> u64 {
+    use std::hash::BuildHasher as _;
+    foldhash::fast::FixedState::with_seed(0x5eed).hash_one(key)
+}
+
+impl RawKeys {
+    fn start_file(&mut self) {
+        std::mem::swap(&mut self.previous_file, &mut self.this_file);
+        self.this_file.clear();
+    }
+
+    /// The series of `key`, if this raw key was met before.
+    fn find(&mut self, key: &[u8]) -> Option<usize> {
+        let ordinal = self.this_file.len();
+        let id = match self.previous_file.get(ordinal) {
+            Some(&id) if *self.keys[id] == *key => id,
+            _ => {
+                let keys = &self.keys;
+                *self
+                    .index
+                    .find(hash_raw_key(key), |&id| *keys[id] == *key)?
+            }
+        };
+        self.this_file.push(id);
+        Some(self.series[id])
+    }
+
+    /// Records a raw key not met before (after [`RawKeys::find`] said so).
+    fn insert(&mut self, key: &[u8], series: usize) {
+        let id = self.keys.len();
+        self.keys.push(key.into());
+        self.series.push(series);
+        let keys = &self.keys;
+        self.index
+            .insert_unique(hash_raw_key(key), id, |&id| hash_raw_key(&keys[id]));
+        self.this_file.push(id);
+    }
+}
+
+/// Every label set of one metric met so far, decoded once and grouped. A
+/// one-shot export fills it once; with `prerender`, a long-lived exporter
+/// keeps it across scrapes, so a scrape of known keys decodes and escapes
+/// nothing.
+struct Catalogue {
+    /// The metric's group label (`le`, `quantile`), if it has one.
+    group_label: Option<&'static [u8]>,
+    series: Vec<Series>,
     by_hash: AHashMap<u64, Vec<usize>>,
-    /// `decode-once`: raw key → series. foldhash is markedly faster than
-    /// ahash's portable fallback on keys of hundreds of bytes.
-    by_raw_key: HashMap<Box<[u8]>, usize, foldhash::fast::FixedState>,
+    groups: Vec<Group>,
+    /// Group label sets → group; borrowed from `groups` only by hash, so the
+    /// map holds indices.
+    group_by_hash: AHashMap<u64, Vec<usize>>,
+    raw: RawKeys,
     /// `decode-once`: raw component → decoded, for raw keys not seen before.
     components: formenc::ComponentCache,
     hasher: ahash::RandomState,
 }
 
-impl SeriesTable {
-    fn new() -> Self {
-        SeriesTable {
-            labels: Vec::new(),
-            values: Vec::new(),
+impl Catalogue {
+    fn new(kind: MetricType) -> Self {
+        Catalogue {
+            group_label: match kind {
+                MetricType::Histogram => Some(b"le"),
+                MetricType::Summary => Some(b"quantile"),
+                MetricType::Counter | MetricType::Gauge => None,
+            },
+            series: Vec::new(),
             by_hash: AHashMap::new(),
-            by_raw_key: HashMap::default(),
+            groups: Vec::new(),
+            group_by_hash: AHashMap::new(),
+            raw: RawKeys::default(),
             components: formenc::ComponentCache::default(),
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
         }
     }
 
-    fn add(&mut self, entry: Entry<'_>, mode: Aggregation, s: StrategySet) -> Result<()> {
-        let index = if s.contains(Strategy::DecodeOnce) {
-            match self.by_raw_key.get(entry.key) {
-                Some(&index) => index,
-                None => {
-                    let index = self.find_or_insert(entry.key, s)?;
-                    self.by_raw_key.insert(entry.key.into(), index);
-                    index
-                }
-            }
-        } else {
-            self.find_or_insert(entry.key, s)?
-        };
-        if index == self.values.len() {
-            self.values.push(Aggregate {
-                value: entry.value,
-                timestamp: entry.timestamp,
-            });
-        } else {
-            self.values[index].fold(mode, entry.value, entry.timestamp);
+    /// The series of a raw key.
+    fn lookup(&mut self, raw: &[u8], s: StrategySet) -> Result<usize> {
+        if !s.contains(Strategy::DecodeOnce) {
+            return self.find_or_insert(raw, s);
         }
-        Ok(())
+        if let Some(series) = self.raw.find(raw) {
+            return Ok(series);
+        }
+        let series = self.find_or_insert(raw, s)?;
+        self.raw.insert(raw, series);
+        Ok(series)
     }
 
-    /// Decodes `raw` and finds its series; a new series gets index `len`
-    /// (its value is pushed by the caller).
+    /// Decodes `raw` and finds its series, adding it (and its group) if new.
     fn find_or_insert(&mut self, raw: &[u8], s: StrategySet) -> Result<usize> {
         let fast = s.contains(Strategy::FastUnescape);
         let decoded = if s.contains(Strategy::DecodeOnce) {
@@ -362,30 +438,76 @@ impl SeriesTable {
         };
         let decoded =
             decoded.map_err(|e| anyhow!("key {:?}: {e}", String::from_utf8_lossy(raw)))?;
-        let hash = self.hash(&decoded);
+        let hash = self.hash(decoded.iter().map(|(n, v)| (&**n, &**v)));
         if let Some(candidates) = self.by_hash.get(&hash) {
             for &index in candidates {
-                if same_labels(&self.labels[index], &decoded) {
+                if same_labels(&self.series[index].labels, &decoded) {
                     return Ok(index);
                 }
             }
         }
-        let index = self.labels.len();
-        self.labels.push(
-            decoded
-                .into_iter()
-                .map(|(n, v)| (n.into_owned().into(), v.into_owned().into()))
-                .collect(),
-        );
+        let labels: LabelSet = decoded
+            .into_iter()
+            .map(|(n, v)| (n.into_owned().into(), v.into_owned().into()))
+            .collect();
+        let (group, slot) = self.group_of(&labels, s);
+        let index = self.series.len();
+        self.series.push(Series {
+            labels,
+            group,
+            slot,
+        });
         self.by_hash.entry(hash).or_default().push(index);
         Ok(index)
     }
 
-    fn hash(&self, labels: &[Label<'_>]) -> u64 {
+    /// The group of a new series, added if new, and the series' group label value.
+    fn group_of(&mut self, labels: &LabelSet, s: StrategySet) -> (usize, Option<Box<[u8]>>) {
+        let mut slot = None;
+        let mut base: Vec<(&[u8], &[u8])> = Vec::with_capacity(labels.len());
+        for (n, v) in labels {
+            if Some(&**n) == self.group_label {
+                slot = Some(&**v);
+            } else {
+                base.push((n, v));
+            }
+        }
+        let hash = self.hash(base.iter().copied());
+        let found = self.group_by_hash.get(&hash).and_then(|candidates| {
+            candidates.iter().copied().find(|&g| {
+                let stored = &self.groups[g].labels;
+                stored.len() == base.len()
+                    && stored
+                        .iter()
+                        .zip(&base)
+                        .all(|((n, v), (n2, v2))| **n == **n2 && **v == **v2)
+            })
+        });
+        let group = found.unwrap_or_else(|| {
+            let rendered = s.contains(Strategy::Prerender).then(|| {
+                let mut out = Vec::new();
+                text::write_label_pairs(&mut out, base.iter().copied());
+                out.into_boxed_slice()
+            });
+            self.groups.push(Group {
+                labels: base
+                    .iter()
+                    .map(|(n, v)| (Box::from(*n), Box::from(*v)))
+                    .collect(),
+                rendered,
+            });
+            let g = self.groups.len() - 1;
+            self.group_by_hash.entry(hash).or_default().push(g);
+            g
+        });
+        (group, slot.map(Box::from))
+    }
+
+    fn hash<'a>(&self, labels: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> u64 {
         let mut h = self.hasher.build_hasher();
         for (name, value) in labels {
-            name.as_ref().hash(&mut h);
-            value.as_ref().hash(&mut h);
+            name.hash(&mut h);
+            value.hash(&mut h);
         }
         h.finish()
     }
@@ -399,147 +521,227 @@ fn same_labels(stored: &LabelSet, decoded: &[Label<'_>]) -> bool {
             .all(|((n, v), (n2, v2))| **n == **n2 && **v == **v2)
 }
 
+/// One scrape of a metric: its series' values folded in file order, and the
+/// series and groups in order of first appearance in this scrape.
+#[derive(Default)]
+struct Scrape {
+    /// Counts scrapes; a series or group was seen in this scrape iff its
+    /// `seen` entry equals it.
+    number: u32,
+    series_seen: Vec<u32>,
+    values: Vec<Aggregate>,
+    series_order: Vec<usize>,
+    group_seen: Vec<u32>,
+    /// Per group: its series of this scrape, in order.
+    group_series: Vec<Vec<usize>>,
+    group_order: Vec<usize>,
+}
+
+impl Scrape {
+    fn start(&mut self) {
+        self.number = self.number.wrapping_add(1);
+        if self.number == 0 {
+            // Wrapped: forget every mark rather than trust an old one.
+            self.series_seen.fill(0);
+            self.group_seen.fill(0);
+            self.number = 1;
+        }
+        self.series_order.clear();
+        self.group_order.clear();
+    }
+
+    fn add(&mut self, series: usize, mode: Aggregation, entry: &Entry<'_>) {
+        if series >= self.series_seen.len() {
+            self.series_seen.resize(series + 1, 0);
+            self.values.resize(
+                series + 1,
+                Aggregate {
+                    value: 0.0,
+                    timestamp: 0.0,
+                },
+            );
+        }
+        if self.series_seen[series] != self.number {
+            self.series_seen[series] = self.number;
+            self.values[series] = Aggregate {
+                value: entry.value,
+                timestamp: entry.timestamp,
+            };
+            self.series_order.push(series);
+        } else {
+            self.values[series].fold(mode, entry.value, entry.timestamp);
+        }
+    }
+
+    /// Groups this scrape's series, in order of first appearance.
+    fn group(&mut self, catalogue: &Catalogue) {
+        self.group_seen.resize(catalogue.groups.len(), 0);
+        self.group_series
+            .resize_with(catalogue.groups.len(), Vec::new);
+        for &series in &self.series_order {
+            let group = catalogue.series[series].group;
+            if self.group_seen[group] != self.number {
+                self.group_seen[group] = self.number;
+                self.group_series[group].clear();
+                self.group_order.push(group);
+            }
+            self.group_series[group].push(series);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // What the renderer gets: client_ruby's `Metric#values`.
 
 /// The exported values of one metric, as client_ruby's `Metric#values` returns them.
-#[derive(Clone, Debug, PartialEq)]
-pub enum MetricValues {
+#[derive(Debug, PartialEq)]
+pub enum MetricValues<'t> {
     /// Counters and gauges: one value per label set.
-    Scalar(Vec<(LabelSet, f64)>),
+    Scalar(Vec<(&'t Group, f64)>),
     /// One entry per label set without `le`.
-    Histogram(Vec<HistogramValue>),
+    Histogram(Vec<HistogramValue<'t>>),
     /// One entry per label set without `quantile`.
-    Summary(Vec<SummaryValue>),
+    Summary(Vec<SummaryValue<'t>>),
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct HistogramValue {
-    pub labels: LabelSet,
+impl fmt::Debug for Group {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.labels.iter().map(|(n, v)| {
+                (
+                    String::from_utf8_lossy(n).into_owned(),
+                    String::from_utf8_lossy(v).into_owned(),
+                )
+            }))
+            .finish()
+    }
+}
+
+impl PartialEq for Group {
+    fn eq(&self, other: &Group) -> bool {
+        self.labels == other.labels
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub struct HistogramValue<'t> {
+    pub labels: &'t Group,
     /// Cumulative counts of the declared buckets, in declared order.
     pub buckets: Vec<f64>,
     /// `le` values not declared (a changed registry), and `+Inf`, in Ruby's hash
     /// order: in order of first appearance, `+Inf` last if it never appeared.
-    pub others: Vec<(Box<[u8]>, f64)>,
+    pub others: Vec<(&'t [u8], f64)>,
     /// `None` if no `le="sum"` entry exists (Ruby prints an empty value).
     pub sum: Option<f64>,
     /// The `+Inf` count.
     pub count: f64,
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct SummaryValue {
-    pub labels: LabelSet,
+#[derive(Debug, PartialEq)]
+pub struct SummaryValue<'t> {
+    pub labels: &'t Group,
     pub sum: f64,
     pub count: f64,
 }
 
-/// A label set without one label, and that label's value with the series value
-/// for each series of the group.
-type Group<'t> = (LabelSet, Vec<(Option<&'t [u8]>, f64)>);
-
-/// Groups aggregated series by their label set without `label`, in order of
-/// first appearance: each group's labels and its `(label value, value)` slots.
-/// Label sets are compared borrowed; only a new group's labels are copied.
-fn group_by_base<'t>(table: &'t SeriesTable, label: &[u8]) -> Vec<Group<'t>> {
-    type Base<'t> = Vec<(&'t [u8], &'t [u8])>;
-    let mut groups: Vec<Group<'t>> = Vec::new();
-    let mut index: AHashMap<Base<'t>, usize> = AHashMap::new();
-    for (labels, aggregate) in table.labels.iter().zip(&table.values) {
-        let mut slot = None;
-        let mut base: Base<'t> = Vec::with_capacity(labels.len());
-        for (n, v) in labels {
-            if &**n == label {
-                slot = Some(&**v);
-            } else {
-                base.push((n, v));
-            }
-        }
-        let i = match index.get(&base) {
-            Some(&i) => i,
-            None => {
-                groups.push((
-                    base.iter()
-                        .map(|(n, v)| (Box::from(*n), Box::from(*v)))
-                        .collect(),
-                    Vec::new(),
-                ));
-                index.insert(base, groups.len() - 1);
-                groups.len() - 1
-            }
-        };
-        groups[i].1.push((slot, aggregate.value));
+/// One scrape's values, grouped as client_ruby's `Metric#values` does.
+fn metric_values<'t>(
+    def: &MetricDef,
+    catalogue: &'t Catalogue,
+    scrape: &Scrape,
+) -> MetricValues<'t> {
+    let groups = scrape.group_order.iter().map(|&g| {
+        let slots = scrape.group_series[g].iter().map(|&series| {
+            (
+                catalogue.series[series].slot.as_deref(),
+                scrape.values[series].value,
+            )
+        });
+        (&catalogue.groups[g], slots)
+    });
+    match def.kind {
+        MetricType::Counter | MetricType::Gauge => MetricValues::Scalar(
+            scrape
+                .series_order
+                .iter()
+                .map(|&series| {
+                    let group = &catalogue.groups[catalogue.series[series].group];
+                    (group, scrape.values[series].value)
+                })
+                .collect(),
+        ),
+        MetricType::Histogram => MetricValues::Histogram(
+            groups
+                .map(|(labels, slots)| histogram_value(def, labels, slots))
+                .collect(),
+        ),
+        MetricType::Summary => MetricValues::Summary(
+            groups
+                .map(|(labels, slots)| {
+                    let mut value = SummaryValue {
+                        labels,
+                        sum: 0.0,
+                        count: 0.0,
+                    };
+                    for (quantile, v) in slots {
+                        match quantile {
+                            Some(b"sum") => value.sum = v,
+                            Some(b"count") => value.count = v,
+                            _ => {}
+                        }
+                    }
+                    value
+                })
+                .collect(),
+        ),
     }
-    groups
 }
 
-fn histogram_values(def: &MetricDef, table: &SeriesTable) -> Vec<HistogramValue> {
-    group_by_base(table, b"le")
-        .into_iter()
-        .map(|(labels, slots)| {
-            let mut buckets = vec![0.0; def.buckets.len()];
-            let mut others: Vec<(Box<[u8]>, f64)> = Vec::new();
-            let mut sum = None;
-            for (le, value) in slots {
-                // Ruby: `label_set[:le].to_s`, so a missing `le` is the bucket "".
-                let le = le.unwrap_or_default();
-                if le == b"sum" {
-                    sum = Some(value);
-                } else if let Some(i) = def.buckets.iter().position(|b| b.as_bytes() == le) {
-                    buckets[i] = value;
-                } else if let Some(slot) = others.iter_mut().find(|(name, _)| **name == *le) {
-                    slot.1 = value;
-                } else {
-                    others.push((Box::from(le), value));
-                }
-            }
-            // client_ruby's accumulate_buckets.
-            let mut acc = 0.0;
-            for bucket in &mut buckets {
-                let own = *bucket;
-                *bucket += acc;
-                acc += own;
-            }
-            let count = match others.iter_mut().find(|(name, _)| &**name == b"+Inf") {
-                Some(inf) => {
-                    inf.1 += acc;
-                    inf.1
-                }
-                None => {
-                    others.push((Box::from(&b"+Inf"[..]), acc));
-                    acc
-                }
-            };
-            HistogramValue {
-                labels,
-                buckets,
-                others,
-                sum,
-                count,
-            }
-        })
-        .collect()
-}
-
-fn summary_values(table: &SeriesTable) -> Vec<SummaryValue> {
-    group_by_base(table, b"quantile")
-        .into_iter()
-        .map(|(labels, slots)| {
-            let mut value = SummaryValue {
-                labels,
-                sum: 0.0,
-                count: 0.0,
-            };
-            for (quantile, v) in slots {
-                match quantile {
-                    Some(b"sum") => value.sum = v,
-                    Some(b"count") => value.count = v,
-                    _ => {}
-                }
-            }
-            value
-        })
-        .collect()
+fn histogram_value<'t>(
+    def: &MetricDef,
+    labels: &'t Group,
+    slots: impl Iterator<Item = (Option<&'t [u8]>, f64)>,
+) -> HistogramValue<'t> {
+    let mut buckets = vec![0.0; def.buckets.len()];
+    let mut others: Vec<(&'t [u8], f64)> = Vec::new();
+    let mut sum = None;
+    for (le, value) in slots {
+        // Ruby: `label_set[:le].to_s`, so a missing `le` is the bucket "".
+        let le = le.unwrap_or_default();
+        if le == b"sum" {
+            sum = Some(value);
+        } else if let Some(i) = def.buckets.iter().position(|b| b.as_bytes() == le) {
+            buckets[i] = value;
+        } else if let Some(slot) = others.iter_mut().find(|(name, _)| *name == le) {
+            slot.1 = value;
+        } else {
+            others.push((le, value));
+        }
+    }
+    // client_ruby's accumulate_buckets.
+    let mut acc = 0.0;
+    for bucket in &mut buckets {
+        let own = *bucket;
+        *bucket += acc;
+        acc += own;
+    }
+    let count = match others.iter_mut().find(|(name, _)| *name == b"+Inf") {
+        Some(inf) => {
+            inf.1 += acc;
+            inf.1
+        }
+        None => {
+            others.push((b"+Inf", acc));
+            acc
+        }
+    };
+    HistogramValue {
+        labels,
+        buckets,
+        others,
+        sum,
+        count,
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -565,22 +767,56 @@ pub fn metric_files(dir: &Path, metric: &str) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Exports a store directory. Long-lived: a server keeps one across scrapes.
+/// What the exporter keeps of one metric.
+struct MetricState {
+    catalogue: Catalogue,
+    scrape: Scrape,
+}
+
+/// With `prerender`, a catalogue holding more than this many times the series
+/// of the last scrape (and more than the exporter's floor, 1,024 unless set)
+/// is started afresh: series that are gone (a process's files deleted, label
+/// sets no longer written) are dropped in one go.
+const CATALOGUE_SLACK: usize = 2;
+
+/// Exports a store directory. Long-lived: a server keeps one across scrapes,
+/// and with `prerender` it keeps each metric's decoded, grouped and rendered
+/// label sets too.
 pub struct Exporter {
     dir: PathBuf,
     registry: Registry,
     strategies: StrategySet,
     buffers: ReadBuffers,
+    metrics: Vec<MetricState>,
+    catalogue_floor: usize,
 }
 
 impl Exporter {
     pub fn new(dir: &Path, registry: Registry, strategies: StrategySet) -> Exporter {
+        let metrics = registry
+            .metrics
+            .iter()
+            .map(|def| MetricState {
+                catalogue: Catalogue::new(def.kind),
+                scrape: Scrape::default(),
+            })
+            .collect();
         Exporter {
             dir: dir.to_path_buf(),
             registry,
             strategies,
             buffers: ReadBuffers::default(),
+            metrics,
+            catalogue_floor: 1024,
         }
+    }
+
+    /// Sets the catalogue size under which nothing is dropped (tests use a
+    /// small one to drop often).
+    #[doc(hidden)]
+    pub fn with_catalogue_floor(mut self, floor: usize) -> Exporter {
+        self.catalogue_floor = floor;
+        self
     }
 
     pub fn registry(&self) -> &Registry {
@@ -588,36 +824,49 @@ impl Exporter {
     }
 
     /// Reads, decodes and aggregates one metric.
-    pub fn values(&mut self, def_index: usize) -> Result<MetricValues> {
+    pub fn values(&mut self, def_index: usize) -> Result<MetricValues<'_>> {
+        self.scrape(def_index)?;
+        let state = &self.metrics[def_index];
+        Ok(metric_values(
+            &self.registry.metrics[def_index],
+            &state.catalogue,
+            &state.scrape,
+        ))
+    }
+
+    /// Reads every file of one metric into its scrape.
+    fn scrape(&mut self, def_index: usize) -> Result<()> {
         let def = &self.registry.metrics[def_index];
         let s = self.strategies;
         let mode = def.aggregation();
-        let mut table = SeriesTable::new();
+        let state = &mut self.metrics[def_index];
+        let live = state.scrape.series_order.len();
+        if !s.contains(Strategy::Prerender)
+            || state.catalogue.series.len() > CATALOGUE_SLACK * live.max(self.catalogue_floor)
+        {
+            state.catalogue = Catalogue::new(def.kind);
+            state.scrape = Scrape::default();
+        }
+        let MetricState { catalogue, scrape } = state;
+        scrape.start();
         for path in metric_files(&self.dir, &def.name)? {
+            catalogue.raw.start_file();
             read_file(
                 &path,
                 s.contains(Strategy::SingleRead),
                 &mut self.buffers,
                 &mut |entry| {
-                    table.add(entry, mode, s).with_context(|| {
+                    let series = catalogue.lookup(entry.key, s).with_context(|| {
                         format!("entry at offset {}", entry.value_offset - entry.key.len())
-                    })
+                    })?;
+                    scrape.add(series, mode, &entry);
+                    Ok(())
                 },
             )
             .with_context(|| format!("metric {}", def.name))?;
         }
-        Ok(match def.kind {
-            MetricType::Counter | MetricType::Gauge => MetricValues::Scalar(
-                table
-                    .labels
-                    .into_iter()
-                    .zip(table.values)
-                    .map(|(l, a)| (l, a.value))
-                    .collect(),
-            ),
-            MetricType::Histogram => MetricValues::Histogram(histogram_values(def, &table)),
-            MetricType::Summary => MetricValues::Summary(summary_values(&table)),
-        })
+        scrape.group(catalogue);
+        Ok(())
     }
 
     /// Clears `out` and writes the whole exposition into it.
@@ -627,8 +876,10 @@ impl Exporter {
         }
         out.clear();
         for i in 0..self.registry.metrics.len() {
-            let values = self.values(i)?;
-            render::write_family(out, &self.registry.metrics[i], &values);
+            self.scrape(i)?;
+            let (def, state) = (&self.registry.metrics[i], &self.metrics[i]);
+            let values = metric_values(def, &state.catalogue, &state.scrape);
+            render::write_family(out, def, &values);
         }
         Ok(())
     }

@@ -33,7 +33,9 @@ impl Stage {
 
     /// The strategies that swap a seam of this stage.
     pub fn strategies(self) -> impl Iterator<Item = Strategy> {
-        Strategy::ALL.into_iter().filter(move |s| s.stage() == self)
+        Strategy::ALL
+            .into_iter()
+            .filter(move |s| s.applies_to(self))
     }
 }
 
@@ -72,6 +74,12 @@ macro_rules! strategies {
 
             pub fn stage(self) -> Stage {
                 match self { $(Strategy::$variant => Stage::$stage,)* }
+            }
+
+            /// Whether it swaps a seam of `stage`: its own, or — for
+            /// `prerender`, which a long-lived store exporter uses too — export.
+            pub fn applies_to(self, stage: Stage) -> bool {
+                self.stage() == stage || (self == Strategy::Prerender && stage == Stage::Export)
             }
 
             /// Whether this build turns the strategy on by default.
@@ -159,7 +167,7 @@ impl StrategySet {
 
     /// Only the strategies of one stage.
     pub fn restrict(self, stage: Stage) -> StrategySet {
-        self.iter().filter(|s| s.stage() == stage).collect()
+        self.iter().filter(|s| s.applies_to(stage)).collect()
     }
 
     /// Every subset of the given strategies (2^n sets, the baseline first).
@@ -243,7 +251,7 @@ mod tests {
     #[test]
     fn combinations_cover_each_stage() {
         assert_eq!(StrategySet::combinations(Stage::Write).len(), 8);
-        assert_eq!(StrategySet::combinations(Stage::Export).len(), 8);
+        assert_eq!(StrategySet::combinations(Stage::Export).len(), 16);
         assert_eq!(StrategySet::combinations(Stage::Render).len(), 2);
         assert_eq!(StrategySet::combinations(Stage::Ingest).len(), 16);
         assert_eq!(

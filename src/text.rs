@@ -77,6 +77,23 @@ pub fn write_escaped_bytewise(out: &mut Vec<u8>, s: &[u8], mode: Escape) {
 }
 
 /// Appends `{k1="v1",k2="v2"}` (nothing for an empty set), values escaped.
+/// `a="x",b="y"`: label pairs with escaped values, without braces (what
+/// `prerender` keeps per label set).
+pub fn write_label_pairs<'a, I>(out: &mut Vec<u8>, labels: I)
+where
+    I: IntoIterator<Item = (&'a [u8], &'a [u8])>,
+{
+    for (i, (name, value)) in labels.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b"=\"");
+        write_escaped(out, value, Escape::LabelValue);
+        out.push(b'"');
+    }
+}
+
 pub fn write_label_block<'a, I>(out: &mut Vec<u8>, labels: I)
 where
     I: IntoIterator<Item = (&'a [u8], &'a [u8])>,

@@ -203,8 +203,49 @@ fn write_store(case: &Case, dir: &Path, strategies: StrategySet) {
     }
 }
 
+/// Deletes every file of process `pid` (a process that exited and was cleaned up).
+fn delete_process_files(dir: &Path, pid: u32) {
+    let suffix = format!("___{pid}.bin");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.to_string_lossy().ends_with(&suffix) {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Long-lived exporters (what `promlab serve --store` keeps; `prerender`
+    /// keeps its catalogue across scrapes) scrape a store while processes
+    /// come and go: after each process writes, and after an earlier process's
+    /// files are deleted, every combination prints what a fresh baseline
+    /// export prints.
+    #[test]
+    fn long_lived_exporters_follow_a_changing_store(case in case(), deletions in proptest::collection::vec(any::<bool>(), 12)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut exporters: Vec<_> = StrategySet::combinations(Stage::Export)
+            .into_iter()
+            .map(|s| (s, promlab::export::Exporter::new(dir.path(), case.registry.clone(), s).with_catalogue_floor(2)))
+            .collect();
+        let mut out = Vec::new();
+        // Each process writes in turn; then the first writes its ops again,
+        // into files that exist (values move, new keys are appended).
+        let turns = case.processes.iter().chain(case.processes.first());
+        for (i, (dialect, log)) in turns.enumerate() {
+            let one = Case { registry: case.registry.clone(), processes: vec![(*dialect, log.clone())] };
+            write_store(&one, dir.path(), StrategySet::NONE);
+            if i > 0 && i < case.processes.len() && deletions[i] {
+                delete_process_files(dir.path(), case.processes[i - 1].1.pid);
+            }
+            let expected = promlab::export::export(dir.path(), &case.registry, StrategySet::NONE).unwrap();
+            for (strategies, exporter) in &mut exporters {
+                exporter.export_into(&mut out).unwrap();
+                prop_assert!(out == expected, "scrape {} with {} differs", i, strategies);
+            }
+        }
+    }
 
     #[test]
     fn every_strategy_combination_writes_and_exports_the_same_bytes(case in case()) {

@@ -124,7 +124,11 @@ fn strategy_table(strategy: Strategy, rows: &[Row], source: &Path) -> String {
     );
     let mut scenarios: Vec<(&str, &str)> = rows
         .iter()
-        .filter(|r| r.stage == strategy.stage().name())
+        .filter(|r| {
+            r.stage
+                .parse()
+                .is_ok_and(|stage| strategy.applies_to(stage))
+        })
         .map(|r| (r.scenario.as_str(), r.size.as_str()))
         .collect();
     scenarios.dedup();

@@ -64,11 +64,15 @@ pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn W
     Ok(workload)
 }
 
-/// Export: a store written once by promlab's writer, exported per run.
+/// Export: a store written once by promlab's writer, scraped per run by one
+/// long-lived exporter per strategy set, as a sidecar serving `/metrics` would.
+/// Without `prerender` an exporter keeps only its read buffer between scrapes.
 struct Export {
     _dir: tempfile::TempDir,
     dir: std::path::PathBuf,
     workload: StoreWorkload,
+    exporters: HashMap<StrategySet, crate::export::Exporter>,
+    out: Vec<u8>,
     lines: u64,
 }
 
@@ -82,18 +86,39 @@ impl Export {
             dir: dir.path().to_path_buf(),
             _dir: dir,
             workload,
+            exporters: HashMap::new(),
+            out: Vec::new(),
             lines,
         })
+    }
+
+    fn scrape(&mut self, strategies: StrategySet) -> Result<&[u8]> {
+        let exporter = self.exporters.entry(strategies).or_insert_with(|| {
+            crate::export::Exporter::new(&self.dir, self.workload.registry.clone(), strategies)
+        });
+        exporter.export_into(&mut self.out)?;
+        Ok(&self.out)
     }
 }
 
 impl Workload for Export {
+    /// The second scrape of a fresh exporter, checked against its first, so
+    /// what a long-lived exporter keeps is verified too.
     fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>> {
-        crate::export::export(&self.dir, &self.workload.registry, strategies)
+        self.exporters.remove(&strategies);
+        let first = self.scrape(strategies)?.to_vec();
+        let second = self.scrape(strategies)?;
+        if first != second {
+            bail!(
+                "strategies `{strategies}`: the second scrape differs from the first {}",
+                super::first_difference(&first, second, "first", "second")
+            );
+        }
+        Ok(first)
     }
 
     fn run(&mut self, strategies: StrategySet) -> Result<()> {
-        crate::export::export(&self.dir, &self.workload.registry, strategies).map(drop)
+        self.scrape(strategies).map(drop)
     }
 
     fn units(&self) -> (u64, &'static str) {

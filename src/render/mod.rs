@@ -9,7 +9,7 @@
 //!
 //! [`live`] renders in-memory registries at scale (the `prerender` strategy).
 
-use crate::export::{LabelSet, MetricValues};
+use crate::export::{Group, MetricValues};
 use crate::registry::MetricDef;
 use crate::rubyfloat;
 use crate::text::{self, Escape};
@@ -39,18 +39,18 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
         MetricValues::Histogram(groups) => {
             for group in groups {
                 let declared = def.buckets.iter().map(|b| b.as_bytes()).zip(&group.buckets);
-                let others = group.others.iter().map(|(le, v)| (&**le, v));
+                let others = group.others.iter().map(|(le, v)| (*le, v));
                 for (le, value) in declared.chain(others) {
-                    write_sample(out, name, b"_bucket", &group.labels, Some(le), Some(*value));
+                    write_sample(out, name, b"_bucket", group.labels, Some(le), Some(*value));
                 }
-                write_sample(out, name, b"_sum", &group.labels, None, group.sum);
-                write_sample(out, name, b"_count", &group.labels, None, Some(group.count));
+                write_sample(out, name, b"_sum", group.labels, None, group.sum);
+                write_sample(out, name, b"_count", group.labels, None, Some(group.count));
             }
         }
         MetricValues::Summary(groups) => {
             for group in groups {
-                write_sample(out, name, b"_sum", &group.labels, None, Some(group.sum));
-                write_sample(out, name, b"_count", &group.labels, None, Some(group.count));
+                write_sample(out, name, b"_sum", group.labels, None, Some(group.sum));
+                write_sample(out, name, b"_count", group.labels, None, Some(group.count));
             }
         }
     }
@@ -61,14 +61,33 @@ fn write_sample(
     out: &mut Vec<u8>,
     name: &[u8],
     suffix: &[u8],
-    labels: &LabelSet,
+    labels: &Group,
     le: Option<&[u8]>,
     value: Option<f64>,
 ) {
     out.extend_from_slice(name);
     out.extend_from_slice(suffix);
-    let pairs = labels.iter().map(|(n, v)| (&**n, &**v));
-    text::write_label_block(out, pairs.chain(le.map(|le| (&b"le"[..], le))));
+    let le = le.map(|le| (&b"le"[..], le));
+    match &labels.rendered {
+        // `prerender`: the label pairs were escaped once, when the set was met.
+        Some(rendered) => {
+            if !rendered.is_empty() || le.is_some() {
+                out.push(b'{');
+                out.extend_from_slice(rendered);
+                if let Some(le) = le {
+                    if !rendered.is_empty() {
+                        out.push(b',');
+                    }
+                    text::write_label_pairs(out, [le]);
+                }
+                out.push(b'}');
+            }
+        }
+        None => {
+            let pairs = labels.labels.iter().map(|(n, v)| (&**n, &**v));
+            text::write_label_block(out, pairs.chain(le));
+        }
+    }
     out.push(b' ');
     if let Some(value) = value {
         rubyfloat::write(out, value);
