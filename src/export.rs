@@ -154,30 +154,120 @@ fn entry_at(region: &[u8], at: usize, used: usize) -> Result<(Entry<'_>, usize),
 // ---------------------------------------------------------------------------
 // The read seam: how one file's entries are read.
 
-/// Reusable buffers for reading files.
+/// What the reader keeps between files and scrapes.
 #[derive(Default)]
-struct ReadBuffers {
+struct Reader {
+    /// The baseline's key buffer.
     key: Vec<u8>,
+    /// `prerender` with `single-read`: files kept open and mapped.
+    kept: AHashMap<PathBuf, KeptFile>,
+    /// Counts scrapes, to drop the files a scrape no longer found.
+    scrape: u64,
+}
+
+/// A store file kept open and mapped between scrapes, so a scrape of it is a
+/// `stat` and two `flock`s, not an open, a map, page faults and an unmap.
+/// Holding it open keeps its inode from being reused: the same (device,
+/// inode) at its path is the same file.
+struct KeptFile {
+    file: File,
+    /// `None` while the file is shorter than a header.
+    map: Option<memmap2::Mmap>,
+    id: (u64, u64),
+    scrape: u64,
 }
 
 /// Reads one store file under `flock` and hands each entry to `visit`.
 fn read_file(
     path: &Path,
-    single_read: bool,
-    buffers: &mut ReadBuffers,
+    s: StrategySet,
+    reader: &mut Reader,
     visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
+    let single_read = s.contains(Strategy::SingleRead);
+    if single_read && s.contains(Strategy::Prerender) {
+        return read_kept(path, reader, visit);
+    }
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let fd = file.as_raw_fd();
     crate::store::flock(fd, libc::LOCK_EX)
         .with_context(|| format!("cannot lock {}", path.display()))?;
     let result = if single_read {
-        read_whole(&file, visit)
+        map_file(&file).and_then(|map| walk(map.as_deref(), visit))
     } else {
-        read_entry_by_entry(&file, buffers, visit)
+        read_entry_by_entry(&file, &mut reader.key, visit)
     };
     crate::store::flock(fd, libc::LOCK_UN)?;
     result.with_context(|| format!("corrupt store file {}", path.display()))
+}
+
+/// [`read_file`] through a [`KeptFile`].
+fn read_kept(
+    path: &Path,
+    reader: &mut Reader,
+    visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let id = (meta.dev(), meta.ino());
+    if reader.kept.get(path).is_none_or(|kept| kept.id != id) {
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let kept = KeptFile {
+            file,
+            map: None,
+            id,
+            scrape: 0,
+        };
+        reader.kept.insert(path.to_path_buf(), kept);
+    }
+    let kept = reader.kept.get_mut(path).expect("inserted above");
+    kept.scrape = reader.scrape;
+    let fd = kept.file.as_raw_fd();
+    crate::store::flock(fd, libc::LOCK_EX)
+        .with_context(|| format!("cannot lock {}", path.display()))?;
+    let result = (|| {
+        // Writers grow a file by doubling it; map it again when its size moved.
+        let len = kept.file.metadata()?.len();
+        if kept.map.as_ref().map_or(0, |m| m.len() as u64) != len {
+            kept.map = map_file(&kept.file)?;
+        }
+        walk(kept.map.as_deref(), visit)
+    })();
+    crate::store::flock(fd, libc::LOCK_UN)?;
+    if result.is_err() {
+        // Read it afresh next time.
+        reader.kept.remove(path);
+    }
+    result.with_context(|| format!("corrupt store file {}", path.display()))
+}
+
+/// `single-read`: the whole file mapped (the Python and GitLab clients'
+/// exporters read it so), `None` if it is shorter than a header (being
+/// created by its writer: client_ruby reads it as empty). The mapping is only
+/// read under `flock`, when writers that follow the protocol are blocked, and
+/// no writer truncates a file.
+fn map_file(file: &File) -> Result<Option<memmap2::Mmap>> {
+    let len = file.metadata()?.len();
+    if len < 4 {
+        return Ok(None);
+    }
+    // SAFETY: see above; bounds come from the size read under the lock.
+    Ok(Some(unsafe {
+        memmap2::MmapOptions::new().len(len as usize).map(file)?
+    }))
+}
+
+/// Walks a mapped file's used region.
+fn walk(map: Option<&[u8]>, visit: &mut dyn FnMut(Entry<'_>) -> Result<()>) -> Result<()> {
+    let Some(map) = map else {
+        return Ok(());
+    };
+    let used = check_used(map[..4].try_into().expect("4 bytes"), map.len() as u64)?;
+    for entry in entries(map, used) {
+        visit(entry?)?;
+    }
+    Ok(())
 }
 
 /// Reads `used` from the header: at least 8, at most the file's size.
@@ -193,32 +283,11 @@ fn check_used(header: [u8; 4], file_len: u64) -> Result<usize> {
     Ok(used as usize)
 }
 
-/// `single-read`: the file mapped (the Python and GitLab clients' exporters
-/// read it so), then one walk over its used region: no copy into our memory.
-/// The mapping is only read under `flock`, when writers that follow the
-/// protocol are blocked; the size is checked against `used` first.
-fn read_whole(file: &File, visit: &mut dyn FnMut(Entry<'_>) -> Result<()>) -> Result<()> {
-    let len = file.metadata()?.len();
-    if len < 4 {
-        // Being created by its writer: client_ruby reads it as empty.
-        return Ok(());
-    }
-    // SAFETY: the file is locked against writers that follow the store's
-    // protocol, none of which truncates; bounds come from `len`, read after
-    // the lock was taken.
-    let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(file)? };
-    let used = check_used(map[..4].try_into().expect("4 bytes"), len)?;
-    for entry in entries(&map, used) {
-        visit(entry?)?;
-    }
-    Ok(())
-}
-
 /// Baseline: as `FileMappedDict` does, one buffered pass to learn the entries'
 /// positions, then a second pass that seeks back and reads every entry again.
 fn read_entry_by_entry(
     file: &File,
-    buffers: &mut ReadBuffers,
+    key: &mut Vec<u8>,
     visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     let file_len = file.metadata()?.len();
@@ -250,12 +319,12 @@ fn read_entry_by_entry(
             if at + needs > used {
                 return Err(EntryError::Truncated { at, needs, used }.into());
             }
-            buffers.key.resize(len as usize, 0);
-            reader.read_exact(&mut buffers.key)?;
+            key.resize(len as usize, 0);
+            reader.read_exact(key)?;
             let mut value_bytes = [0u8; 16];
             reader.read_exact(&mut value_bytes)?;
             let value_offset = at + 4 + len as usize;
-            let key = strip_padding(&buffers.key);
+            let key = strip_padding(key);
             if pass == 0 {
                 positions.insert(key.to_vec(), value_offset);
             } else {
@@ -786,7 +855,7 @@ pub struct Exporter {
     dir: PathBuf,
     registry: Registry,
     strategies: StrategySet,
-    buffers: ReadBuffers,
+    reader: Reader,
     metrics: Vec<MetricState>,
     catalogue_floor: usize,
 }
@@ -805,7 +874,7 @@ impl Exporter {
             dir: dir.to_path_buf(),
             registry,
             strategies,
-            buffers: ReadBuffers::default(),
+            reader: Reader::default(),
             metrics,
             catalogue_floor: 1024,
         }
@@ -851,18 +920,13 @@ impl Exporter {
         scrape.start();
         for path in metric_files(&self.dir, &def.name)? {
             catalogue.raw.start_file();
-            read_file(
-                &path,
-                s.contains(Strategy::SingleRead),
-                &mut self.buffers,
-                &mut |entry| {
-                    let series = catalogue.lookup(entry.key, s).with_context(|| {
-                        format!("entry at offset {}", entry.value_offset - entry.key.len())
-                    })?;
-                    scrape.add(series, mode, &entry);
-                    Ok(())
-                },
-            )
+            read_file(&path, s, &mut self.reader, &mut |entry| {
+                let series = catalogue.lookup(entry.key, s).with_context(|| {
+                    format!("entry at offset {}", entry.value_offset - entry.key.len())
+                })?;
+                scrape.add(series, mode, &entry);
+                Ok(())
+            })
             .with_context(|| format!("metric {}", def.name))?;
         }
         scrape.group(catalogue);
@@ -875,12 +939,16 @@ impl Exporter {
             bail!("store directory {} does not exist", self.dir.display());
         }
         out.clear();
+        self.reader.scrape += 1;
         for i in 0..self.registry.metrics.len() {
             self.scrape(i)?;
             let (def, state) = (&self.registry.metrics[i], &self.metrics[i]);
             let values = metric_values(def, &state.catalogue, &state.scrape);
             render::write_family(out, def, &values);
         }
+        // Close the files this scrape did not find (deleted ones).
+        let scrape = self.reader.scrape;
+        self.reader.kept.retain(|_, kept| kept.scrape == scrape);
         Ok(())
     }
 }
