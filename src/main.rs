@@ -25,6 +25,8 @@ enum Command {
     Ablate(promlab::cli::AblateArgs),
     /// Regenerate the dossiers' measured tables and the ranking from the latest results.
     Report(promlab::cli::ReportArgs),
+    /// Profile a scenario's runs under one strategy set and write an SVG flamegraph.
+    Flamegraph(promlab::cli::FlamegraphArgs),
     /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
     Serve(promlab::cli::ServeArgs),
     /// Replay remote-write request bodies offline and print the quantiles.
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         Some(Command::ReplayOne(args)) => promlab::cli::replay_one(args),
         Some(Command::Ablate(args)) => promlab::cli::ablate(args),
         Some(Command::Report(args)) => promlab::cli::report(args),
+        Some(Command::Flamegraph(args)) => promlab::cli::flamegraph(args),
         Some(Command::Serve(args)) => promlab::cli::serve(args),
         Some(Command::Ingest(args)) => promlab::ingest::cli::ingest(args),
         Some(Command::Feed(args)) => promlab::ingest::cli::feed(args),

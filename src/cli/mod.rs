@@ -1,4 +1,8 @@
 //! Subcommands of the first half (store, export, ablation, serving).
+mod flamegraph;
+
+pub use flamegraph::{flamegraph, FlamegraphArgs};
+
 use crate::formenc::Dialect;
 use crate::registry::Registry;
 use crate::store::{Client, ClientConfig};
