@@ -8,6 +8,9 @@
 //! differ from ours (a paced feed, a different file format); the report
 //! compares per unit: `ratio_to_all` = the peer's time per unit ÷ promlab-all's.
 
+pub mod crates_render;
+pub mod python_export;
+
 use super::{Scenario, Size};
 use anyhow::Result;
 use std::path::PathBuf;
@@ -102,7 +105,11 @@ pub trait Peer {
 
 /// Every peer promlab knows, in the order their rows appear.
 pub fn all() -> Vec<Box<dyn Peer>> {
-    vec![]
+    vec![
+        Box::new(python_export::PythonPrometheusClient),
+        Box::new(crates_render::PrometheusClientCrate),
+        Box::new(crates_render::PrometheusCrate),
+    ]
 }
 
 /// Runs every peer that has an arm for `scenario`: the measured ones, and
