@@ -243,3 +243,44 @@ impl Peer for PrometheusCrate {
 /// The crates' versions, as Cargo.toml pins them (for the notes).
 const PROMETHEUS_CLIENT_VERSION: &str = "0.26";
 const PROMETHEUS_VERSION: &str = "0.14";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_check_accepts_each_crate_and_rejects_a_changed_value() {
+        let s = Scenario::build(3, true, StrategySet::NONE).unwrap();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(
+            &mut text,
+            &prometheus_client_registry(&s).unwrap(),
+        )
+        .unwrap();
+        let lines = check_exposition(text.as_bytes(), &s, "prometheus-client").unwrap();
+        assert_eq!(lines as usize, text.lines().count());
+
+        let mut out = Vec::new();
+        let registry = prometheus_registry(&s).unwrap();
+        prometheus::Encoder::encode(
+            &prometheus::TextEncoder::new(),
+            &registry.gather(),
+            &mut out,
+        )
+        .unwrap();
+        check_exposition(&out, &s, "prometheus").unwrap();
+
+        // One value off: caught by the sum; one sample dropped: caught by the count.
+        let at = text.find("} ").unwrap() + 2;
+        let changed = format!("{}1{}", &text[..at], &text[at..]);
+        assert!(check_exposition(changed.as_bytes(), &s, "x").is_err());
+        let first_sample = text.lines().position(|l| !l.starts_with('#')).unwrap();
+        let dropped: String = text
+            .lines()
+            .enumerate()
+            .filter(|&(i, _)| i != first_sample)
+            .map(|(_, l)| format!("{l}\n"))
+            .collect();
+        assert!(check_exposition(dropped.as_bytes(), &s, "x").is_err());
+    }
+}
