@@ -25,6 +25,23 @@ import sys
 import time
 
 
+def peak_rss_kib():
+    """This process's peak resident set size, in KiB.
+
+    VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so a process
+    started by a large parent (promlab, holding 630k series) would report the
+    parent's peak. VmHWM belongs to the address space, which exec replaces.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def make_metrics(registry_path):
     """The scenario's metrics as prometheus_client objects, by promlab name."""
     from prometheus_client import Counter, Histogram
@@ -155,15 +172,16 @@ def main():
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=store)
     text = generate_latest(registry)
+    # Peak after one export, to tell one export's footprint from growth over repeats.
+    rss_first_kib = peak_rss_kib()
     samples_ns = []
     for _ in range(repeats):
         start = time.perf_counter_ns()
         generate_latest(registry)
         samples_ns.append(time.perf_counter_ns() - start)
-    # Linux reports ru_maxrss in KiB: this process's peak so far (the exporter's,
-    # not the writers', which were separate processes), before the check below
-    # parses both expositions.
-    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # The exporter's peak (the writers were other processes), before the check
+    # below parses both expositions.
+    rss_kib = peak_rss_kib()
 
     with open(os.path.join(workdir, "promlab.prom"), encoding="utf-8") as f:
         ours = parse_exposition(f.read())
@@ -184,6 +202,7 @@ def main():
             "db_files": len(files),
             "store_bytes": sum(os.path.getsize(p) for p in files),
             "rss_kib": rss_kib,
+            "rss_first_kib": rss_first_kib,
         },
         sys.stdout,
     )

@@ -45,6 +45,8 @@ pub struct PeerResult {
     /// How much one run does, and of what (`lines`, `samples`, `steps`).
     pub units: (u64, String),
     /// Resident set size of the peer's process (peak, or sampled at the end), if measured.
+    /// Read the peak from `VmHWM` (`/proc/<pid>/status`), not `ru_maxrss`: Linux
+    /// carries `ru_maxrss` across `execve`, so a child of promlab starts at promlab's peak.
     pub rss_kib: Option<u64>,
     /// What the peer does differently, in a few words (file format, exact
     /// quantiles, stores raw samples, …); printed under the table.

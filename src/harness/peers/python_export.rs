@@ -38,6 +38,7 @@ struct ScriptReport {
     db_files: u64,
     store_bytes: u64,
     rss_kib: u64,
+    rss_first_kib: u64,
 }
 
 /// `python3` of `experiments/peers/.venv` (what `install.sh` creates) when it
@@ -169,13 +170,14 @@ impl Peer for PythonPrometheusClient {
             units: (report.lines, "lines".to_string()),
             rss_kib: Some(report.rss_kib),
             note: format!(
-                "prometheus_client {} (Python {}), multiprocess mode: {} writer processes, its own format ({} .db files, {:.1} MiB: one mmap'd file per metric type per process, JSON keys, value + timestamp per entry); all {} samples checked equal to ours",
+                "prometheus_client {} (Python {}), multiprocess mode: {} writer processes, its own format ({} .db files, {:.1} MiB: one mmap'd file per metric type per process, JSON keys, value + timestamp per entry); all {} samples checked equal to ours; peak RSS {:.1} MiB after the first export",
                 report.prometheus_client,
                 report.python,
                 report.processes,
                 report.db_files,
                 report.store_bytes as f64 / (1024.0 * 1024.0),
                 report.samples,
+                report.rss_first_kib as f64 / 1024.0,
             ),
         }))
     }
