@@ -13,18 +13,13 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use promlab::registry::MetricType;
-use promlab::render::live::SeriesId;
+use promlab::harness::peers::crates_render::{prometheus_client_registry, prometheus_registry};
 use promlab::render::rabbitmq::Scenario;
 use promlab::render::server::{app, Source};
 use promlab::strategy::{Strategy, StrategySet};
 use std::hint::black_box;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 fn queues() -> usize {
@@ -36,84 +31,6 @@ fn queues() -> usize {
 
 fn prerender() -> StrategySet {
     StrategySet::NONE.with(Strategy::Prerender)
-}
-
-fn labels_of(s: &Scenario, id: SeriesId) -> Vec<(String, String)> {
-    let reg = s.registry();
-    reg.label_names(id.family)
-        .zip(reg.label_values(id))
-        .map(|(k, v)| {
-            (
-                k.to_owned(),
-                String::from_utf8(v.to_vec()).expect("UTF-8 names"),
-            )
-        })
-        .collect()
-}
-
-/// The scenario's families in a `prometheus-client` registry, same values.
-fn prometheus_client_registry(s: &Scenario) -> prometheus_client::registry::Registry {
-    let mut registry = prometheus_client::registry::Registry::default();
-    let reg = s.registry();
-    for f in reg.family_ids() {
-        let name = reg.family_name(f);
-        let help = reg.family_help(f);
-        let series = (0..reg.values(f).len() as u32).map(|index| SeriesId { family: f, index });
-        match reg.family_kind(f) {
-            MetricType::Counter => {
-                let family = Family::<Vec<(String, String)>, Counter<f64, AtomicU64>>::default();
-                // The crate appends `_total` to counter names itself.
-                registry.register(
-                    name.strip_suffix("_total").unwrap_or(name),
-                    help,
-                    family.clone(),
-                );
-                for id in series {
-                    family.get_or_create(&labels_of(s, id)).inc_by(reg.get(id));
-                }
-            }
-            _ => {
-                let family = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
-                registry.register(name, help, family.clone());
-                for id in series {
-                    family.get_or_create(&labels_of(s, id)).set(reg.get(id));
-                }
-            }
-        }
-    }
-    registry
-}
-
-/// The scenario's families in a `prometheus` (rust-prometheus) registry, same values.
-fn prometheus_registry(s: &Scenario) -> prometheus::Registry {
-    let registry = prometheus::Registry::new();
-    let reg = s.registry();
-    for f in reg.family_ids() {
-        let opts = prometheus::Opts::new(reg.family_name(f), reg.family_help(f));
-        let label_names: Vec<&str> = reg.label_names(f).collect();
-        let series = (0..reg.values(f).len() as u32).map(|index| SeriesId { family: f, index });
-        match reg.family_kind(f) {
-            MetricType::Counter => {
-                let vec = prometheus::CounterVec::new(opts, &label_names).unwrap();
-                registry.register(Box::new(vec.clone())).unwrap();
-                for id in series {
-                    let values = labels_of(s, id);
-                    let values: Vec<&str> = values.iter().map(|(_, v)| v.as_str()).collect();
-                    vec.with_label_values(&values).inc_by(reg.get(id));
-                }
-            }
-            _ => {
-                let vec = prometheus::GaugeVec::new(opts, &label_names).unwrap();
-                registry.register(Box::new(vec.clone())).unwrap();
-                for id in series {
-                    let values = labels_of(s, id);
-                    let values: Vec<&str> = values.iter().map(|(_, v)| v.as_str()).collect();
-                    vec.with_label_values(&values).set(reg.get(id));
-                }
-            }
-        }
-    }
-    registry
 }
 
 fn render(c: &mut Criterion) {
@@ -142,7 +59,7 @@ fn render(c: &mut Criterion) {
         })
     });
 
-    let client = prometheus_client_registry(&baseline);
+    let client = prometheus_client_registry(&baseline).unwrap();
     let mut text = String::new();
     group.bench_function("prometheus-client", |b| {
         b.iter(|| {
@@ -153,7 +70,7 @@ fn render(c: &mut Criterion) {
     });
     drop(client);
 
-    let rust_prometheus = prometheus_registry(&baseline);
+    let rust_prometheus = prometheus_registry(&baseline).unwrap();
     let encoder = prometheus::TextEncoder::new();
     group.bench_function("prometheus", |b| {
         b.iter(|| {

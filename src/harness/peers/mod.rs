@@ -8,6 +8,9 @@
 //! differ from ours (a paced feed, a different file format); the report
 //! compares per unit: `ratio_to_all` = the peer's time per unit ÷ promlab-all's.
 
+pub mod crates_render;
+pub mod python_export;
+
 use super::{Scenario, Size};
 use anyhow::Result;
 use std::path::PathBuf;
@@ -42,6 +45,8 @@ pub struct PeerResult {
     /// How much one run does, and of what (`lines`, `samples`, `steps`).
     pub units: (u64, String),
     /// Resident set size of the peer's process (peak, or sampled at the end), if measured.
+    /// Read the peak from `VmHWM` (`/proc/<pid>/status`), not `ru_maxrss`: Linux
+    /// carries `ru_maxrss` across `execve`, so a child of promlab starts at promlab's peak.
     pub rss_kib: Option<u64>,
     /// What the peer does differently, in a few words (file format, exact
     /// quantiles, stores raw samples, …); printed under the table.
@@ -102,7 +107,11 @@ pub trait Peer {
 
 /// Every peer promlab knows, in the order their rows appear.
 pub fn all() -> Vec<Box<dyn Peer>> {
-    vec![]
+    vec![
+        Box::new(python_export::PythonPrometheusClient),
+        Box::new(crates_render::PrometheusClientCrate),
+        Box::new(crates_render::PrometheusCrate),
+    ]
 }
 
 /// Runs every peer that has an arm for `scenario`: the measured ones, and

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs the peers `promlab ablate --peers` compares against, by name from
+# their package registries (nothing vendored). Idempotent: run it again to
+# repair or after a pin changes.
+#
+#   experiments/peers/install.sh                    # every peer but chdb
+#   experiments/peers/install.sh --with-clickhouse  # also chdb (~800 MB)
+#
+# Sections by stage, so each peer's lines stay together.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+with_clickhouse=false
+for arg in "$@"; do
+    case "$arg" in
+        --with-clickhouse) with_clickhouse=true ;;
+        -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+        *) echo "unknown option: $arg" >&2; exit 2 ;;
+    esac
+done
+
+# One virtualenv for the Python peers (gitignored); the harness prefers its python3.
+venv=.venv
+if [ ! -x "$venv/bin/python3" ]; then
+    python3 -m venv "$venv"
+fi
+pip_install() { "$venv/bin/python3" -m pip install --quiet "$@"; }
+
+# export peers
+# Python prometheus_client in multiprocess mode (peer:python-prometheus-client).
+PROMETHEUS_CLIENT_VERSION=0.26.0
+pip_install "prometheus_client==$PROMETHEUS_CLIENT_VERSION"
+# The Rust crates (peer:prometheus-client-rs, peer:prometheus-rs) are cargo
+# dependencies of promlab: nothing to install here.
+
+# ingest peers
+# (Debian's prometheus and victoria-metrics: the ingest peers' lines go here.)
+# Embedded ClickHouse (peer chdb), only with --with-clickhouse: an ~800 MB wheel.
+CHDB_VERSION=4.4.0
+if $with_clickhouse; then
+    pip_install "chdb==$CHDB_VERSION"
+fi
+
+echo "Python peers in $(pwd)/$venv:"
+"$venv/bin/python3" - <<'PY'
+import importlib.metadata as m
+for name in ("prometheus_client", "chdb"):
+    try:
+        print(f"  {name} {m.version(name)}")
+    except m.PackageNotFoundError:
+        pass
+PY

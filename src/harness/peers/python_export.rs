@@ -1,0 +1,184 @@
+//! Export peer: Python's `prometheus_client` in multiprocess mode, the client
+//! most multi-process Prometheus exporters run (gunicorn, celery workers).
+//!
+//! promlab hands the peer the scenario's workload as data — its registry, one
+//! op log per writer process (the same processes, label sets and observations
+//! our generator gives our writer) and our exposition — in the peer's scratch
+//! directory; `experiments/peers/python_export.py` replays each op log in its
+//! own process through prometheus_client's metrics (its own `.db` files), then
+//! times `MultiProcessCollector` + `generate_latest` in one process and checks
+//! every sample against ours. See `experiments/peers/README.md`.
+
+use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
+use crate::harness::workloads::param_usize;
+use crate::strategy::StrategySet;
+use crate::workload::{self, StoreWorkload};
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The script, carried in the binary so a copied `promlab` still runs it.
+const SCRIPT: &str = include_str!("../../../experiments/peers/python_export.py");
+
+/// Longest the script may take (writers, exports, check) before it is killed.
+const TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// What the script prints.
+#[derive(Deserialize)]
+struct ScriptReport {
+    prometheus_client: String,
+    python: String,
+    samples_ns: Vec<u64>,
+    lines: u64,
+    samples: u64,
+    processes: u64,
+    db_files: u64,
+    store_bytes: u64,
+    rss_kib: u64,
+    rss_first_kib: u64,
+}
+
+/// `python3` of `experiments/peers/.venv` (what `install.sh` creates) when it
+/// exists, else the one on `PATH`.
+pub fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/peers/.venv/bin/python3");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
+/// Whether that python can import prometheus_client.
+pub fn prometheus_client_installed() -> bool {
+    Command::new(python())
+        .args(["-c", "import prometheus_client"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The scenario's workload, as our export arms have it.
+fn store_workload(cx: &PeerContext<'_>) -> Result<StoreWorkload> {
+    let size = cx.size;
+    Ok(match cx.scenario.generator.as_str() {
+        "seed-repro" => workload::seed_repro(
+            param_usize(size, "processes")?,
+            param_usize(size, "statements")?,
+        ),
+        "large" => workload::large(
+            param_usize(size, "processes")?,
+            param_usize(size, "statements")?,
+            param_usize(size, "max_len")?,
+        ),
+        other => bail!("generator `{other}` has no mapping to prometheus_client"),
+    })
+}
+
+/// Writes what the script reads into `dir`: registry, op logs, our exposition.
+fn write_inputs(dir: &Path, work: &StoreWorkload) -> Result<()> {
+    std::fs::write(dir.join("registry.json"), work.registry.to_json())?;
+    let ops = dir.join("ops");
+    std::fs::create_dir_all(&ops)?;
+    for log in &work.logs {
+        std::fs::write(ops.join(format!("ops-{}.jsonl", log.pid)), log.to_jsonl())?;
+    }
+    let store = dir.join("promlab-store");
+    std::fs::create_dir_all(&store)?;
+    work.write(&store, StrategySet::NONE)?;
+    let ours = crate::export::export(&store, &work.registry, StrategySet::NONE)?;
+    std::fs::remove_dir_all(&store)?;
+    std::fs::write(dir.join("promlab.prom"), ours)?;
+    std::fs::write(dir.join("python_export.py"), SCRIPT)?;
+    Ok(())
+}
+
+/// Runs the script to completion, or kills its process group at [`TIMEOUT`].
+fn run_script(dir: &Path, repeats: usize) -> Result<ScriptReport> {
+    let (out_path, err_path) = (dir.join("stdout.json"), dir.join("stderr.txt"));
+    let mut child = Command::new(python())
+        .arg(dir.join("python_export.py"))
+        .arg(dir)
+        .arg(repeats.to_string())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(std::fs::File::create(&err_path)?)
+        // Its own process group, so a timeout ends the writers too.
+        .process_group(0)
+        .spawn()
+        .context("cannot start python3")?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > TIMEOUT {
+            // SAFETY: signals only the process group this function started.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            bail!("python_export.py ran past {TIMEOUT:?} and was killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if !status.success() {
+        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+        let tail: Vec<&str> = stderr.lines().rev().take(12).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!("python_export.py {status}:\n{}", tail.join("\n"));
+    }
+    let stdout = std::fs::read_to_string(&out_path)?;
+    serde_json::from_str(stdout.trim()).context("python_export.py printed no report")
+}
+
+/// `prometheus_client` (Python), multiprocess mode.
+pub struct PythonPrometheusClient;
+
+impl Peer for PythonPrometheusClient {
+    fn arm(&self) -> &'static str {
+        "peer:python-prometheus-client"
+    }
+
+    fn runs(&self, scenario: &str) -> bool {
+        matches!(scenario, "seed-repro" | "large")
+    }
+
+    fn run(&self, cx: &PeerContext<'_>) -> Result<PeerOutcome> {
+        if !prometheus_client_installed() {
+            return Ok(PeerOutcome::Skipped(
+                "prometheus_client not installed: run experiments/peers/install.sh".into(),
+            ));
+        }
+        let work = store_workload(cx)?;
+        write_inputs(&cx.workdir, &work)?;
+        let report = run_script(&cx.workdir, cx.repeats)?;
+        if report.samples_ns.is_empty() {
+            bail!("python_export.py timed no export");
+        }
+        Ok(PeerOutcome::Measured(PeerResult {
+            arm: self.arm().to_string(),
+            measure: Measure::Wall,
+            samples: report
+                .samples_ns
+                .iter()
+                .map(|&ns| Duration::from_nanos(ns))
+                .collect(),
+            units: (report.lines, "lines".to_string()),
+            rss_kib: Some(report.rss_kib),
+            note: format!(
+                "prometheus_client {} (Python {}), multiprocess mode: {} writer processes, its own format ({} .db files, {:.1} MiB: one mmap'd file per metric type per process, JSON keys, value + timestamp per entry); all {} samples checked equal to ours; peak RSS {:.1} MiB after the first export",
+                report.prometheus_client,
+                report.python,
+                report.processes,
+                report.db_files,
+                report.store_bytes as f64 / (1024.0 * 1024.0),
+                report.samples,
+                report.rss_first_kib as f64 / 1024.0,
+            ),
+        }))
+    }
+}

@@ -1,0 +1,136 @@
+//! `promlab ablate --peers` adds peer rows to the report: the render crates
+//! always (they are dependencies), Python's prometheus_client when
+//! `experiments/peers/install.sh` has installed it (CI does not: the test then
+//! checks the skip is reported, and says so).
+
+use promlab::harness::peers::python_export::{prometheus_client_installed, python};
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+/// One CSV line's fields (quoted fields may hold commas: `"a,b"`).
+fn fields(line: &str) -> Vec<String> {
+    let (mut out, mut field, mut quoted) = (Vec::new(), String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut field)),
+            c => field.push(c),
+        }
+    }
+    out.push(field);
+    out
+}
+
+/// `<dir>/<scenario>.csv` as rows keyed by arm, each a column → value map.
+fn rows(dir: &Path, scenario: &str) -> HashMap<String, HashMap<String, String>> {
+    let text = std::fs::read_to_string(dir.join(format!("{scenario}.csv"))).unwrap();
+    let mut lines = text.lines();
+    let header = fields(lines.next().unwrap());
+    lines
+        .map(|l| {
+            let row: HashMap<String, String> = header.iter().cloned().zip(fields(l)).collect();
+            (row["arm"].clone(), row)
+        })
+        .collect()
+}
+
+fn assert_peer_row(row: &HashMap<String, String>, min_units: u64) {
+    assert_eq!(row["strategies"], "peer");
+    assert_eq!(row["measure"], "wall");
+    assert_eq!(row["unit"], "lines");
+    assert!(row["units"].parse::<u64>().unwrap() >= min_units, "{row:?}");
+    assert!(row["median_ns"].parse::<u64>().unwrap() > 0, "{row:?}");
+    assert!(row["ratio_to_all"].parse::<f64>().unwrap() > 0.0, "{row:?}");
+}
+
+#[test]
+fn ablate_with_peers_writes_peer_rows() {
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_promlab"))
+        .args([
+            "ablate",
+            "seed-repro",
+            "rabbitmq-per-object",
+            "--quick",
+            "--peers",
+            "--repeats",
+            "1",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    // The crates: always there, and their answers were checked (else skipped).
+    let render = rows(out.path(), "rabbitmq-per-object");
+    for arm in ["peer:crate-prometheus-client", "peer:crate-prometheus"] {
+        let row = render
+            .get(arm)
+            .unwrap_or_else(|| panic!("no {arm} row:\n{stdout}"));
+        assert_peer_row(row, 63_000);
+        assert_eq!(row["rss_kib"], "", "in-process: RSS not attributed");
+    }
+
+    let export = rows(out.path(), "seed-repro");
+    if prometheus_client_installed() {
+        let row = export
+            .get("peer:python-prometheus-client")
+            .unwrap_or_else(|| panic!("no prometheus_client row:\n{stdout}"));
+        assert_peer_row(row, 2_100);
+        assert!(row["rss_kib"].parse::<u64>().unwrap() > 0, "{row:?}");
+    } else {
+        eprintln!(
+            "prometheus_client is not installed (experiments/peers/install.sh): checking only that its skip is reported"
+        );
+        assert!(!export.contains_key("peer:python-prometheus-client"));
+        assert!(
+            stdout
+                .contains("skipped peer:python-prometheus-client: prometheus_client not installed"),
+            "{stdout}"
+        );
+    }
+}
+
+/// The Python peer's check really rejects a wrong answer: a missing series, a
+/// changed value; and it accepts labels in another order and `le` printed
+/// another way.
+#[test]
+fn python_check_rejects_mismatches() {
+    if Command::new(python()).arg("--version").output().is_err() {
+        eprintln!("no python3: skipping the check of python_export.py's comparison");
+        return;
+    }
+    let script = r#"
+import sys
+sys.path.insert(0, sys.argv[1])
+from python_export import parse_exposition as parse, compare
+ours = parse('# HELP q q\nq_bucket{db="a",le="1"} 2\nq_sum{db="a"} 0.6\nq_count{db="a"} 2\n')
+same = parse('q_count{db="a"} 2.0\nq_bucket{le="1.0",db="a"} 2.0\nq_sum{db="a"} 0.6000000000000001\n')
+assert compare(ours, same) == [], compare(ours, same)
+missing = parse('q_bucket{db="a",le="1"} 2\nq_sum{db="a"} 0.6\n')
+assert "missing" in compare(ours, missing)[0]
+changed = parse('q_bucket{db="a",le="1"} 2\nq_sum{db="a"} 0.7\nq_count{db="a"} 2\n')
+assert "differ" in compare(ours, changed)[0]
+escaped = parse('m{s="a\\"b\\\\c\\nd"} 1\n')
+assert list(escaped) == [("m", (("s", 'a"b\\c\nd'),))], escaped
+print("ok")
+"#;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/peers");
+    let out = Command::new(python())
+        .args(["-c", script])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stdout.starts_with(b"ok"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
