@@ -12,9 +12,11 @@
 //! shortest round-trip, and like dtoa it breaks an exact tie between two
 //! shortest candidates to even); [`write`] is the fast path used on hot paths:
 //! an integer shortcut, then `ryu`. Ryu breaks such ties upward, so its output
-//! is used only when it has at most 15 significant digits: a double's rounding
+//! is used as is when it has at most 15 significant digits (a double's rounding
 //! interval is narrower than the gap between two 15-digit decimals, so the
-//! shortest candidate is then unique and no tie can arise. `tests/ruby_float.rs` checks both against the
+//! shortest candidate is then unique and no tie can arise), or when an exact
+//! check on `v`'s bits ([`needs_exact_rounding`]) shows `v` is not halfway between two
+//! 16- or 17-digit decimals; only the rare tie is formatted the slow way. `tests/ruby_float.rs` checks both against the
 //! 10,119-line oracle Ruby printed, and a property test checks them against each
 //! other.
 
@@ -50,9 +52,11 @@ pub fn write(out: &mut Vec<u8>, v: f64) {
     }
     let mut buf = ryu::Buffer::new();
     let (negative, digits, decpt) = split_decimal(buf.format_finite(v));
-    if digits.len > MAX_UNIQUE_DIGITS {
-        // Ryu says the shortest has 16 or 17 digits: the correctly rounded
-        // 16-digit decimal if it parses back to `v`, else the 17-digit one.
+    if digits.len > MAX_UNIQUE_DIGITS && needs_exact_rounding(v, digits.len) {
+        // Ryu says the shortest has 16 or 17 digits, and `v` lies exactly
+        // halfway between two such decimals: take the correctly rounded
+        // (half-to-even) 16-digit decimal if it parses back to `v`, else the
+        // 17-digit one.
         let mut text = StackText::new();
         if !text.format_round_trips(v, 15) {
             text.format_round_trips(v, 16);
@@ -62,6 +66,46 @@ pub fn write(out: &mut Vec<u8>, v: f64) {
         return;
     }
     layout(out, negative, &digits, decpt);
+}
+
+/// Whether ryu's shortest output of `digits` (16 or 17) digits might not be
+/// the correctly rounded decimal Ruby prints. Two cases:
+/// - `v` is a power of two: its rounding interval is half as wide below, so
+///   ryu may find a shortest candidate on the wide side while the correctly
+///   rounded one, on the narrow side, does not round-trip (Ruby then prints
+///   17 digits: `7.1202363472230444e-307`, where ryu has 16);
+/// - `v`'s exact decimal value has exactly `digits + 1` significant digits
+///   ending in 5: it lies halfway between two decimals of `digits` digits,
+///   where ryu (ties upward) and dtoa (ties to even) part.
+///
+/// `v = m × 2^e` with `m` odd. For `e >= 0`, `v` is an even integer or an
+/// integer below 2^53 (at most 16 digits): no tie at 16 or 17 digits. For
+/// `e < 0`, `v = m × 5^-e / 10^-e`, whose significant digits are those of
+/// `m × 5^-e`; past `-e = 27` that has more than 18 digits, so no tie.
+fn needs_exact_rounding(v: f64, digits: usize) -> bool {
+    let bits = v.to_bits();
+    let exponent_bits = ((bits >> 52) & 0x7ff) as i32;
+    let mut m = bits & ((1 << 52) - 1);
+    let mut e = if exponent_bits == 0 {
+        -1074
+    } else {
+        m |= 1 << 52;
+        exponent_bits - 1075
+    };
+    if m == 1 << 52 && exponent_bits > 1 {
+        return true;
+    }
+    if m == 0 {
+        return false;
+    }
+    let zeros = m.trailing_zeros();
+    m >>= zeros;
+    e += zeros as i32;
+    if e >= 0 || e < -27 {
+        return false;
+    }
+    let exact = m as u128 * 5u128.pow((-e) as u32);
+    exact % 10 == 5 && exact.ilog10() as usize + 1 == digits + 1
 }
 
 /// A stack buffer for `{:.Ne}` formatting, without allocating.

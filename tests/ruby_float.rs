@@ -33,6 +33,31 @@ fn every_oracle_line_matches() {
     assert_eq!(checked, 10_119);
 }
 
+/// Every power of two, both signs, and its neighbours: at a power of two the
+/// rounding interval is asymmetric (half as wide below), the one place where
+/// the shortest round-trip digits and the correctly rounded ones can part.
+#[test]
+fn powers_of_two_and_neighbours_equal_reference() {
+    let mut fast = Vec::new();
+    let mut reference = Vec::new();
+    for exponent in 0..2047u64 {
+        let power = exponent << 52;
+        for bits in [power.saturating_sub(1), power, power + 1] {
+            for v in [f64::from_bits(bits), -f64::from_bits(bits)] {
+                fast.clear();
+                reference.clear();
+                rubyfloat::write(&mut fast, v);
+                rubyfloat::write_reference(&mut reference, v);
+                assert_eq!(
+                    String::from_utf8_lossy(&fast),
+                    String::from_utf8_lossy(&reference),
+                    "{v:e} (bits {bits:#x})"
+                );
+            }
+        }
+    }
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;
@@ -43,6 +68,18 @@ mod properties {
         #[test]
         fn fast_path_equals_reference(bits in any::<u64>()) {
             let v = f64::from_bits(bits);
+            let mut fast = Vec::new();
+            rubyfloat::write(&mut fast, v);
+            let mut reference = Vec::new();
+            rubyfloat::write_reference(&mut reference, v);
+            prop_assert_eq!(fast, reference);
+        }
+
+        /// Quarters, halves and eighths of 16-digit integers: exact values
+        /// halfway between two 17-digit decimals, where ryu and Ruby part.
+        #[test]
+        fn ties_equal_reference(m in (1u64 << 49)..(1u64 << 53), k in 1..=6i32, negative in any::<bool>()) {
+            let v = m as f64 / f64::powi(2.0, k) * if negative { -1.0 } else { 1.0 };
             let mut fast = Vec::new();
             rubyfloat::write(&mut fast, v);
             let mut reference = Vec::new();
