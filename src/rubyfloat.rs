@@ -101,7 +101,7 @@ fn needs_exact_rounding(v: f64, digits: usize) -> bool {
     let zeros = m.trailing_zeros();
     m >>= zeros;
     e += zeros as i32;
-    if e >= 0 || e < -27 {
+    if !(-27..0).contains(&e) {
         return false;
     }
     let exact = m as u128 * 5u128.pow((-e) as u32);
