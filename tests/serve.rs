@@ -254,10 +254,18 @@ fn scenario_endpoints_over_http() {
 fn store_mode_serves_the_ruby_exposition() {
     let dir = fixture(STORE_FIXTURE);
     let expected = std::fs::read(dir.join("expected.prom")).expect("fixture");
-    let args = store_args(&dir);
-    let (_server, addr) = serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    for _ in 0..2 {
-        // Twice: the long-lived exporter must give the same bytes on a second scrape.
+    // The baseline, and every strategy (a catalogue and mapped files kept across scrapes).
+    for strategies in ["none", "all"] {
+        let mut args = store_args(&dir);
+        args.extend(["--strategies".to_string(), strategies.to_string()]);
+        let (_server, addr) = serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        store_mode_scrapes(addr, &expected);
+    }
+}
+
+fn store_mode_scrapes(addr: SocketAddr, expected: &[u8]) {
+    for _ in 0..3 {
+        // Again and again: the long-lived exporter must give the same bytes on later scrapes.
         let response = get(addr, "/metrics", "");
         assert_eq!(response.status, 200);
         assert_eq!(
@@ -266,7 +274,7 @@ fn store_mode_serves_the_ruby_exposition() {
         );
         assert_eq!(
             String::from_utf8_lossy(&response.body),
-            String::from_utf8_lossy(&expected)
+            String::from_utf8_lossy(expected)
         );
     }
     let zipped = get(addr, "/metrics", "Accept-Encoding: gzip\r\n");
@@ -277,7 +285,7 @@ fn store_mode_serves_the_ruby_exposition() {
     assert_eq!(unzipped, expected);
     assert_eq!(get(addr, "/metrics/per-object", "").status, 404);
     if let Some(promtool) = tool("promtool") {
-        promtool_accepts(&promtool, &expected);
+        promtool_accepts(&promtool, expected);
     }
 }
 
