@@ -189,17 +189,9 @@ impl Peer for PrometheusClientCrate {
             prometheus_client::encoding::text::encode(text, &registry)?;
             Ok(())
         })?;
-        Ok(PeerOutcome::Measured(PeerResult {
-            arm: self.arm().to_string(),
-            measure: Measure::Wall,
-            samples,
-            units: (lines, "lines".to_string()),
-            rss_kib: None,
-            note: format!(
-                "prometheus-client {} in-process (RSS not attributed): OpenMetrics text (counters get `_total` appended, `# EOF`), its own float format; series in a Family hash map keyed by owned label strings",
-                PROMETHEUS_CLIENT_VERSION
-            ),
-        }))
+        Ok(in_process(self.arm(), samples, lines, format!(
+            "prometheus-client {PROMETHEUS_CLIENT_VERSION} in-process (RSS not attributed): OpenMetrics text (counters get `_total` appended, `# EOF`), its own float format; series in a Family hash map keyed by owned label strings"
+        )))
     }
 }
 
@@ -226,18 +218,28 @@ impl Peer for PrometheusCrate {
             prometheus::Encoder::encode(&encoder, &registry.gather(), out)?;
             Ok(())
         })?;
-        Ok(PeerOutcome::Measured(PeerResult {
-            arm: self.arm().to_string(),
-            measure: Measure::Wall,
-            samples,
-            units: (lines, "lines".to_string()),
-            rss_kib: None,
-            note: format!(
-                "prometheus {} in-process (RSS not attributed): gather() copies every series into MetricFamily structs and sorts them, then TextEncoder (format 0.0.4) prints them with its own float format",
-                PROMETHEUS_VERSION
-            ),
-        }))
+        Ok(in_process(self.arm(), samples, lines, format!(
+            "prometheus {PROMETHEUS_VERSION} in-process (RSS not attributed): gather() copies every series into MetricFamily structs and sorts them, then TextEncoder (format 0.0.4) prints them with its own float format"
+        )))
     }
+}
+
+/// A crate's measured renders: wall time, lines, no RSS of its own (it runs in
+/// promlab's process).
+fn in_process(
+    arm: &str,
+    samples: Vec<std::time::Duration>,
+    lines: u64,
+    note: String,
+) -> PeerOutcome {
+    PeerOutcome::Measured(PeerResult {
+        arm: arm.to_string(),
+        measure: Measure::Wall,
+        samples,
+        units: (lines, "lines".to_string()),
+        rss_kib: None,
+        note,
+    })
 }
 
 /// The crates' versions, as Cargo.toml pins them (for the notes).
