@@ -8,6 +8,11 @@
 //! differ from ours (a paced feed, a different file format); the report
 //! compares per unit: `ratio_to_all` = the peer's time per unit ÷ promlab-all's.
 
+// ingest peers
+pub mod prometheus;
+pub mod remote_write;
+pub mod victoriametrics;
+
 use super::{Scenario, Size};
 use anyhow::Result;
 use std::path::PathBuf;
@@ -102,7 +107,11 @@ pub trait Peer {
 
 /// Every peer promlab knows, in the order their rows appear.
 pub fn all() -> Vec<Box<dyn Peer>> {
-    vec![]
+    vec![
+        // ingest peers
+        Box::new(prometheus::Prometheus::default()),
+        Box::new(victoriametrics::VictoriaMetrics::default()),
+    ]
 }
 
 /// Runs every peer that has an arm for `scenario`: the measured ones, and
