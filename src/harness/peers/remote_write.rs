@@ -539,7 +539,7 @@ fn compare(
     }
     let minute = w.div_euclid(WINDOW_MS).rem_euclid(24 * 60);
     Ok(format!(
-        "its exact p50/p90/p99 of minute {:02}:{:02} UTC ({} samples per group, from raw samples over its HTTP API) match the samples fed{}, and promlab's are within α = {alpha} of them for all {} groups (largest relative difference {:.4})",
+        "its exact p50/p90/p99 of minute {:02}:{:02} UTC ({} samples per group, from raw samples over its HTTP API) match the samples fed{}, and promlab's are within α = {alpha} of them for all {} groups (largest relative difference {:.5})",
         minute / 60,
         minute % 60,
         fed[0].count,
