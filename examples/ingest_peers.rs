@@ -5,8 +5,10 @@
 //!
 //! ```text
 //! cargo build --release && cargo run --release --example ingest_peers -- \
-//!     target/release/promlab full 7
+//!     target/release/promlab full 7 [--with-clickhouse] [ARM...]
 //! ```
+//!
+//! Named arms (`peer:chdb`, …) restrict the run to them.
 
 use promlab::harness::load_scenario;
 use promlab::harness::peers::{all, PeerContext, PeerOutcome};
@@ -14,10 +16,14 @@ use std::path::PathBuf;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [bin, size, repeats] = &args[..] else {
-        eprintln!("usage: ingest_peers PROMLAB_BIN quick|full REPEATS");
+    let [bin, size, repeats, rest @ ..] = &args[..] else {
+        eprintln!(
+            "usage: ingest_peers PROMLAB_BIN quick|full REPEATS [--with-clickhouse] [ARM...]"
+        );
         std::process::exit(2);
     };
+    let with_clickhouse = rest.iter().any(|a| a == "--with-clickhouse");
+    let only: Vec<&String> = rest.iter().filter(|a| *a != "--with-clickhouse").collect();
     let quick = match size.as_str() {
         "quick" => true,
         "full" => false,
@@ -25,7 +31,11 @@ fn main() {
     };
     let repeats: usize = repeats.parse().expect("REPEATS");
     let scenario = load_scenario("asap-1e5").expect("built-in scenario");
-    for peer in all().into_iter().filter(|p| p.runs(&scenario.name)) {
+    let chosen = |arm: &str| only.is_empty() || only.iter().any(|a| *a == arm);
+    for peer in all()
+        .into_iter()
+        .filter(|p| p.runs(&scenario.name) && chosen(p.arm()))
+    {
         let dir = tempfile::tempdir().expect("scratch directory");
         let cx = PeerContext {
             scenario: &scenario,
@@ -34,7 +44,7 @@ fn main() {
             repeats,
             promlab: PathBuf::from(bin),
             workdir: dir.path().to_path_buf(),
-            with_clickhouse: false,
+            with_clickhouse,
         };
         match peer.run(&cx) {
             Ok(PeerOutcome::Measured(r)) => {

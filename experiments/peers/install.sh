@@ -2,6 +2,7 @@
 # Installs the peer systems `promlab ablate --peers` compares against, each by
 # name from its package registry (nothing vendored). Run as root on Debian 12.
 # A peer that is not installed is skipped by the run, with the reason.
+# `install.sh --with-clickhouse` adds the optional peers of `--with-clickhouse` (~800 MB).
 set -euo pipefail
 
 apt_install() {
@@ -24,4 +25,10 @@ if [ "${#ingest_packages[@]}" -gt 0 ]; then
 fi
 if [ -d /run/systemd/system ]; then
     systemctl disable --now prometheus.service victoria-metrics.service 2>/dev/null || true
+fi
+# chdb (optional, --with-clickhouse): embedded ClickHouse for Python, ~800 MB;
+# experiments/peers/chdb_ingest.py runs it.
+case " $* " in *" --with-clickhouse "*) with_chdb=true ;; *) with_chdb=false ;; esac
+if $with_chdb && ! python3 -c 'import chdb' 2>/dev/null; then
+    python3 -m pip install --quiet chdb
 fi

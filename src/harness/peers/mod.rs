@@ -9,6 +9,7 @@
 //! compares per unit: `ratio_to_all` = the peer's time per unit ÷ promlab-all's.
 
 // ingest peers
+pub mod chdb;
 pub mod prometheus;
 pub mod remote_write;
 pub mod victoriametrics;
@@ -111,6 +112,7 @@ pub fn all() -> Vec<Box<dyn Peer>> {
         // ingest peers
         Box::new(prometheus::Prometheus::default()),
         Box::new(victoriametrics::VictoriaMetrics::default()),
+        Box::new(chdb::Chdb::default()),
     ]
 }
 

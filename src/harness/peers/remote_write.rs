@@ -37,9 +37,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SERIES_PER_GROUP: u64 = 100;
-const WINDOW_MS: i64 = 60_000;
-const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
+pub(super) const SERIES_PER_GROUP: u64 = 100;
+pub(super) const WINDOW_MS: i64 = 60_000;
+pub(super) const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 /// Groups per raw-sample query (50 groups × 100 series × 61 samples ≈ 12 MB of JSON).
 const GROUPS_PER_QUERY: u64 = 50;
 
@@ -196,14 +196,15 @@ fn log_tail(path: &Path) -> String {
 
 /// One group's samples of the compared minute, and its quantiles.
 #[derive(Clone, Debug, Default)]
-struct GroupAnswer {
-    count: u64,
-    quantiles: Vec<f64>,
+pub(super) struct GroupAnswer {
+    pub count: u64,
+    /// p50, p90, p99.
+    pub quantiles: Vec<f64>,
 }
 
 /// Exact quantiles by the crate's rank definition: the sorted values at
 /// 0-based ranks `floor(q·(n − 1))`.
-fn exact(values: &mut [f64]) -> GroupAnswer {
+pub(super) fn exact(values: &mut [f64]) -> GroupAnswer {
     values.sort_by(f64::total_cmp);
     let quantiles = if values.is_empty() {
         Vec::new()
@@ -421,6 +422,58 @@ pub fn measure(cx: &PeerContext<'_>, spec: &ReceiverSpec, plan: FeedPlan) -> Res
     }))
 }
 
+/// Per group `0..groups`, the exact answer for the samples of `ticks`,
+/// regenerated from the feed's formula.
+pub(super) fn fed_answers(workload: &Workload, ticks: &[u64]) -> Vec<GroupAnswer> {
+    let per_group = workload.series_per_group;
+    (0..workload.groups)
+        .map(|g| {
+            let mut values: Vec<f64> = (g * per_group..(g + 1) * per_group)
+                .flat_map(|n| ticks.iter().map(move |&t| workload.value(n, t)))
+                .collect();
+            exact(&mut values)
+        })
+        .collect()
+}
+
+/// Per group `0..groups`, promlab's answer for minute `w` after the requests
+/// of `ticks` (an in-process ingester with every strategy; a group it lacks
+/// has count 0).
+pub(super) fn promlab_answers(
+    workload: &Workload,
+    ticks: &[u64],
+    w: i64,
+) -> Result<Vec<GroupAnswer>> {
+    let generator = workload.generator();
+    let mut ingester = Ingester::new(Plan::default(), StrategySet::all());
+    for &t in ticks {
+        for body in generator.tick_bodies(t) {
+            ingester.handle(&body)?;
+        }
+    }
+    ingester.flush();
+    let result = ingester
+        .query("data", Some(w))
+        .context("no `data` aggregation")?;
+    let mut answers = vec![GroupAnswer::default(); workload.groups as usize];
+    for group in result.groups {
+        let Some(g) = group
+            .labels
+            .get("label_0")
+            .and_then(|g| g.strip_prefix('g'))
+            .and_then(|g| g.parse::<usize>().ok())
+            .filter(|&g| g < answers.len())
+        else {
+            continue;
+        };
+        answers[g] = GroupAnswer {
+            count: group.count,
+            quantiles: group.quantiles.0.iter().map(|(_, v)| *v).collect(),
+        };
+    }
+    Ok(answers)
+}
+
 /// Checks the peer's exact p50/p90/p99 of minute `w` against the quantiles of
 /// the samples fed (regenerated) and promlab's (the same requests through an
 /// in-process ingester with every strategy); a summary for the note.
@@ -441,34 +494,8 @@ fn compare(
         .filter(|&t| (w..w + WINDOW_MS).contains(&workload.timestamp(t, 0)))
         .collect();
 
-    // What was fed, exactly.
-    let fed: Vec<GroupAnswer> = (0..plan.groups)
-        .map(|g| {
-            let mut values: Vec<f64> = (g * SERIES_PER_GROUP..(g + 1) * SERIES_PER_GROUP)
-                .flat_map(|n| window_ticks.iter().map(move |&t| (n, t)))
-                .map(|(n, t)| workload.value(n, t))
-                .collect();
-            exact(&mut values)
-        })
-        .collect();
-
-    // promlab's answer for the same requests.
-    let generator = workload.generator();
-    let mut ingester = Ingester::new(Plan::default(), StrategySet::all());
-    for &t in &window_ticks {
-        for body in generator.tick_bodies(t) {
-            ingester.handle(&body)?;
-        }
-    }
-    ingester.flush();
-    let ours = ingester
-        .query("data", Some(w))
-        .context("no `data` aggregation")?;
-    let ours: BTreeMap<u64, &crate::ingest::window::GroupResult> = ours
-        .groups
-        .iter()
-        .filter_map(|r| Some((r.labels.get("label_0")?.strip_prefix('g')?.parse().ok()?, r)))
-        .collect();
+    let fed = fed_answers(&workload, &window_ticks);
+    let ours = promlab_answers(&workload, &window_ticks, w)?;
 
     // The peer's, from its raw samples; it may take a moment to make fresh writes searchable.
     let all_groups: Vec<u64> = (0..plan.groups).collect();
@@ -503,9 +530,7 @@ fn compare(
                 fed.count
             );
         }
-        let Some(our) = ours.get(&(g as u64)) else {
-            bail!("promlab has no group g{g} in the minute");
-        };
+        let our = &ours[g];
         if our.count != fed.count {
             bail!(
                 "promlab counted {} samples of g{g}; {} were fed",
@@ -525,7 +550,7 @@ fn compare(
                 );
             }
             worst_stored = worst_stored.max(stored);
-            let estimate = our.quantiles.0[i].1;
+            let estimate = our.quantiles[i];
             let relative = (estimate - truth).abs() / truth.abs();
             if relative > alpha * (1.0 + 1e-9) {
                 bail!(
