@@ -51,12 +51,13 @@ fn main() {
                 let mut ms: Vec<u128> = r.samples.iter().map(|d| d.as_millis()).collect();
                 ms.sort();
                 println!(
-                    "{}: median {:.2} s CPU per {} {} ({:.1} ns/sample; chunks {:?} ms), peak RSS {:.1} MiB\n  {}",
+                    "{}: median {:.2} s CPU per {} {} ({:.1} ns per {}; chunks {:?} ms), peak RSS {:.1} MiB\n  {}",
                     r.arm,
                     r.median().as_secs_f64(),
                     r.units.0,
                     r.units.1,
                     r.ns_per_unit(),
+                    r.units.1.trim_end_matches('s'),
                     ms,
                     r.rss_kib.unwrap_or(0) as f64 / 1024.0,
                     r.note
