@@ -6,7 +6,7 @@
 //! can, and the CPU time of its process is read around each batch.
 
 use super::remote_write::{
-    fed_answers, promlab_answers, FeedPlan, GroupAnswer, QUANTILES, WINDOW_MS,
+    fed_answers, promlab_answers, run_within, FeedPlan, GroupAnswer, QUANTILES, WINDOW_MS,
 };
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use crate::ingest::feed::Workload;
@@ -129,25 +129,32 @@ impl Peer for Chdb {
         // One minute: ticks 0..60 from a minute boundary.
         let ticks: Vec<u64> = (0..(WINDOW_MS / 1000) as u64).collect();
         let files = write_batches(&workload, &ticks, &cx.workdir)?;
-        let output = Command::new("python3")
+        let answer_path = cx.workdir.join("answer.json");
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg("exec python3 \"$@\" > \"$ANSWER\"")
+            .arg("chdb_ingest")
             .arg(script())
             .arg("--session")
             .arg(cx.workdir.join("chdb"))
             .args(["--minute-ms", &MINUTE_MS.to_string()])
             .args(&files)
-            .stdin(Stdio::null())
-            .output()
+            .env("ANSWER", &answer_path);
+        // Seconds at the full size; ten minutes means something is wrong.
+        let (status, stderr) = run_within(&mut command, &cx.workdir, Duration::from_secs(600))
             .context("running python3 chdb_ingest.py")?;
-        if !output.status.success() {
-            let tail = &output.stderr[output.stderr.len().saturating_sub(1500)..];
-            bail!(
-                "chdb_ingest.py failed ({}): {}",
-                output.status,
-                String::from_utf8_lossy(tail)
-            );
+        if !status.success() {
+            let from = stderr
+                .char_indices()
+                .map(|(i, _)| i)
+                .find(|&i| i + 1500 >= stderr.len())
+                .unwrap_or(0);
+            let tail = &stderr[from..];
+            bail!("chdb_ingest.py failed ({status}): {tail}");
         }
-        let answer: Answer =
-            serde_json::from_slice(&output.stdout).context("chdb_ingest.py's JSON answer")?;
+        let answer: Answer = serde_json::from_slice(&std::fs::read(&answer_path)?)
+            .context("chdb_ingest.py's JSON answer")?;
 
         let fed = fed_answers(&workload, &ticks);
         let ours = promlab_answers(&workload, &ticks, MINUTE_MS)?;

@@ -125,6 +125,35 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Runs `command` to its end, or kills it after `limit`; its exit status and
+/// standard error (kept in a file in `workdir`, so no pipe can fill and block it).
+pub(super) fn run_within(
+    command: &mut Command,
+    workdir: &Path,
+    limit: Duration,
+) -> Result<(std::process::ExitStatus, String)> {
+    let stderr_path = workdir.join("command.stderr");
+    let mut child = KillOnDrop(
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_path)?)
+            .spawn()?,
+    );
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.0.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            bail!("still running after {} s; killed", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = String::from_utf8_lossy(&std::fs::read(&stderr_path)?).into_owned();
+    Ok((status, stderr))
+}
+
 /// A free loopback port (bound, then released for the peer to take).
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -348,19 +377,19 @@ pub fn measure(cx: &PeerContext<'_>, spec: &ReceiverSpec, plan: FeedPlan) -> Res
     let url = format!("http://127.0.0.1:{port}/api/v1/write");
     let mut late_ticks = 0u64;
     let mut feed = |first: u64, ticks: u64| -> Result<()> {
-        let output = Command::new(&cx.promlab)
+        let mut command = Command::new(&cx.promlab);
+        command
             .args(["feed", "--url", &url])
             .args(["--groups", &plan.groups.to_string()])
             .args(["--series-per-group", &SERIES_PER_GROUP.to_string()])
             .args(["--start-ms", &start_ms.to_string()])
             .args(["--first-tick", &first.to_string()])
-            .args(["--duration-secs", &ticks.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .output()
+            .args(["--duration-secs", &ticks.to_string()]);
+        // A stalled receiver must not stall our run: the pace plus two minutes.
+        let limit = Duration::from_secs(ticks + 120);
+        let (status, stderr) = run_within(&mut command, &cx.workdir, limit)
             .with_context(|| format!("running {} feed", cx.promlab.display()))?;
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        if !output.status.success() {
+        if !status.success() {
             bail!(
                 "promlab feed into {} failed: {}{}",
                 spec.binary,
