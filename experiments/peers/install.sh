@@ -34,8 +34,25 @@ pip_install "prometheus_client==$PROMETHEUS_CLIENT_VERSION"
 # dependencies of promlab: nothing to install here.
 
 # ingest peers
-# (Debian's prometheus and victoria-metrics: the ingest peers' lines go here.)
-# Embedded ClickHouse (peer chdb), only with --with-clickhouse: an ~800 MB wheel.
+# prometheus: Prometheus 2.42 (its remote-write receiver; .ci/run installs it too).
+# victoria-metrics: VictoriaMetrics 1.79 single-node.
+# Each peer run starts its own copy on a loopback port with a scratch data
+# directory. On a host where systemd runs, the packages also start their
+# services (listening on all interfaces, :9090 and :8428): stop and disable
+# those, so nothing but the peer runs compete for the CPU being measured.
+ingest_packages=()
+command -v prometheus >/dev/null 2>&1 || ingest_packages+=(prometheus)
+command -v victoria-metrics >/dev/null 2>&1 || ingest_packages+=(victoria-metrics)
+if [ "${#ingest_packages[@]}" -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${ingest_packages[@]}" >/dev/null
+fi
+if [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus.service victoria-metrics.service 2>/dev/null || true
+fi
+# Embedded ClickHouse (peer:chdb, experiments/peers/chdb_ingest.py), only with
+# --with-clickhouse: an ~800 MB wheel.
 CHDB_VERSION=4.4.0
 if $with_clickhouse; then
     pip_install "chdb==$CHDB_VERSION"

@@ -74,6 +74,10 @@ pub struct FeedArgs {
     /// Ticks to send (one per second).
     #[arg(long, default_value_t = 60)]
     pub duration_secs: u64,
+    /// The first tick to send: a later run continues an earlier one's feed
+    /// (tick `t` has timestamp `start_ms + 1000·t` and its own values).
+    #[arg(long, default_value_t = 0)]
+    pub first_tick: u64,
     /// Timestamp of tick 0 (default: now).
     #[arg(long)]
     pub start_ms: Option<i64>,
@@ -105,9 +109,10 @@ pub fn feed(args: FeedArgs) -> Result<()> {
         start_ms,
         batch_rows: args.batch_rows.max(1),
     };
+    let ticks = args.first_tick..args.first_tick + args.duration_secs;
     let report = match &args.out {
-        Some(dir) => feed::write_bodies(&workload, args.duration_secs, dir)?,
-        None => feed::send(&workload, args.duration_secs, &args.url, args.concurrency)?,
+        Some(dir) => feed::write_bodies(&workload, ticks, dir)?,
+        None => feed::send(&workload, ticks, &args.url, args.concurrency)?,
     };
     eprintln!(
         "promlab feed: {} ticks, {} requests, {} samples, {} failed requests, {} late ticks",

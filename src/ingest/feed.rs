@@ -14,6 +14,7 @@ use super::wire;
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -140,12 +141,12 @@ pub struct FeedReport {
     pub late_ticks: u64,
 }
 
-/// Writes ticks `0..ticks` as files `DIR/TTTTTT-RRRR.bin` (name order = send order).
-pub fn write_bodies(workload: &Workload, ticks: u64, dir: &Path) -> Result<FeedReport> {
+/// Writes `ticks` as files `DIR/TTTTTT-RRRR.bin` (name order = send order).
+pub fn write_bodies(workload: &Workload, ticks: Range<u64>, dir: &Path) -> Result<FeedReport> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let generator = workload.generator();
     let mut report = FeedReport::default();
-    for t in 0..ticks {
+    for t in ticks {
         for (r, body) in generator.tick_bodies(t).iter().enumerate() {
             let path = dir.join(format!("{t:06}-{r:04}.bin"));
             std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
@@ -157,19 +158,27 @@ pub fn write_bodies(workload: &Workload, ticks: u64, dir: &Path) -> Result<FeedR
     Ok(report)
 }
 
-/// Sends ticks `0..ticks` to `url`, one tick per second, `concurrency` requests in flight.
-pub fn send(workload: &Workload, ticks: u64, url: &str, concurrency: usize) -> Result<FeedReport> {
+/// Sends `ticks` to `url`, one tick per second from the first, `concurrency`
+/// requests in flight. A feed split over several runs (`--first-tick`) sends
+/// the same samples as one run would.
+pub fn send(
+    workload: &Workload,
+    ticks: Range<u64>,
+    url: &str,
+    concurrency: usize,
+) -> Result<FeedReport> {
     let target = HttpTarget::parse(url)?;
     let generator = workload.generator();
     let mut report = FeedReport::default();
     let began = Instant::now();
+    let first = ticks.start;
     let mut clients: Vec<Option<HttpClient>> = (0..concurrency.max(1)).map(|_| None).collect();
-    for t in 0..ticks {
-        let due = began + Duration::from_secs(t);
+    for t in ticks {
+        let due = began + Duration::from_secs(t - first);
         let now = Instant::now();
         if now < due {
             std::thread::sleep(due - now);
-        } else if t > 0 && now - due > Duration::from_millis(100) {
+        } else if t > first && now - due > Duration::from_millis(100) {
             report.late_ticks += 1;
         }
         let bodies = generator.tick_bodies(t);

@@ -10,6 +10,11 @@
 
 pub mod crates_render;
 pub mod python_export;
+// ingest peers
+pub mod chdb;
+pub mod prometheus;
+pub mod remote_write;
+pub mod victoriametrics;
 
 use super::{Scenario, Size};
 use anyhow::Result;
@@ -111,6 +116,10 @@ pub fn all() -> Vec<Box<dyn Peer>> {
         Box::new(python_export::PythonPrometheusClient),
         Box::new(crates_render::PrometheusClientCrate),
         Box::new(crates_render::PrometheusCrate),
+        // ingest peers
+        Box::new(prometheus::Prometheus::default()),
+        Box::new(victoriametrics::VictoriaMetrics::default()),
+        Box::new(chdb::Chdb::default()),
     ]
 }
 
