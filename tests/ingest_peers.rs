@@ -104,12 +104,17 @@ fn chdb_peer_needs_its_flag_then_agrees() {
         Ok(PeerOutcome::Skipped(reason)) => assert_eq!(reason, "needs --with-clickhouse"),
         other => panic!("without --with-clickhouse: {other:?}"),
     }
-    let importable = std::process::Command::new("python3")
+    // The python the peer uses: the peers' venv if install.sh made one.
+    let python = promlab::harness::peers::python_export::python();
+    let importable = std::process::Command::new(&python)
         .args(["-c", "import chdb"])
         .status()
         .is_ok_and(|s| s.success());
     if !importable {
-        eprintln!("SKIPPED: no `chdb` for python3, so no peer:chdb arm");
+        eprintln!(
+            "SKIPPED: no `chdb` for {}, so no peer:chdb arm",
+            python.display()
+        );
         return;
     }
     // One minute of 20 groups × 100 series: 120,000 rows, two batches (the first a warm-up).
