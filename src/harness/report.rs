@@ -249,7 +249,7 @@ pub fn write_machine(dir: &Path, options: &AblateOptions) -> Result<()> {
         if features.is_empty() { "none".to_string() } else { features.join(",") },
         options.only.map_or("all of each stage".to_string(), |s| s.to_string()),
         if options.quick { "quick" } else { "full" },
-        command_output("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into()),
+        env!("PROMLAB_GIT_REVISION"),
         command_output("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]).unwrap_or_default(),
         command_output("hostname", &[]).unwrap_or_default(),
     );
