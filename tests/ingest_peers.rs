@@ -83,16 +83,13 @@ fn run_tiny(peer: &dyn Peer, binary: &str) {
 
 #[test]
 fn prometheus_peer_measures_and_agrees() {
-    run_tiny(
-        &prometheus::Prometheus { plan: Some(TINY) },
-        prometheus::SPEC.binary,
-    );
+    run_tiny(&prometheus::peer(Some(TINY)), prometheus::SPEC.binary);
 }
 
 #[test]
 fn victoriametrics_peer_measures_and_agrees() {
     run_tiny(
-        &victoriametrics::VictoriaMetrics { plan: Some(TINY) },
+        &victoriametrics::peer(Some(TINY)),
         victoriametrics::SPEC.binary,
     );
 }

@@ -117,8 +117,8 @@ pub fn all() -> Vec<Box<dyn Peer>> {
         Box::new(crates_render::PrometheusClientCrate),
         Box::new(crates_render::PrometheusCrate),
         // ingest peers
-        Box::new(prometheus::Prometheus::default()),
-        Box::new(victoriametrics::VictoriaMetrics::default()),
+        Box::new(prometheus::peer(None)),
+        Box::new(victoriametrics::peer(None)),
         Box::new(chdb::Chdb::default()),
     ]
 }

@@ -23,7 +23,7 @@
 //! at 0-based rank `floor(q·(n − 1))` is the exact quantile, the rank
 //! definition of `tests/ingest_equivalence.rs`.
 
-use super::{Measure, PeerContext, PeerOutcome, PeerResult};
+use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use crate::ingest::feed::Workload;
 use crate::ingest::pipeline::Ingester;
 use crate::ingest::plan::Plan;
@@ -103,6 +103,31 @@ pub struct ReceiverSpec {
     pub stored_tolerance: f64,
     /// What it does that promlab does not; printed under the table.
     pub note: &'static str,
+}
+
+/// A remote-write receiver as a peer of `asap-1e5`: `spec` says which and how
+/// to run it; `plan` overrides the feed chosen by size (tests feed seconds,
+/// not minutes).
+pub struct Receiver {
+    pub spec: &'static ReceiverSpec,
+    pub plan: Option<FeedPlan>,
+}
+
+impl Peer for Receiver {
+    fn arm(&self) -> &'static str {
+        self.spec.arm
+    }
+
+    fn runs(&self, scenario: &str) -> bool {
+        scenario == "asap-1e5"
+    }
+
+    fn run(&self, cx: &PeerContext<'_>) -> Result<PeerOutcome> {
+        let plan = self
+            .plan
+            .unwrap_or_else(|| FeedPlan::for_size(cx.quick, cx.repeats));
+        measure(cx, self.spec, plan)
+    }
 }
 
 /// Finds `binary` on `PATH`, then in /usr/bin.

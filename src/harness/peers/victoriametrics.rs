@@ -1,16 +1,9 @@
 //! VictoriaMetrics single-node (Debian's `victoria-metrics`), as the ingest
 //! peer: the same paced feed into its Prometheus remote-write endpoint.
 
-use super::remote_write::{self, FeedPlan, ReceiverSpec};
-use super::{Peer, PeerContext, PeerOutcome};
+use super::remote_write::{FeedPlan, Receiver, ReceiverSpec};
 use anyhow::Result;
 use std::path::Path;
-
-/// `peer:victoriametrics`; `plan` overrides the feed chosen by size.
-#[derive(Default)]
-pub struct VictoriaMetrics {
-    pub plan: Option<FeedPlan>,
-}
 
 fn args(port: u16, workdir: &Path) -> Result<Vec<String>> {
     Ok(vec![
@@ -36,19 +29,7 @@ pub const SPEC: ReceiverSpec = ReceiverSpec {
     note: "VictoriaMetrics 1.79 single-node: buffers then merges raw samples into compressed on-disk parts, indexes every series, answers exact quantiles from raw samples",
 };
 
-impl Peer for VictoriaMetrics {
-    fn arm(&self) -> &'static str {
-        SPEC.arm
-    }
-
-    fn runs(&self, scenario: &str) -> bool {
-        scenario == "asap-1e5"
-    }
-
-    fn run(&self, cx: &PeerContext<'_>) -> Result<PeerOutcome> {
-        let plan = self
-            .plan
-            .unwrap_or_else(|| FeedPlan::for_size(cx.quick, cx.repeats));
-        remote_write::measure(cx, &SPEC, plan)
-    }
+/// `peer:victoriametrics`; `plan` overrides the feed chosen by size.
+pub fn peer(plan: Option<FeedPlan>) -> Receiver {
+    Receiver { spec: &SPEC, plan }
 }
