@@ -27,7 +27,7 @@
 //!   catalogue outgrows the live series by [`CATALOGUE_SLACK`]; order of
 //!   appearance is recomputed every scrape, so output never depends on history.
 
-use crate::formenc::{self, Label};
+use crate::formenc;
 use crate::registry::{Aggregation, MetricDef, MetricType, Registry};
 use crate::render;
 use crate::strategy::{Strategy, StrategySet};
@@ -510,7 +510,8 @@ impl Catalogue {
         let hash = self.hash(decoded.iter().map(|(n, v)| (&**n, &**v)));
         if let Some(candidates) = self.by_hash.get(&hash) {
             for &index in candidates {
-                if same_labels(&self.series[index].labels, &decoded) {
+                let pairs = decoded.iter().map(|(n, v)| (&**n, &**v));
+                if same_labels(&self.series[index].labels, pairs) {
                     return Ok(index);
                 }
             }
@@ -543,14 +544,10 @@ impl Catalogue {
         }
         let hash = self.hash(base.iter().copied());
         let found = self.group_by_hash.get(&hash).and_then(|candidates| {
-            candidates.iter().copied().find(|&g| {
-                let stored = &self.groups[g].labels;
-                stored.len() == base.len()
-                    && stored
-                        .iter()
-                        .zip(&base)
-                        .all(|((n, v), (n2, v2))| **n == **n2 && **v == **v2)
-            })
+            candidates
+                .iter()
+                .copied()
+                .find(|&g| same_labels(&self.groups[g].labels, base.iter().copied()))
         });
         let group = found.unwrap_or_else(|| {
             let rendered = s.contains(Strategy::Prerender).then(|| {
@@ -582,12 +579,16 @@ impl Catalogue {
     }
 }
 
-fn same_labels(stored: &LabelSet, decoded: &[Label<'_>]) -> bool {
-    stored.len() == decoded.len()
+/// Whether `stored` holds exactly these pairs, in this order.
+fn same_labels<'a>(
+    stored: &LabelSet,
+    pairs: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8])>,
+) -> bool {
+    stored.len() == pairs.len()
         && stored
             .iter()
-            .zip(decoded)
-            .all(|((n, v), (n2, v2))| **n == **n2 && **v == **v2)
+            .zip(pairs)
+            .all(|((n, v), (n2, v2))| **n == *n2 && **v == *v2)
 }
 
 /// One scrape of a metric: its series' values folded in file order, and the

@@ -3,24 +3,11 @@
 //! `experiments/peers/install.sh` has installed it (CI does not: the test then
 //! checks the skip is reported, and says so).
 
+use promlab::harness::dossier::split_csv as fields;
 use promlab::harness::peers::python_export::{prometheus_client_installed, python};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
-
-/// One CSV line's fields (quoted fields may hold commas: `"a,b"`).
-fn fields(line: &str) -> Vec<String> {
-    let (mut out, mut field, mut quoted) = (Vec::new(), String::new(), false);
-    for c in line.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            ',' if !quoted => out.push(std::mem::take(&mut field)),
-            c => field.push(c),
-        }
-    }
-    out.push(field);
-    out
-}
 
 /// `<dir>/<scenario>.csv` as rows keyed by arm, each a column → value map.
 fn rows(dir: &Path, scenario: &str) -> HashMap<String, HashMap<String, String>> {

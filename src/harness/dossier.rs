@@ -45,7 +45,7 @@ pub fn latest_results(root: &Path) -> Result<PathBuf> {
 }
 
 /// Splits one CSV line, honouring double quotes.
-fn split_csv(line: &str) -> Vec<String> {
+pub fn split_csv(line: &str) -> Vec<String> {
     let mut fields = Vec::new();
     let mut field = String::new();
     let mut quoted = false;
