@@ -1,20 +1,27 @@
-//! Export, side by side, as scrapes of a long-lived exporter per arm: the seed repro (10 processes × 150 statements) and the
-//! larger case (10 processes, statements up to ~3,900 characters, ~50 MB of
-//! store data), baseline vs each strategy alone vs the configured set. The
-//! output of every arm is checked against the baseline before timing.
+//! Export, side by side, as scrapes of a long-lived exporter per arm,
+//! baseline vs each strategy alone vs the configured set: the seed repro (10
+//! processes × 150 statements), the larger case as client_ruby wrote it (the
+//! fixture: 52.7 MB of store data, 5,254 lines) and generated at twice its
+//! size (97.8 MB, statements up to ~3,900 characters throughout). The output
+//! of every arm is checked against the baseline before timing.
 //!
 //! Flamegraphs: `cargo bench --bench export -- --profile-time 10`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use promlab::export::Exporter;
+use promlab::registry::Registry;
 use promlab::strategy::{Stage, Strategy, StrategySet};
 use promlab::workload::{self, StoreWorkload};
+use std::path::Path;
 
-fn bench_store(c: &mut Criterion, name: &str, workload: StoreWorkload, samples: usize) {
+fn bench_written(c: &mut Criterion, name: &str, workload: StoreWorkload, samples: usize) {
     let dir = tempfile::tempdir().unwrap();
     workload.write(dir.path(), StrategySet::NONE).unwrap();
-    let expected =
-        promlab::export::export(dir.path(), &workload.registry, StrategySet::NONE).unwrap();
+    bench_store(c, name, dir.path(), &workload.registry, samples);
+}
+
+fn bench_store(c: &mut Criterion, name: &str, dir: &Path, registry: &Registry, samples: usize) {
+    let expected = promlab::export::export(dir, registry, StrategySet::NONE).unwrap();
     let lines = expected.iter().filter(|&&b| b == b'\n').count() as u64;
     let mut group = c.benchmark_group(format!("export/{name}"));
     group.sample_size(samples);
@@ -22,7 +29,7 @@ fn bench_store(c: &mut Criterion, name: &str, workload: StoreWorkload, samples: 
     // Scrapes by a long-lived exporter per arm, as a sidecar serves them
     // (`prerender` keeps its catalogue between them).
     for (arm, strategies) in promlab::harness::bench_arms(Stage::Export) {
-        let mut exporter = Exporter::new(dir.path(), workload.registry.clone(), strategies);
+        let mut exporter = Exporter::new(dir, registry.clone(), strategies);
         let mut out = Vec::new();
         exporter.export_into(&mut out).unwrap();
         assert!(out == expected, "{arm} differs from the baseline");
@@ -37,17 +44,42 @@ fn bench_store(c: &mut Criterion, name: &str, workload: StoreWorkload, samples: 
         .without(Strategy::Prerender);
     group.bench_function(
         BenchmarkId::from_parameter(format!("one-shot({one_shot})")),
-        |b| b.iter(|| promlab::export::export(dir.path(), &workload.registry, one_shot).unwrap()),
+        |b| b.iter(|| promlab::export::export(dir, registry, one_shot).unwrap()),
     );
     group.finish();
 }
 
 fn seed_repro(c: &mut Criterion) {
-    bench_store(c, "seed-repro", workload::seed_repro(10, 150), 50);
+    bench_written(c, "seed-repro", workload::seed_repro(10, 150), 50);
+}
+
+/// The fixture's store, unpacked as the tests unpack it.
+fn large_ruby(c: &mut Criterion) {
+    let tmp = tempfile::tempdir().unwrap();
+    let archive =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ruby-dfs/large-v5-uri.tar.gz");
+    let status = std::process::Command::new("tar")
+        .arg("xzf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(tmp.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "tar failed");
+    let case = tmp.path().join("large-v5-uri");
+    let registry = Registry::load(&case.join("registry.json")).unwrap();
+    let ruby = std::fs::read(case.join("expected.prom")).unwrap();
+    let baseline =
+        promlab::export::export(&case.join("store"), &registry, StrategySet::NONE).unwrap();
+    assert!(
+        baseline == ruby,
+        "the baseline differs from Ruby's expected.prom"
+    );
+    bench_store(c, "large-ruby", &case.join("store"), &registry, 10);
 }
 
 fn large(c: &mut Criterion) {
-    bench_store(c, "large", workload::large(10, 350, 3900), 10);
+    bench_written(c, "large", workload::large(10, 350, 3900), 10);
 }
 
 #[path = "support/profiler.rs"]
@@ -56,6 +88,6 @@ mod profiler;
 criterion_group! {
     name = benches;
     config = profiler::criterion();
-    targets = seed_repro, large
+    targets = seed_repro, large_ruby, large
 }
 criterion_main!(benches);

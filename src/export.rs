@@ -47,12 +47,36 @@ use std::path::{Path, PathBuf};
 /// One entry of a store file.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Entry<'a> {
-    /// The form-encoded key, padding removed.
-    pub key: &'a [u8],
-    pub value: f64,
-    pub timestamp: f64,
+    /// The form-encoded key as stored, padding included.
+    pub padded_key: &'a [u8],
+    /// The value and the timestamp, as stored.
+    pub value_bytes: &'a [u8; 16],
     /// File offset of the value.
     pub value_offset: usize,
+}
+
+impl<'a> Entry<'a> {
+    /// The key without its padding (client_ruby's `unpack("A*")`). Found by
+    /// scanning back from the key's end: callers that can compare padded keys
+    /// skip it, and so skip waiting for that end to come from memory.
+    pub fn key(&self) -> &'a [u8] {
+        strip_padding(self.padded_key)
+    }
+
+    // The value is read when asked for: a caller that compares the key first
+    // finds the value's cache line already fetched behind the key.
+    pub fn value(&self) -> f64 {
+        f64::from_le_bytes(self.value_bytes[..8].try_into().expect("8 bytes"))
+    }
+
+    pub fn timestamp(&self) -> f64 {
+        f64::from_le_bytes(self.value_bytes[8..].try_into().expect("8 bytes"))
+    }
+
+    /// File offset of the entry.
+    pub fn offset(&self) -> usize {
+        self.value_offset - self.padded_key.len() - 4
+    }
 }
 
 /// Why an entry could not be read.
@@ -128,23 +152,15 @@ fn entry_at(region: &[u8], at: usize, used: usize) -> Result<(Entry<'_>, usize),
     if at + needs > used || at + needs > region.len() {
         return Err(truncated(needs));
     }
-    let key = strip_padding(&region[at + 4..at + 4 + len as usize]);
+    let padded_key = &region[at + 4..at + 4 + len as usize];
     let value_offset = at + 4 + len as usize;
-    let value = f64::from_le_bytes(
-        region[value_offset..value_offset + 8]
-            .try_into()
-            .expect("8 bytes"),
-    );
-    let timestamp = f64::from_le_bytes(
-        region[value_offset + 8..value_offset + 16]
-            .try_into()
-            .expect("8 bytes"),
-    );
+    let value_bytes = region[value_offset..value_offset + 16]
+        .try_into()
+        .expect("16 bytes");
     Ok((
         Entry {
-            key,
-            value,
-            timestamp,
+            padded_key,
+            value_bytes,
             value_offset,
         },
         at + needs,
@@ -324,14 +340,12 @@ fn read_entry_by_entry(
             let mut value_bytes = [0u8; 16];
             reader.read_exact(&mut value_bytes)?;
             let value_offset = at + 4 + len as usize;
-            let key = strip_padding(key);
             if pass == 0 {
-                positions.insert(key.to_vec(), value_offset);
+                positions.insert(strip_padding(key).to_vec(), value_offset);
             } else {
                 visit(Entry {
-                    key,
-                    value: f64::from_le_bytes(value_bytes[..8].try_into().expect("8 bytes")),
-                    timestamp: f64::from_le_bytes(value_bytes[8..].try_into().expect("8 bytes")),
+                    padded_key: key,
+                    value_bytes: &value_bytes,
                     value_offset,
                 })?;
             }
@@ -392,16 +406,33 @@ pub struct Group {
 /// `decode-once`: each distinct raw key, decoded once, with its series.
 #[derive(Default)]
 struct RawKeys {
-    keys: Vec<Box<[u8]>>,
-    series: Vec<usize>,
+    /// Every raw key as first found, padding included, back to back in the
+    /// order met: a scrape compares against them in about that order, so the
+    /// comparisons read two sequential streams.
+    bytes: Vec<u8>,
+    /// Per raw key: where its padded bytes start in `bytes`, their length,
+    /// its length without padding, and its series.
+    spans: Vec<RawKey>,
     index: hashbrown::HashTable<usize>,
-    /// Raw-key ids by entry ordinal in the file read before, and in this one.
-    /// Processes running the same code write the same keys in the same order
-    /// (and a file read on the previous scrape only grows), so the key at an
-    /// ordinal is usually the one found there before: one comparison finds it
-    /// without hashing hundreds of bytes.
-    previous_file: Vec<usize>,
+    /// Raw-key ids by entry ordinal, per file as of its last read, and in the
+    /// file being read. The key at an ordinal is usually the one a hint says
+    /// (one comparison of padded bytes finds it, without hashing hundreds of
+    /// bytes): a file read before only grows, its entries never move; a file
+    /// not read before is hinted by the one read just before it, as processes
+    /// running the same code often write the same keys in the same order.
+    /// Hints are only guesses: every key is compared in full.
+    files: AHashMap<PathBuf, Vec<usize>>,
+    /// `files` of this scrape: files gone from the store drop out of it.
+    next_files: AHashMap<PathBuf, Vec<usize>>,
+    hint: Vec<usize>,
     this_file: Vec<usize>,
+}
+
+struct RawKey {
+    start: usize,
+    padded_len: usize,
+    key_len: usize,
+    series: usize,
 }
 
 /// foldhash is markedly faster than ahash's portable fallback on keys of
@@ -412,35 +443,64 @@ fn hash_raw_key(key: &[u8]) -> u64 {
 }
 
 impl RawKeys {
-    fn start_file(&mut self) {
-        std::mem::swap(&mut self.previous_file, &mut self.this_file);
+    fn start_file(&mut self, path: &Path) {
+        match self.files.remove(path) {
+            Some(own) => self.hint = own,
+            None => std::mem::swap(&mut self.hint, &mut self.this_file),
+        }
         self.this_file.clear();
     }
 
-    /// The series of `key`, if this raw key was met before.
-    fn find(&mut self, key: &[u8]) -> Option<usize> {
+    fn end_file(&mut self, path: &Path) {
+        self.next_files
+            .insert(path.to_path_buf(), self.this_file.clone());
+    }
+
+    fn end_scrape(&mut self) {
+        self.files = std::mem::take(&mut self.next_files);
+    }
+
+    fn padded(&self, id: usize) -> &[u8] {
+        let span = &self.spans[id];
+        &self.bytes[span.start..span.start + span.padded_len]
+    }
+
+    fn key(&self, id: usize) -> &[u8] {
+        &self.padded(id)[..self.spans[id].key_len]
+    }
+
+    /// The series of the entry's key, if this raw key was met before.
+    fn find(&mut self, entry: &Entry<'_>) -> Option<usize> {
         let ordinal = self.this_file.len();
-        let id = match self.previous_file.get(ordinal) {
-            Some(&id) if *self.keys[id] == *key => id,
+        let id = match self.hint.get(ordinal) {
+            Some(&id) if self.padded(id) == entry.padded_key => id,
             _ => {
-                let keys = &self.keys;
+                let key = entry.key();
                 *self
                     .index
-                    .find(hash_raw_key(key), |&id| *keys[id] == *key)?
+                    .find(hash_raw_key(key), |&id| self.key(id) == key)?
             }
         };
         self.this_file.push(id);
-        Some(self.series[id])
+        Some(self.spans[id].series)
     }
 
     /// Records a raw key not met before (after [`RawKeys::find`] said so).
-    fn insert(&mut self, key: &[u8], series: usize) {
-        let id = self.keys.len();
-        self.keys.push(key.into());
-        self.series.push(series);
-        let keys = &self.keys;
+    fn insert(&mut self, entry: &Entry<'_>, series: usize) {
+        let id = self.spans.len();
+        self.spans.push(RawKey {
+            start: self.bytes.len(),
+            padded_len: entry.padded_key.len(),
+            key_len: entry.key().len(),
+            series,
+        });
+        self.bytes.extend_from_slice(entry.padded_key);
+        let (bytes, spans) = (&self.bytes, &self.spans);
         self.index
-            .insert_unique(hash_raw_key(key), id, |&id| hash_raw_key(&keys[id]));
+            .insert_unique(hash_raw_key(entry.key()), id, |&id| {
+                let span = &spans[id];
+                hash_raw_key(&bytes[span.start..span.start + span.key_len])
+            });
         self.this_file.push(id);
     }
 }
@@ -482,16 +542,16 @@ impl Catalogue {
         }
     }
 
-    /// The series of a raw key.
-    fn lookup(&mut self, raw: &[u8], s: StrategySet) -> Result<usize> {
+    /// The series of an entry's key.
+    fn lookup(&mut self, entry: &Entry<'_>, s: StrategySet) -> Result<usize> {
         if !s.contains(Strategy::DecodeOnce) {
-            return self.find_or_insert(raw, s);
+            return self.find_or_insert(entry.key(), s);
         }
-        if let Some(series) = self.raw.find(raw) {
+        if let Some(series) = self.raw.find(entry) {
             return Ok(series);
         }
-        let series = self.find_or_insert(raw, s)?;
-        self.raw.insert(raw, series);
+        let series = self.find_or_insert(entry.key(), s)?;
+        self.raw.insert(entry, series);
         Ok(series)
     }
 
@@ -634,12 +694,12 @@ impl Scrape {
         if self.series_seen[series] != self.number {
             self.series_seen[series] = self.number;
             self.values[series] = Aggregate {
-                value: entry.value,
-                timestamp: entry.timestamp,
+                value: entry.value(),
+                timestamp: entry.timestamp(),
             };
             self.series_order.push(series);
         } else {
-            self.values[series].fold(mode, entry.value, entry.timestamp);
+            self.values[series].fold(mode, entry.value(), entry.timestamp());
         }
     }
 
@@ -920,16 +980,18 @@ impl Exporter {
         let MetricState { catalogue, scrape } = state;
         scrape.start();
         for path in metric_files(&self.dir, &def.name)? {
-            catalogue.raw.start_file();
+            catalogue.raw.start_file(&path);
             read_file(&path, s, &mut self.reader, &mut |entry| {
-                let series = catalogue.lookup(entry.key, s).with_context(|| {
-                    format!("entry at offset {}", entry.value_offset - entry.key.len())
-                })?;
+                let series = catalogue
+                    .lookup(&entry, s)
+                    .with_context(|| format!("entry at offset {}", entry.offset()))?;
                 scrape.add(series, mode, &entry);
                 Ok(())
             })
             .with_context(|| format!("metric {}", def.name))?;
+            catalogue.raw.end_file(&path);
         }
+        catalogue.raw.end_scrape();
         scrape.group(catalogue);
         Ok(())
     }

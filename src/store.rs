@@ -191,7 +191,8 @@ impl StoreFile {
         for entry in crate::export::entries(&region, used) {
             let entry =
                 entry.map_err(|e| anyhow!("corrupt store file {}: {e}", self.path.display()))?;
-            self.positions.insert(entry.key.into(), entry.value_offset);
+            self.positions
+                .insert(entry.key().into(), entry.value_offset);
         }
         self.used = used;
         Ok(())

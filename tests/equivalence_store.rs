@@ -263,3 +263,62 @@ proptest! {
         }
     }
 }
+
+/// A long-lived exporter remembers which raw key it found at each ordinal of
+/// each file, as a hint. A file rewritten in place (same path, same inode,
+/// same size: a writer that breaks the append-only protocol) holds other keys
+/// at those ordinals, with the same padded lengths; every combination must
+/// still print what a fresh baseline export prints.
+#[test]
+fn keys_rewritten_in_place_are_not_trusted_from_hints() {
+    let registry = Registry::from_json(
+        r#"{"metrics": [{"name": "c", "type": "counter", "help": "h", "labels": ["a"], "aggregation": "sum"}]}"#,
+    )
+    .unwrap();
+    let write = |dir: &Path, values: [(&str, f64); 3]| {
+        let config = ClientConfig {
+            dialect: Dialect::Uri,
+            strategies: StrategySet::NONE,
+            pid_override: Some(7),
+        };
+        let mut client = Client::new(dir, &registry, config).unwrap();
+        let id = client.metric("c").unwrap();
+        for (label, by) in values {
+            client.increment(id, &[("a", label)], by).unwrap();
+        }
+    };
+    let (live, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write(live.path(), [("x1", 1.0), ("y1", 2.0), ("z1", 3.0)]);
+    write(other.path(), [("z1", 30.0), ("x1", 10.0), ("y1", 20.0)]);
+    let mut exporters: Vec<_> = StrategySet::combinations(Stage::Export)
+        .into_iter()
+        .map(|s| {
+            (
+                s,
+                promlab::export::Exporter::new(live.path(), registry.clone(), s),
+            )
+        })
+        .collect();
+    let path = promlab::store::file_path(live.path(), "c", 7);
+    let mut out = Vec::new();
+    for round in 0..2 {
+        if round == 1 {
+            // std::fs::write truncates and rewrites: the inode stays.
+            let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+            let bytes = std::fs::read(promlab::store::file_path(other.path(), "c", 7)).unwrap();
+            std::fs::write(&path, bytes).unwrap();
+            let after = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+            assert_eq!(inode, after);
+        }
+        let expected = promlab::export::export(live.path(), &registry, StrategySet::NONE).unwrap();
+        assert!(String::from_utf8_lossy(&expected).contains(if round == 0 {
+            "c{a=\"z1\"} 3.0"
+        } else {
+            "c{a=\"z1\"} 30.0"
+        }));
+        for (strategies, exporter) in &mut exporters {
+            exporter.export_into(&mut out).unwrap();
+            assert!(out == expected, "round {round} with {strategies} differs");
+        }
+    }
+}

@@ -65,7 +65,7 @@ impl Scenario {
 }
 
 /// The scenarios that ship with promlab (`experiments/scenarios/`), in run order.
-pub const BUILT_IN: [(&str, &str); 6] = [
+pub const BUILT_IN: [(&str, &str); 7] = [
     (
         "write-long-label",
         include_str!("../../experiments/scenarios/write-long-label.toml"),
@@ -77,6 +77,10 @@ pub const BUILT_IN: [(&str, &str); 6] = [
     (
         "large",
         include_str!("../../experiments/scenarios/large.toml"),
+    ),
+    (
+        "large-ruby",
+        include_str!("../../experiments/scenarios/large-ruby.toml"),
     ),
     (
         "rabbitmq-per-object",

@@ -16,6 +16,15 @@ pub fn param_usize(size: &Size, name: &str) -> Result<usize> {
         .with_context(|| format!("scenario parameter `{name}` (a non-negative integer) is missing"))
 }
 
+/// Reads a string parameter.
+pub fn param_str(size: &Size, name: &str) -> Result<String> {
+    size.params
+        .get(name)
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
+        .with_context(|| format!("scenario parameter `{name}` (a string) is missing"))
+}
+
 /// Reads a boolean parameter (false when absent).
 pub fn param_bool(size: &Size, name: &str) -> bool {
     size.params
@@ -37,6 +46,7 @@ pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn W
             param_usize(size, "statements")?,
             param_usize(size, "max_len")?,
         ))?),
+        "ruby-store" => Box::new(Export::ruby_fixture(&param_str(size, "case")?)?),
         "rabbitmq" => Box::new(Render::new(
             param_usize(size, "queues")?,
             param_bool(size, "awkward_names"),
@@ -70,7 +80,7 @@ pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn W
 struct Export {
     _dir: tempfile::TempDir,
     dir: std::path::PathBuf,
-    workload: StoreWorkload,
+    registry: crate::registry::Registry,
     exporters: HashMap<StrategySet, crate::export::Exporter>,
     out: Vec<u8>,
     lines: u64,
@@ -80,12 +90,43 @@ impl Export {
     fn new(workload: StoreWorkload) -> Result<Export> {
         let dir = tempfile::tempdir()?;
         workload.write(dir.path(), StrategySet::NONE)?;
-        let text = crate::export::export(dir.path(), &workload.registry, StrategySet::NONE)?;
+        let store = dir.path().to_path_buf();
+        Export::from_store(dir, store, workload.registry)
+    }
+
+    /// A store client_ruby wrote: `tests/fixtures/ruby-dfs/<case>.tar.gz`,
+    /// unpacked (with `tar`) into a temporary directory.
+    fn ruby_fixture(case: &str) -> Result<Export> {
+        let archive = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/ruby-dfs")
+            .join(format!("{case}.tar.gz"));
+        let dir = tempfile::tempdir()?;
+        let status = std::process::Command::new("tar")
+            .arg("xzf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(dir.path())
+            .status()
+            .context("cannot run tar")?;
+        if !status.success() {
+            bail!("tar could not unpack {}", archive.display());
+        }
+        let case_dir = dir.path().join(case);
+        let registry = crate::registry::Registry::load(&case_dir.join("registry.json"))?;
+        Export::from_store(dir, case_dir.join("store"), registry)
+    }
+
+    fn from_store(
+        keep: tempfile::TempDir,
+        dir: std::path::PathBuf,
+        registry: crate::registry::Registry,
+    ) -> Result<Export> {
+        let text = crate::export::export(&dir, &registry, StrategySet::NONE)?;
         let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
         Ok(Export {
-            dir: dir.path().to_path_buf(),
-            _dir: dir,
-            workload,
+            _dir: keep,
+            dir,
+            registry,
             exporters: HashMap::new(),
             out: Vec::new(),
             lines,
@@ -94,7 +135,7 @@ impl Export {
 
     fn scrape(&mut self, strategies: StrategySet) -> Result<&[u8]> {
         let exporter = self.exporters.entry(strategies).or_insert_with(|| {
-            crate::export::Exporter::new(&self.dir, self.workload.registry.clone(), strategies)
+            crate::export::Exporter::new(&self.dir, self.registry.clone(), strategies)
         });
         exporter.export_into(&mut self.out)?;
         Ok(&self.out)
