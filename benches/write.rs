@@ -1,8 +1,11 @@
 //! Write path, side by side: one histogram observe + one counter increment with
 //! a 195-character label (the 5.0.0 write-path report), baseline vs each
-//! strategy alone vs the configured set (`--features …`, or all).
+//! strategy alone vs the configured set (`--features …`, or all). The last arm,
+//! `flock-pair`, times only the `flock(LOCK_EX)` + `flock(LOCK_UN)` that
+//! client_ruby's protocol holds around every observe: the floor under any arm.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use promlab::store::StoreFile;
 use promlab::strategy::Stage;
 use promlab::workload::LongLabelWriter;
 use std::hint::black_box;
@@ -23,6 +26,12 @@ fn long_label(c: &mut Criterion) {
             })
         });
     }
+    // The lock pair alone, on a real store file, as `Client::observe` takes it.
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = StoreFile::open(&dir.path().join("metric_lock___4242.bin"), true).unwrap();
+    group.bench_function(BenchmarkId::from_parameter("flock-pair"), |b| {
+        b.iter(|| file.with_lock(|f| Ok(black_box(f).used())).unwrap())
+    });
     group.finish();
 }
 

@@ -9,11 +9,14 @@
 //!
 //! Three seams carry the write-side strategies; everything else is shared:
 //! - **key** ([`Strategy::KeyCache`]): the baseline sorts and form-encodes the
-//!   label set on every call; `key-cache` encodes each label set once per process.
+//!   label set on every call; `key-cache` encodes each series' key once per
+//!   process, hashes the caller's label set once per call (an observe writes two
+//!   series of it), and has the key remember its value offset once looked up.
 //! - **lookup and pid** ([`Strategy::IncrementOnce`]): the baseline looks the
 //!   entry up for the read and again for the write and asks the OS for the pid on
 //!   every call; `increment-once` looks it up once and caches the pid, refreshed
-//!   after `fork`.
+//!   after `fork`. A lookup hashes the key's bytes into the file's index, or,
+//!   for a `key-cache` key looked up before, reads the offset it remembers.
 //! - **I/O** ([`Strategy::MmapStore`]): the baseline seeks, reads, writes per
 //!   value; `mmap-store` updates values through a shared mapping. The bytes on
 //!   disk are the same.
@@ -23,10 +26,9 @@ use crate::registry::{Aggregation, MetricDef, MetricType, Registry};
 use crate::strategy::{Strategy, StrategySet};
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::MmapMut;
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -282,18 +284,6 @@ impl StoreFile {
         Ok(())
     }
 
-    /// client_ruby's `read_value`: look the key up, read.
-    pub fn read_value(&mut self, key: &[u8]) -> Result<f64> {
-        let pos = self.position(key)?;
-        self.read_at(pos)
-    }
-
-    /// client_ruby's `write_value`: look the key up, write.
-    pub fn write_value(&mut self, key: &[u8], value: f64) -> Result<()> {
-        let pos = self.position(key)?;
-        self.write_at(pos, value)
-    }
-
     pub fn used(&self) -> usize {
         self.used
     }
@@ -344,61 +334,137 @@ fn encode_key(
     key
 }
 
-/// Encoded keys of this process, by caller label set and extra label.
+/// The series of one label set, numbered: a counter or gauge has one; a
+/// histogram one per bucket, then `+Inf`, then `sum`; a summary `count`, `sum`.
+fn series_count(def: &MetricDef) -> usize {
+    match def.kind {
+        MetricType::Counter | MetricType::Gauge => 1,
+        MetricType::Histogram => def.buckets.len() + 2,
+        MetricType::Summary => 2,
+    }
+}
+
+/// The extra label of series `series` (see [`series_count`]).
+fn series_extra(def: &MetricDef, series: usize) -> Extra<'_> {
+    match def.kind {
+        MetricType::Counter | MetricType::Gauge => None,
+        MetricType::Histogram => Some((
+            "le",
+            match def.buckets.get(series) {
+                Some(bound) => bound,
+                None if series == def.buckets.len() => "+Inf",
+                None => "sum",
+            },
+        )),
+        MetricType::Summary => Some(("quantile", ["count", "sum"][series])),
+    }
+}
+
+/// A caller's label set for the length of one call: an observe touches two
+/// series of it, and with `key-cache` the second one reuses the cache entry
+/// the first one found instead of hashing the labels again.
+struct LabelSet<'l> {
+    labels: &'l [(&'l str, &'l str)],
+    /// With `key-cache`: the pid of the process state and the label set's
+    /// place in that state's cache, once found.
+    cached: Option<(u32, usize)>,
+}
+
+impl<'l> LabelSet<'l> {
+    fn new(labels: &'l [(&'l str, &'l str)]) -> Self {
+        LabelSet {
+            labels,
+            cached: None,
+        }
+    }
+}
+
+/// This process's label sets, each with the store keys of its series,
+/// encoded on first use. It lives beside the store file in the per-process
+/// state, so it is dropped with the file when a forked child reopens its own.
 #[derive(Default)]
 struct KeyCache {
-    // Hash of (labels, extra) → entries with that hash.
-    entries: HashMap<u64, Vec<CachedKey>, foldhash::fast::RandomState>,
+    /// (hash of the caller's labels, place in `sets`).
+    index: hashbrown::HashTable<(u64, usize)>,
+    sets: Vec<CachedLabelSet>,
     hasher: foldhash::fast::RandomState,
 }
 
-struct CachedKey {
+struct CachedLabelSet {
     labels: Vec<(Box<str>, Box<str>)>,
-    extra: Option<Box<str>>,
-    key: Box<[u8]>,
+    /// By series number.
+    series: Vec<Option<CachedKey>>,
+}
+
+/// One series' key and, once looked up, the offset of its value in this
+/// process's file: entries are only ever appended, never moved, so the offset
+/// holds for as long as the file (and this cache with it) is open.
+struct CachedKey {
+    bytes: Box<[u8]>,
+    position: Option<usize>,
 }
 
 impl KeyCache {
-    fn hash(&self, labels: &[(&str, &str)], extra: Extra<'_>) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        labels.hash(&mut h);
-        extra.map(|(_, v)| v).hash(&mut h);
-        h.finish()
-    }
-
-    /// The position of the entry for this label set among those with `hash`.
-    fn find(&self, hash: u64, labels: &[(&str, &str)], extra: Extra<'_>) -> Option<usize> {
-        self.entries.get(&hash)?.iter().position(|c| {
-            c.labels.len() == labels.len()
-                && c.labels
+    /// The place of `labels` among the cached label sets; a new one (of
+    /// `series` series) is added when `validate` accepts the labels.
+    fn label_set(
+        &mut self,
+        labels: &[(&str, &str)],
+        series: usize,
+        validate: impl FnOnce() -> Result<()>,
+    ) -> Result<usize> {
+        let hash = self.hasher.hash_one(labels);
+        let sets = &self.sets;
+        let same = |&(h, i): &(u64, usize)| {
+            let cached = &sets[i].labels;
+            h == hash
+                && cached.len() == labels.len()
+                && cached
                     .iter()
                     .zip(labels)
                     .all(|((k, v), (k2, v2))| &**k == *k2 && &**v == *v2)
-                && c.extra.as_deref() == extra.map(|(_, v)| v)
-        })
-    }
-
-    fn key(&self, hash: u64, index: usize) -> &[u8] {
-        &self.entries[&hash][index].key
-    }
-
-    fn insert(
-        &mut self,
-        hash: u64,
-        labels: &[(&str, &str)],
-        extra: Extra<'_>,
-        key: Vec<u8>,
-    ) -> usize {
-        let bucket = self.entries.entry(hash).or_default();
-        bucket.push(CachedKey {
+        };
+        if let Some(&(_, i)) = self.index.find(hash, same) {
+            return Ok(i);
+        }
+        validate()?;
+        let i = self.sets.len();
+        self.sets.push(CachedLabelSet {
             labels: labels
                 .iter()
                 .map(|(k, v)| (Box::from(*k), Box::from(*v)))
                 .collect(),
-            extra: extra.map(|(_, v)| Box::from(v)),
-            key: key.into(),
+            series: (0..series).map(|_| None).collect(),
         });
-        bucket.len() - 1
+        self.index.insert_unique(hash, (hash, i), |&(h, _)| h);
+        Ok(i)
+    }
+}
+
+/// A series' store key as the key seam hands it out.
+enum Key<'a> {
+    /// Encoded for this call (the baseline).
+    Encoded(Vec<u8>),
+    /// This process's cached key (`key-cache`).
+    Cached(&'a mut CachedKey),
+}
+
+impl Key<'_> {
+    /// One lookup of the key's value offset in `file`, appending a zero entry
+    /// when the key is new: by its bytes in the file's index, or, for a cached
+    /// key that was looked up before, the offset it remembers.
+    fn position(&mut self, file: &mut StoreFile) -> Result<usize> {
+        match self {
+            Key::Encoded(bytes) => file.position(bytes),
+            Key::Cached(key) => match key.position {
+                Some(pos) => Ok(pos),
+                None => {
+                    let pos = file.position(&key.bytes)?;
+                    key.position = Some(pos);
+                    Ok(pos)
+                }
+            },
+        }
     }
 }
 
@@ -494,21 +560,14 @@ impl Client {
     /// Writes the zero-valued series of one label set (client_ruby's `init_label_set`).
     pub fn init(&mut self, id: MetricId, labels: &[(&str, &str)]) -> Result<()> {
         let s = self.config.strategies;
-        let kind = self.metrics[id.0].def.kind;
-        match kind {
-            MetricType::Counter | MetricType::Gauge => self.set_raw(id, labels, None, 0.0),
-            MetricType::Histogram => {
-                let buckets = self.metrics[id.0].def.buckets.clone();
-                self.with_file_lock(id, s, |client| {
-                    for le in buckets.iter().map(String::as_str).chain(["+Inf", "sum"]) {
-                        client.set_raw(id, labels, Some(("le", le)), 0.0)?;
-                    }
-                    Ok(())
-                })
-            }
-            MetricType::Summary => self.with_file_lock(id, s, |client| {
-                client.set_raw(id, labels, Some(("quantile", "count")), 0.0)?;
-                client.set_raw(id, labels, Some(("quantile", "sum")), 0.0)
+        let def = &self.metrics[id.0].def;
+        let series = series_count(def);
+        let mut set = LabelSet::new(labels);
+        match def.kind {
+            MetricType::Counter | MetricType::Gauge => self.set_raw(id, &mut set, 0, 0.0),
+            // Every bucket, `+Inf`, `sum` / `count`, `sum`, in that order.
+            MetricType::Histogram | MetricType::Summary => self.with_file_lock(id, s, |client| {
+                (0..series).try_for_each(|i| client.set_raw(id, &mut set, i, 0.0))
             }),
         }
     }
@@ -529,7 +588,7 @@ impl Client {
                 def.name
             );
         }
-        self.increment_raw(id, labels, None, by)
+        self.increment_raw(id, &mut LabelSet::new(labels), 0, by)
     }
 
     /// Gauge `set`.
@@ -538,7 +597,7 @@ impl Client {
         if def.kind != MetricType::Gauge {
             bail!("{}: only gauges can be set", def.name);
         }
-        self.set_raw(id, labels, None, value)
+        self.set_raw(id, &mut LabelSet::new(labels), 0, value)
     }
 
     /// Histogram or summary `observe`, under the file lock as client_ruby does.
@@ -548,21 +607,19 @@ impl Client {
         match metric.def.kind {
             MetricType::Histogram => {
                 // The first bound >= value (client_ruby's bsearch), else +Inf.
-                let index = metric.bucket_bounds.partition_point(|&bound| bound < value);
-                let le = metric
-                    .def
-                    .buckets
-                    .get(index)
-                    .cloned()
-                    .unwrap_or_else(|| "+Inf".to_string());
+                let bucket = metric.bucket_bounds.partition_point(|&bound| bound < value);
+                let sum = metric.def.buckets.len() + 1;
                 self.with_file_lock(id, s, |client| {
-                    client.increment_raw(id, labels, Some(("le", &le)), 1.0)?;
-                    client.increment_raw(id, labels, Some(("le", "sum")), value)
+                    let mut set = LabelSet::new(labels);
+                    client.increment_raw(id, &mut set, bucket, 1.0)?;
+                    client.increment_raw(id, &mut set, sum, value)
                 })
             }
+            // Series `count`, then `sum`.
             MetricType::Summary => self.with_file_lock(id, s, |client| {
-                client.increment_raw(id, labels, Some(("quantile", "count")), 1.0)?;
-                client.increment_raw(id, labels, Some(("quantile", "sum")), value)
+                let mut set = LabelSet::new(labels);
+                client.increment_raw(id, &mut set, 0, 1.0)?;
+                client.increment_raw(id, &mut set, 1, value)
             }),
             kind => bail!("{}: a {} cannot observe", metric.def.name, kind.name()),
         }
@@ -610,14 +667,15 @@ impl Client {
         Ok(metric.state.as_mut().expect("just opened"))
     }
 
-    /// The store key of a label set (validated) and the file to write it to.
-    /// With `key-cache` the key is encoded once per process and borrowed after.
+    /// The store key of one series of a label set (validated) and the file to
+    /// write it to. With `key-cache` the key is encoded once per process and
+    /// borrowed after, and the label set is hashed once per call.
     fn key_and_file(
         &mut self,
         id: MetricId,
-        labels: &[(&str, &str)],
-        extra: Extra<'_>,
-    ) -> Result<(Cow<'_, [u8]>, &mut StoreFile)> {
+        set: &mut LabelSet<'_>,
+        series: usize,
+    ) -> Result<(Key<'_>, &mut StoreFile)> {
         let s = self.config.strategies;
         let dialect = self.config.dialect;
         let pid = self.pid(s);
@@ -630,56 +688,64 @@ impl Client {
         } = &mut self.metrics[id.0];
         let ProcessState { file, keys, .. } = state.as_mut().expect("opened above");
         let pid_label = (*aggregation == Aggregation::All).then_some(pid);
+        let labels = set.labels;
+        let extra = series_extra(def, series);
         if !s.contains(Strategy::KeyCache) {
             validate_labels(&def.name, &def.labels, labels)?;
             return Ok((
-                Cow::Owned(encode_key(labels, extra, pid_label, dialect)),
+                Key::Encoded(encode_key(labels, extra, pid_label, dialect)),
                 file,
             ));
         }
-        let hash = keys.hash(labels, extra);
-        let index = match keys.find(hash, labels, extra) {
-            Some(index) => index,
-            None => {
-                validate_labels(&def.name, &def.labels, labels)?;
-                keys.insert(
-                    hash,
-                    labels,
-                    extra,
-                    encode_key(labels, extra, pid_label, dialect),
-                )
+        let index = match set.cached {
+            Some((cached_pid, index)) if cached_pid == pid => index,
+            _ => {
+                let index = keys.label_set(labels, series_count(def), || {
+                    validate_labels(&def.name, &def.labels, labels)
+                })?;
+                set.cached = Some((pid, index));
+                index
             }
         };
-        Ok((Cow::Borrowed(keys.key(hash, index)), file))
+        let key = keys.sets[index].series[series].get_or_insert_with(|| CachedKey {
+            bytes: encode_key(labels, extra, pid_label, dialect).into(),
+            position: None,
+        });
+        Ok((Key::Cached(key), file))
     }
 
+    /// client_ruby's `write_value`: look the key up, write.
     fn set_raw(
         &mut self,
         id: MetricId,
-        labels: &[(&str, &str)],
-        extra: Extra<'_>,
+        set: &mut LabelSet<'_>,
+        series: usize,
         value: f64,
     ) -> Result<()> {
-        let (key, file) = self.key_and_file(id, labels, extra)?;
-        file.write_value(&key, value)
+        let (mut key, file) = self.key_and_file(id, set, series)?;
+        let pos = key.position(file)?;
+        file.write_at(pos, value)
     }
 
     fn increment_raw(
         &mut self,
         id: MetricId,
-        labels: &[(&str, &str)],
-        extra: Extra<'_>,
+        set: &mut LabelSet<'_>,
+        series: usize,
         by: f64,
     ) -> Result<()> {
         let once = self.config.strategies.contains(Strategy::IncrementOnce);
-        let (key, file) = self.key_and_file(id, labels, extra)?;
+        let (mut key, file) = self.key_and_file(id, set, series)?;
         if once {
-            let pos = file.position(&key)?;
+            let pos = key.position(file)?;
             let value = file.read_at(pos)?;
             file.write_at(pos, value + by)
         } else {
-            let value = file.read_value(&key)?;
-            file.write_value(&key, value + by)
+            // client_ruby's `read_value` then `write_value`: a lookup each.
+            let read_pos = key.position(file)?;
+            let value = file.read_at(read_pos)?;
+            let write_pos = key.position(file)?;
+            file.write_at(write_pos, value + by)
         }
     }
 }

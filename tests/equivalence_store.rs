@@ -322,3 +322,51 @@ fn keys_rewritten_in_place_are_not_trusted_from_hints() {
         }
     }
 }
+
+/// Store files start at 1 MiB and double (and `mmap-store` remaps) when full;
+/// `key-cache` remembers each series' value offset. Enough long label sets to
+/// grow the histogram's file from 1 MiB to 2 and then 4 MiB, then the first
+/// label sets again (offsets cached before both growths): every combination
+/// writes the baseline's bytes.
+#[test]
+fn cached_offsets_hold_across_file_growth() {
+    let registry = promlab::workload::long_label_registry();
+    const SETS: usize = 1000;
+    const AGAIN: usize = 50;
+    let write = |dir: &Path, strategies: StrategySet| {
+        let config = ClientConfig {
+            dialect: Dialect::Uri,
+            strategies,
+            pid_override: Some(4242),
+        };
+        let mut client = Client::new(dir, &registry, config).unwrap();
+        let histogram = client.metric("request_seconds").unwrap();
+        let counter = client.metric("requests_total").unwrap();
+        for i in (0..SETS).chain(0..AGAIN) {
+            let statement = promlab::workload::statement(i, 49);
+            let labels = [("statement", statement.as_str())];
+            for value in [0.003, 0.03, 0.3, 3.0] {
+                client.observe(histogram, &labels, value).unwrap();
+            }
+            client.increment(counter, &labels, 1.0).unwrap();
+        }
+    };
+    let baseline = tempfile::tempdir().unwrap();
+    write(baseline.path(), StrategySet::NONE);
+    let file = promlab::store::file_path(baseline.path(), "request_seconds", 4242);
+    let len = std::fs::metadata(&file).unwrap().len();
+    assert_eq!(
+        len,
+        4 * promlab::store::INITIAL_FILE_SIZE,
+        "1 MiB, doubled twice"
+    );
+    for strategies in StrategySet::combinations(Stage::Write).into_iter().skip(1) {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), strategies);
+        common::assert_same_store(
+            baseline.path(),
+            dir.path(),
+            &format!("growth with {strategies}"),
+        );
+    }
+}
