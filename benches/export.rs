@@ -56,17 +56,7 @@ fn seed_repro(c: &mut Criterion) {
 /// The fixture's store, unpacked as the tests unpack it.
 fn large_ruby(c: &mut Criterion) {
     let tmp = tempfile::tempdir().unwrap();
-    let archive =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ruby-dfs/large-v5-uri.tar.gz");
-    let status = std::process::Command::new("tar")
-        .arg("xzf")
-        .arg(&archive)
-        .arg("-C")
-        .arg(tmp.path())
-        .status()
-        .unwrap();
-    assert!(status.success(), "tar failed");
-    let case = tmp.path().join("large-v5-uri");
+    let case = workload::unpack_ruby_case("large-v5-uri", tmp.path()).unwrap();
     let registry = Registry::load(&case.join("registry.json")).unwrap();
     let ruby = std::fs::read(case.join("expected.prom")).unwrap();
     let baseline =

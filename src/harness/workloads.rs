@@ -94,24 +94,10 @@ impl Export {
         Export::from_store(dir, store, workload.registry)
     }
 
-    /// A store client_ruby wrote: `tests/fixtures/ruby-dfs/<case>.tar.gz`,
-    /// unpacked (with `tar`) into a temporary directory.
+    /// A store client_ruby wrote, unpacked into a temporary directory.
     fn ruby_fixture(case: &str) -> Result<Export> {
-        let archive = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/ruby-dfs")
-            .join(format!("{case}.tar.gz"));
         let dir = tempfile::tempdir()?;
-        let status = std::process::Command::new("tar")
-            .arg("xzf")
-            .arg(&archive)
-            .arg("-C")
-            .arg(dir.path())
-            .status()
-            .context("cannot run tar")?;
-        if !status.success() {
-            bail!("tar could not unpack {}", archive.display());
-        }
-        let case_dir = dir.path().join(case);
+        let case_dir = workload::unpack_ruby_case(case, dir.path())?;
         let registry = crate::registry::Registry::load(&case_dir.join("registry.json"))?;
         Export::from_store(dir, case_dir.join("store"), registry)
     }

@@ -18,15 +18,7 @@ pub const RUBY_CASES: [(&str, &str); 4] = [
 /// Unpacks the large case into a temporary directory.
 pub fn unpack_large() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let status = std::process::Command::new("tar")
-        .arg("xzf")
-        .arg(fixtures().join("ruby-dfs/large-v5-uri.tar.gz"))
-        .arg("-C")
-        .arg(tmp.path())
-        .status()
-        .expect("run tar");
-    assert!(status.success(), "tar failed");
-    let case = tmp.path().join("large-v5-uri");
+    let case = promlab::workload::unpack_ruby_case("large-v5-uri", tmp.path()).expect("unpack");
     (tmp, case)
 }
 
