@@ -63,8 +63,8 @@ impl<'a> Entry<'a> {
         strip_padding(self.padded_key)
     }
 
-    // The value is read when asked for: a caller that compares the key first
-    // finds the value's cache line already fetched behind the key.
+    /// The value, read when asked for: a caller that compares the key first
+    /// finds the value's cache line already fetched behind the key.
     pub fn value(&self) -> f64 {
         f64::from_le_bytes(self.value_bytes[..8].try_into().expect("8 bytes"))
     }
