@@ -488,19 +488,19 @@ impl RawKeys {
     /// Records a raw key not met before (after [`RawKeys::find`] said so).
     fn insert(&mut self, entry: &Entry<'_>, series: usize) {
         let id = self.spans.len();
+        let key = entry.key();
         self.spans.push(RawKey {
             start: self.bytes.len(),
             padded_len: entry.padded_key.len(),
-            key_len: entry.key().len(),
+            key_len: key.len(),
             series,
         });
         self.bytes.extend_from_slice(entry.padded_key);
         let (bytes, spans) = (&self.bytes, &self.spans);
-        self.index
-            .insert_unique(hash_raw_key(entry.key()), id, |&id| {
-                let span = &spans[id];
-                hash_raw_key(&bytes[span.start..span.start + span.key_len])
-            });
+        self.index.insert_unique(hash_raw_key(key), id, |&id| {
+            let span = &spans[id];
+            hash_raw_key(&bytes[span.start..span.start + span.key_len])
+        });
         self.this_file.push(id);
     }
 }
