@@ -37,7 +37,7 @@ fn bench_store(
     group.throughput(Throughput::Elements(lines));
     // Scrapes by a long-lived exporter per arm, as a sidecar serves them
     // (`prerender` keeps its catalogue between them).
-    for (arm, strategies) in promlab::harness::bench_arms(Stage::Export) {
+    for (arm, strategies) in promlab_lab::harness::bench_arms(Stage::Export) {
         let mut exporter = Exporter::new(dir, registry.clone(), strategies);
         let mut out = Vec::new();
         exporter.export_into(&mut out).unwrap();
@@ -68,7 +68,7 @@ fn seed_repro(c: &mut Criterion) {
 /// The fixture's store, unpacked as the tests unpack it.
 fn large_ruby(c: &mut Criterion) {
     let tmp = tempfile::tempdir().unwrap();
-    let case = workload::unpack_ruby_case("large-v5-uri", tmp.path()).unwrap();
+    let case = promlab_lab::fixtures::unpack_ruby_case("large-v5-uri", tmp.path()).unwrap();
     let registry = Registry::load(&case.join("registry.json")).unwrap();
     // Ruby's own answer: the baseline arm is checked against it too.
     let ruby = std::fs::read(case.join("expected.prom")).unwrap();

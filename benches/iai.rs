@@ -8,9 +8,9 @@
 //! AVX-512 code.
 
 use iai_callgrind::{library_benchmark, library_benchmark_group, main};
-use promlab::harness::{self, Workload};
 use promlab::strategy::StrategySet;
 use promlab::workload::{self, LongLabelWriter, StoreWorkload};
+use promlab_lab::harness::{self, Workload};
 use std::hint::black_box;
 
 /// Steps per write benchmark (divide the count by this for one step).

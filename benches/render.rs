@@ -13,10 +13,10 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use prometheus_client::encoding::text::encode;
-use promlab::harness::peers::crates_render::{prometheus_client_registry, prometheus_registry};
 use promlab::render::rabbitmq::Scenario;
-use promlab::render::server::{app, Source};
 use promlab::strategy::{Strategy, StrategySet};
+use promlab_lab::harness::peers::crates_render::{prometheus_client_registry, prometheus_registry};
+use promlab_lab::serve::metrics::{app, Source};
 use std::hint::black_box;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -13,7 +13,7 @@ use std::hint::black_box;
 fn long_label(c: &mut Criterion) {
     let mut group = c.benchmark_group("write/long-label");
     group.throughput(Throughput::Elements(1));
-    for (name, strategies) in promlab::harness::bench_arms(Stage::Write) {
+    for (name, strategies) in promlab_lab::harness::bench_arms(Stage::Write) {
         let dir = tempfile::tempdir().unwrap();
         let mut writer = LongLabelWriter::new(dir.path(), strategies).unwrap();
         let mut i = 0usize;

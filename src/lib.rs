@@ -10,10 +10,9 @@
 //!
 //! [`strategy`] is the switchboard that decides which strategies run.
 
-pub mod cli;
+pub mod compare;
 pub mod export;
 pub mod formenc;
-pub mod harness;
 pub mod ingest;
 pub mod ops;
 pub mod registry;

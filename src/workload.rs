@@ -195,23 +195,3 @@ impl LongLabelWriter {
         self.client.increment(self.counter, &labels, 1.0)
     }
 }
-
-/// Unpacks a store case client_ruby wrote, shipped as
-/// `tests/fixtures/ruby-dfs/<case>.tar.gz`, into `into` (with `tar`), and
-/// returns the case's directory: `registry.json`, `store/`, `expected.prom`.
-pub fn unpack_ruby_case(case: &str, into: &Path) -> Result<std::path::PathBuf> {
-    let archive = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/ruby-dfs")
-        .join(format!("{case}.tar.gz"));
-    let status = std::process::Command::new("tar")
-        .arg("xzf")
-        .arg(&archive)
-        .arg("-C")
-        .arg(into)
-        .status()
-        .map_err(|e| anyhow::anyhow!("cannot run tar: {e}"))?;
-    if !status.success() {
-        anyhow::bail!("tar could not unpack {}", archive.display());
-    }
-    Ok(into.join(case))
-}

@@ -1,7 +1,7 @@
 //! The stores and expositions that real client_ruby (4.2.5 and 5.x) wrote:
 //! promlab must export them byte for byte under every export-side strategy
-//! combination, and rebuild their store files byte for byte (timestamps
-//! aside) from the op logs under every write-side combination.
+//! combination. (Rebuilding their store files from the op logs, with the
+//! `promlab replay` binary, is the lab's `tests/ruby_replay.rs`.)
 
 mod common;
 
@@ -19,7 +19,7 @@ fn assert_exports(case: &Path, store: &Path) {
             out == expected,
             "{}: export with {strategies} differs from Ruby's, {}",
             case.display(),
-            promlab::harness::first_difference(&out, &expected, "ours", "ruby")
+            promlab::compare::first_difference(&out, &expected, "ours", "ruby")
         );
     }
 }
@@ -65,58 +65,5 @@ fn a_rolling_upgrade_directory_merges_both_dialects() {
             baseline,
             "{strategies}"
         );
-    }
-}
-
-fn replay(case: &Path, store: &Path, dialect: &str, strategies: StrategySet) {
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_promlab"))
-        .args(["replay", "--registry"])
-        .arg(case.join("registry.json"))
-        .arg("--store")
-        .arg(store)
-        .args([
-            "--dialect",
-            dialect,
-            "--strategies",
-            &strategies.to_string(),
-        ])
-        .args(op_logs(case))
-        .status()
-        .unwrap();
-    assert!(
-        status.success(),
-        "replay of {} with {strategies} failed",
-        case.display()
-    );
-}
-
-#[test]
-fn replaying_op_logs_rebuilds_every_ruby_store() {
-    for (case, dialect) in RUBY_CASES {
-        let case = fixtures().join("ruby-dfs").join(case);
-        for strategies in StrategySet::combinations(Stage::Write) {
-            let tmp = tempfile::tempdir().unwrap();
-            replay(&case, tmp.path(), dialect, strategies);
-            assert_same_store(
-                &case.join("store"),
-                tmp.path(),
-                &format!("{} with {strategies}", case.display()),
-            );
-        }
-    }
-}
-
-#[test]
-fn replaying_the_large_case_rebuilds_its_store_and_exposition() {
-    let (_tmp, case) = unpack_large();
-    for strategies in [StrategySet::NONE, StrategySet::all()] {
-        let tmp = tempfile::tempdir().unwrap();
-        replay(&case, tmp.path(), "uri", strategies);
-        assert_same_store(
-            &case.join("store"),
-            tmp.path(),
-            &format!("large with {strategies}"),
-        );
-        assert_exports(&case, tmp.path());
     }
 }

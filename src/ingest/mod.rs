@@ -5,11 +5,9 @@
 //! (decode, canonicalize, route, sketch update) each have a reference and a
 //! strategy, chosen by a [`crate::strategy::StrategySet`].
 
-pub mod cli;
 pub mod feed;
 pub mod pipeline;
 pub mod plan;
-pub mod receiver;
 pub mod sketch;
 pub mod window;
 pub mod wire;

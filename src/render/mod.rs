@@ -16,7 +16,6 @@ use crate::text::{self, Escape};
 
 pub mod live;
 pub mod rabbitmq;
-pub mod server;
 
 /// Writes one metric family as client_ruby does.
 pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {

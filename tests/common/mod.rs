@@ -3,8 +3,16 @@
 
 use std::path::{Path, PathBuf};
 
+/// The repository's `tests/fixtures`: the library's tests run from the repository's
+/// root, the lab's (which include this file too) from `experiments/lab`.
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = if here.join("tests/fixtures").is_dir() {
+        here.to_path_buf()
+    } else {
+        here.join("../..")
+    };
+    root.join("tests/fixtures")
 }
 
 /// The ruby-dfs cases kept unpacked, with the key dialect that wrote them.
@@ -18,7 +26,11 @@ pub const RUBY_CASES: [(&str, &str); 4] = [
 /// Unpacks the large case into a temporary directory.
 pub fn unpack_large() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let case = promlab::workload::unpack_ruby_case("large-v5-uri", tmp.path()).expect("unpack");
+    let archive = std::fs::File::open(fixtures().join("ruby-dfs/large-v5-uri.tar.gz")).unwrap();
+    tar::Archive::new(flate2::read::GzDecoder::new(archive))
+        .unpack(tmp.path())
+        .expect("unpack");
+    let case = tmp.path().join("large-v5-uri");
     (tmp, case)
 }
 

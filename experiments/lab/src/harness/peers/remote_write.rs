@@ -24,11 +24,11 @@
 //! definition of `tests/ingest_equivalence.rs`.
 
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
-use crate::ingest::feed::Workload;
-use crate::ingest::pipeline::Ingester;
-use crate::ingest::plan::Plan;
-use crate::strategy::StrategySet;
 use anyhow::{bail, Context, Result};
+use promlab::ingest::feed::Workload;
+use promlab::ingest::pipeline::Ingester;
+use promlab::ingest::plan::Plan;
+use promlab::strategy::StrategySet;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

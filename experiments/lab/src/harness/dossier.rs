@@ -3,8 +3,8 @@
 //! measured. Each dossier keeps a block between `<!-- ablation:begin -->` and
 //! `<!-- ablation:end -->`; `strategies/README.md` gets the ranking.
 
-use crate::strategy::{Stage, Strategy};
 use anyhow::{bail, Context, Result};
+use promlab::strategy::{Stage, Strategy};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 

@@ -2,8 +2,8 @@
 //! `machine.txt`. The columns are documented in `experiments/README.md`.
 
 use super::{AblateOptions, ArmResult, ScenarioResult};
-use crate::strategy::StrategySet;
 use anyhow::{Context, Result};
+use promlab::strategy::StrategySet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -236,7 +236,7 @@ pub fn write_machine(dir: &Path, options: &AblateOptions) -> Result<()> {
         .and_then(|l| l.split_once(':'))
         .map_or("unknown", |(_, v)| v.trim());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let features: Vec<&str> = crate::strategy::Strategy::ALL
+    let features: Vec<&str> = promlab::strategy::Strategy::ALL
         .iter()
         .filter(|s| s.on_by_default())
         .map(|s| s.name())

@@ -10,8 +10,8 @@
 //!
 //! Named arms (`peer:chdb`, …) restrict the run to them.
 
-use promlab::harness::load_scenario;
-use promlab::harness::peers::{all, PeerContext, PeerOutcome};
+use promlab_lab::harness::load_scenario;
+use promlab_lab::harness::peers::{all, PeerContext, PeerOutcome};
 use std::path::PathBuf;
 
 fn main() {

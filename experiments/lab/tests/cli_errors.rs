@@ -2,6 +2,7 @@
 //! directory, corrupt store files, an unknown strategy, a registry that does
 //! not parse. One corrupt file never changes what other commands read.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -5,8 +5,8 @@
 //! pprof's `SIGPROF` timer (CPU time of the process), which works where perf's
 //! hardware counters are unavailable, e.g. in this VM.
 
-use crate::strategy::StrategySet;
 use anyhow::{bail, Context, Result};
+use promlab::strategy::StrategySet;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

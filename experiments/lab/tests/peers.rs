@@ -3,8 +3,8 @@
 //! `experiments/peers/install.sh` has installed it (CI does not: the test then
 //! checks the skip is reported, and says so).
 
-use promlab::harness::dossier::split_csv as fields;
-use promlab::harness::peers::python_export::{prometheus_client_installed, python};
+use promlab_lab::harness::dossier::split_csv as fields;
+use promlab_lab::harness::peers::python_export::{prometheus_client_installed, python};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
@@ -109,7 +109,7 @@ escaped = parse('m{s="a\\"b\\\\c\\nd"} 1\n')
 assert list(escaped) == [("m", (("s", 'a"b\\c\nd'),))], escaped
 print("ok")
 "#;
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/peers");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../peers");
     let out = Command::new(python())
         .args(["-c", script])
         .arg(&dir)

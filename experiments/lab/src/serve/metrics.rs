@@ -14,17 +14,15 @@
 //! is what matters on loopback and level 1 already shrinks label-heavy text
 //! about tenfold.
 
-use super::rabbitmq::Scenario;
-use crate::cli::ServeArgs;
-use crate::export::Exporter;
-use crate::registry::Registry;
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use promlab::export::Exporter;
+use promlab::render::rabbitmq::Scenario;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -42,30 +40,6 @@ pub enum Source {
 }
 
 impl Source {
-    /// The source `promlab serve` flags ask for.
-    pub fn from_args(args: &ServeArgs) -> Result<Source> {
-        if let Some(dir) = &args.store {
-            let registry_path = args
-                .registry
-                .as_deref()
-                .context("--store needs --registry")?;
-            if !dir.is_dir() {
-                bail!("store directory {} does not exist", dir.display());
-            }
-            let registry = Registry::load(registry_path)?;
-            return Ok(Source::Store(Exporter::new(dir, registry, args.strategies)));
-        }
-        match args.scenario.as_deref() {
-            Some("rabbitmq") => Ok(Source::Scenario(Scenario::build(
-                args.queues,
-                args.awkward_names,
-                args.strategies,
-            )?)),
-            Some(other) => bail!("unknown scenario `{other}` (known: rabbitmq)"),
-            None => bail!("give --store DIR --registry FILE or --scenario rabbitmq"),
-        }
-    }
-
     fn describe(&self) -> String {
         match self {
             Source::Store(_) => "/metrics (store)".to_owned(),
@@ -118,49 +92,12 @@ pub fn app(source: Source) -> Router {
     router.fallback(not_found).with_state(shared)
 }
 
-/// Runs the server until Ctrl-C or SIGTERM (blocking; builds its own runtime).
-pub fn serve(args: ServeArgs) -> Result<()> {
-    let listen = args
-        .listen
-        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9394)));
-    let source = Source::from_args(&args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
-        let addr = listener.local_addr()?;
-        // Tests and scripts read this line to learn the port of `--listen 127.0.0.1:0`.
-        eprintln!("promlab: serving {} on http://{addr}", source.describe());
-        axum::serve(listener, app(source))
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("server failed")
+/// Serves `source` on `listen` until Ctrl-C or SIGTERM (blocking; builds its own runtime).
+pub fn serve(listen: SocketAddr, source: Source) -> Result<()> {
+    let described = source.describe();
+    super::run(listen, None, app(source), |addr| {
+        eprintln!("promlab: serving {described} on http://{addr}")
     })
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 async fn store_metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {

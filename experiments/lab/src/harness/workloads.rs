@@ -1,9 +1,9 @@
 //! Scenario generators → runnable [`Workload`]s, one per pipeline stage seam.
 
 use super::{Scenario, Size, Workload};
-use crate::strategy::{Stage, StrategySet};
-use crate::workload::{self, LongLabelWriter, StoreWorkload};
 use anyhow::{bail, Context, Result};
+use promlab::strategy::{Stage, StrategySet};
+use promlab::workload::{self, LongLabelWriter, StoreWorkload};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -80,8 +80,8 @@ pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn W
 struct Export {
     _dir: tempfile::TempDir,
     dir: std::path::PathBuf,
-    registry: crate::registry::Registry,
-    exporters: HashMap<StrategySet, crate::export::Exporter>,
+    registry: promlab::registry::Registry,
+    exporters: HashMap<StrategySet, promlab::export::Exporter>,
     out: Vec<u8>,
     lines: u64,
 }
@@ -97,17 +97,17 @@ impl Export {
     /// A store client_ruby wrote, unpacked into a temporary directory.
     fn ruby_fixture(case: &str) -> Result<Export> {
         let dir = tempfile::tempdir()?;
-        let case_dir = workload::unpack_ruby_case(case, dir.path())?;
-        let registry = crate::registry::Registry::load(&case_dir.join("registry.json"))?;
+        let case_dir = crate::fixtures::unpack_ruby_case(case, dir.path())?;
+        let registry = promlab::registry::Registry::load(&case_dir.join("registry.json"))?;
         Export::from_store(dir, case_dir.join("store"), registry)
     }
 
     fn from_store(
         keep: tempfile::TempDir,
         dir: std::path::PathBuf,
-        registry: crate::registry::Registry,
+        registry: promlab::registry::Registry,
     ) -> Result<Export> {
-        let text = crate::export::export(&dir, &registry, StrategySet::NONE)?;
+        let text = promlab::export::export(&dir, &registry, StrategySet::NONE)?;
         let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
         Ok(Export {
             _dir: keep,
@@ -121,7 +121,7 @@ impl Export {
 
     fn scrape(&mut self, strategies: StrategySet) -> Result<&[u8]> {
         let exporter = self.exporters.entry(strategies).or_insert_with(|| {
-            crate::export::Exporter::new(&self.dir, self.registry.clone(), strategies)
+            promlab::export::Exporter::new(&self.dir, self.registry.clone(), strategies)
         });
         exporter.export_into(&mut self.out)?;
         Ok(&self.out)
@@ -188,7 +188,7 @@ pub fn store_bytes(dir: &Path) -> Result<Vec<u8>> {
         out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
         let used = i32::from_le_bytes(bytes[..4].try_into()?) as usize;
         let mut region = bytes[..used].to_vec();
-        for entry in crate::export::entries(&bytes, used) {
+        for entry in promlab::export::entries(&bytes, used) {
             let at = entry?.value_offset + 8;
             region[at..at + 8].fill(0);
         }
@@ -234,7 +234,7 @@ impl Workload for LongLabel {
 struct Render {
     queues: usize,
     awkward_names: bool,
-    scenarios: HashMap<StrategySet, crate::render::rabbitmq::Scenario>,
+    scenarios: HashMap<StrategySet, promlab::render::rabbitmq::Scenario>,
     body: Vec<u8>,
     lines: u64,
 }
@@ -250,12 +250,15 @@ impl Render {
         }
     }
 
-    fn scenario(&mut self, strategies: StrategySet) -> Result<&crate::render::rabbitmq::Scenario> {
+    fn scenario(
+        &mut self,
+        strategies: StrategySet,
+    ) -> Result<&promlab::render::rabbitmq::Scenario> {
         // Only the render stage's strategies change a registry.
         let key = strategies.restrict(Stage::Render);
         if !self.scenarios.contains_key(&key) {
             let scenario =
-                crate::render::rabbitmq::Scenario::build(self.queues, self.awkward_names, key)?;
+                promlab::render::rabbitmq::Scenario::build(self.queues, self.awkward_names, key)?;
             self.scenarios.insert(key, scenario);
         }
         Ok(&self.scenarios[&key])
@@ -286,7 +289,7 @@ impl Workload for Render {
 /// ingester per run; the output is the quantiles of every aggregation's last
 /// closed window (JSON) plus the counters, after the stream is flushed.
 struct Ingest {
-    plan: crate::ingest::plan::Plan,
+    plan: promlab::ingest::plan::Plan,
     bodies: Vec<Vec<u8>>,
     samples: u64,
 }
@@ -298,15 +301,15 @@ impl Ingest {
     /// The seed's feeder workload: `groups` × `series_per_group` series, one sample
     /// per series per tick, `ticks` ticks (seconds), in 50,000-row requests.
     fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Ingest> {
-        let workload = crate::ingest::feed::Workload {
+        let workload = promlab::ingest::feed::Workload {
             groups,
             series_per_group,
-            ..crate::ingest::feed::Workload::seed(1_700_000_000_000)
+            ..promlab::ingest::feed::Workload::seed(1_700_000_000_000)
         };
         let generator = workload.generator();
         let bodies: Vec<Vec<u8>> = (0..ticks).flat_map(|t| generator.tick_bodies(t)).collect();
         Ok(Ingest {
-            plan: crate::ingest::plan::Plan::default(),
+            plan: promlab::ingest::plan::Plan::default(),
             bodies,
             samples: workload.samples_per_tick() * ticks,
         })
@@ -314,18 +317,12 @@ impl Ingest {
 
     /// The 27 requests a real Prometheus 2.42 sent, `passes` times over.
     fn captures(passes: usize) -> Result<Ingest> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/remote-write/prometheus-2.42");
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
-            .with_context(|| format!("cannot read {}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "bin"))
+        let once = crate::fixtures::PROMETHEUS_CAPTURES;
+        let bodies: Vec<Vec<u8>> = (0..passes)
+            .flat_map(|_| once.iter().map(|b| b.to_vec()))
             .collect();
-        files.sort();
-        let once: Vec<Vec<u8>> = files.iter().map(std::fs::read).collect::<Result<_, _>>()?;
-        let bodies: Vec<Vec<u8>> = (0..passes).flat_map(|_| once.iter().cloned()).collect();
-        let plan = crate::ingest::plan::Plan::parse(CAPTURES_PLAN)?;
-        let mut probe = crate::ingest::pipeline::Ingester::new(plan.clone(), StrategySet::NONE);
+        let plan = promlab::ingest::plan::Plan::parse(CAPTURES_PLAN)?;
+        let mut probe = promlab::ingest::pipeline::Ingester::new(plan.clone(), StrategySet::NONE);
         for body in &bodies {
             probe.handle(body)?;
         }
@@ -336,8 +333,8 @@ impl Ingest {
         })
     }
 
-    fn ingest(&self, strategies: StrategySet) -> Result<crate::ingest::pipeline::Ingester> {
-        let mut ingester = crate::ingest::pipeline::Ingester::new(self.plan.clone(), strategies);
+    fn ingest(&self, strategies: StrategySet) -> Result<promlab::ingest::pipeline::Ingester> {
+        let mut ingester = promlab::ingest::pipeline::Ingester::new(self.plan.clone(), strategies);
         for body in &self.bodies {
             ingester.handle(body)?;
         }

@@ -1,13 +1,14 @@
 //! Subcommands of the first half (store, export, ablation, serving).
 mod flamegraph;
+pub mod ingest;
 
 pub use flamegraph::{flamegraph, FlamegraphArgs};
 
-use crate::formenc::Dialect;
-use crate::registry::Registry;
-use crate::store::{Client, ClientConfig};
-use crate::strategy::StrategySet;
 use anyhow::{bail, Context, Result};
+use promlab::formenc::Dialect;
+use promlab::registry::Registry;
+use promlab::store::{Client, ClientConfig};
+use promlab::strategy::StrategySet;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -58,7 +59,7 @@ pub struct ReplayOneArgs {
 
 pub fn export(args: ExportArgs) -> Result<()> {
     let registry = Registry::load(&args.registry)?;
-    let text = crate::export::export(&args.store, &registry, args.strategies)?;
+    let text = promlab::export::export(&args.store, &registry, args.strategies)?;
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(&text)?;
     stdout.flush()?;
@@ -105,7 +106,7 @@ pub fn replay(args: ReplayArgs) -> Result<()> {
 
 pub fn replay_one(args: ReplayOneArgs) -> Result<()> {
     let registry = Registry::load(&args.registry)?;
-    let log = crate::ops::OpLog::load(&args.ops)?;
+    let log = promlab::ops::OpLog::load(&args.ops)?;
     let config = ClientConfig {
         dialect: args.dialect,
         strategies: args.strategies,
@@ -147,7 +148,7 @@ pub struct ServeArgs {
     pub max_body_bytes: usize,
     /// Strategies to use: a comma-separated list, `none`, `all`, or `default`.
     #[arg(long, default_value = "default")]
-    pub strategies: crate::strategy::StrategySet,
+    pub strategies: promlab::strategy::StrategySet,
 }
 
 /// `promlab ablate`: verify, then measure, every strategy on built-in scenarios.
@@ -239,9 +240,38 @@ pub fn report(args: ReportArgs) -> Result<()> {
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
-    if args.store.is_some() || args.scenario.is_some() {
-        crate::render::server::serve(args)
-    } else {
-        crate::ingest::receiver::serve(args)
+    use crate::serve::metrics::{self, Source};
+    let listen = |port| {
+        args.listen
+            .unwrap_or(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    };
+    if let Some(dir) = &args.store {
+        let registry_path = args
+            .registry
+            .as_deref()
+            .context("--store needs --registry")?;
+        if !dir.is_dir() {
+            bail!("store directory {} does not exist", dir.display());
+        }
+        let registry = Registry::load(registry_path)?;
+        let exporter = promlab::export::Exporter::new(dir, registry, args.strategies);
+        return metrics::serve(listen(9394), Source::Store(exporter));
+    }
+    match args.scenario.as_deref() {
+        Some("rabbitmq") => {
+            let scenario = promlab::render::rabbitmq::Scenario::build(
+                args.queues,
+                args.awkward_names,
+                args.strategies,
+            )?;
+            metrics::serve(listen(9394), Source::Scenario(scenario))
+        }
+        Some(other) => bail!("unknown scenario `{other}` (known: rabbitmq)"),
+        None => crate::serve::receiver::serve(crate::serve::receiver::ReceiverConfig {
+            listen: listen(9201),
+            plan: args.plan.clone(),
+            max_body_bytes: args.max_body_bytes,
+            strategies: args.strategies,
+        }),
     }
 }

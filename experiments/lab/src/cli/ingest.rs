@@ -1,10 +1,10 @@
 //! `promlab ingest` and `promlab feed`.
 
-use super::feed::{self, Workload};
-use super::pipeline::Ingester;
-use super::plan::Plan;
-use crate::strategy::StrategySet;
 use anyhow::{Context, Result};
+use promlab::ingest::feed::{self, Workload};
+use promlab::ingest::pipeline::Ingester;
+use promlab::ingest::plan::Plan;
+use promlab::strategy::StrategySet;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -112,7 +112,7 @@ pub fn feed(args: FeedArgs) -> Result<()> {
     let ticks = args.first_tick..args.first_tick + args.duration_secs;
     let report = match &args.out {
         Some(dir) => feed::write_bodies(&workload, ticks, dir)?,
-        None => feed::send(&workload, ticks, &args.url, args.concurrency)?,
+        None => crate::feed::send(&workload, ticks, &args.url, args.concurrency)?,
     };
     eprintln!(
         "promlab feed: {} ticks, {} requests, {} samples, {} failed requests, {} late ticks",

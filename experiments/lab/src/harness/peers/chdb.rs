@@ -9,9 +9,9 @@ use super::remote_write::{
     fed_answers, promlab_answers, run_within, FeedPlan, GroupAnswer, QUANTILES, WINDOW_MS,
 };
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
-use crate::ingest::feed::Workload;
-use crate::ingest::plan::Plan;
 use anyhow::{bail, Context, Result};
+use promlab::ingest::feed::Workload;
+use promlab::ingest::plan::Plan;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -33,7 +33,7 @@ pub const ARM: &str = "peer:chdb";
 const INSTALL: &str = "experiments/peers/install.sh --with-clickhouse";
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/peers/chdb_ingest.py")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../peers/chdb_ingest.py")
 }
 
 #[derive(Deserialize)]

@@ -4,9 +4,9 @@
 //! A peer that is not installed is skipped with a notice: peers are not test
 //! dependencies (CI installs `prometheus` for other tests, not VictoriaMetrics).
 
-use promlab::harness::load_scenario;
-use promlab::harness::peers::remote_write::{find_binary, FeedPlan};
-use promlab::harness::peers::{
+use promlab_lab::harness::load_scenario;
+use promlab_lab::harness::peers::remote_write::{find_binary, FeedPlan};
+use promlab_lab::harness::peers::{
     chdb, prometheus, victoriametrics, Peer, PeerContext, PeerOutcome, PeerResult,
 };
 use std::path::PathBuf;
@@ -102,7 +102,7 @@ fn chdb_peer_needs_its_flag_then_agrees() {
         other => panic!("without --with-clickhouse: {other:?}"),
     }
     // The python the peer uses: the peers' venv if install.sh made one.
-    let python = promlab::harness::peers::python_export::python();
+    let python = promlab_lab::harness::peers::python_export::python();
     let importable = std::process::Command::new(&python)
         .args(["-c", "import chdb"])
         .status()

@@ -176,6 +176,7 @@ fn promtool_accepts(promtool: &Path, body: &[u8]) {
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
         .join("tests/fixtures/ruby-dfs")
         .join(name)
 }

@@ -17,8 +17,8 @@ pub mod peers;
 pub mod report;
 pub mod workloads;
 
-use crate::strategy::{Stage, Strategy, StrategySet};
 use anyhow::{bail, Context, Result};
+use promlab::strategy::{Stage, Strategy, StrategySet};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -68,31 +68,25 @@ impl Scenario {
 pub const BUILT_IN: [(&str, &str); 7] = [
     (
         "write-long-label",
-        include_str!("../../experiments/scenarios/write-long-label.toml"),
+        include_str!("../../../scenarios/write-long-label.toml"),
     ),
     (
         "seed-repro",
-        include_str!("../../experiments/scenarios/seed-repro.toml"),
+        include_str!("../../../scenarios/seed-repro.toml"),
     ),
-    (
-        "large",
-        include_str!("../../experiments/scenarios/large.toml"),
-    ),
+    ("large", include_str!("../../../scenarios/large.toml")),
     (
         "large-ruby",
-        include_str!("../../experiments/scenarios/large-ruby.toml"),
+        include_str!("../../../scenarios/large-ruby.toml"),
     ),
     (
         "rabbitmq-per-object",
-        include_str!("../../experiments/scenarios/rabbitmq-per-object.toml"),
+        include_str!("../../../scenarios/rabbitmq-per-object.toml"),
     ),
-    (
-        "asap-1e5",
-        include_str!("../../experiments/scenarios/asap-1e5.toml"),
-    ),
+    ("asap-1e5", include_str!("../../../scenarios/asap-1e5.toml")),
     (
         "prometheus-captures",
-        include_str!("../../experiments/scenarios/prometheus-captures.toml"),
+        include_str!("../../../scenarios/prometheus-captures.toml"),
     ),
 ];
 
@@ -172,33 +166,7 @@ pub fn bench_arms(stage: Stage) -> Vec<(String, StrategySet)> {
     arms
 }
 
-/// Where two outputs first differ: byte offset, line number, and that line of
-/// each (at most 300 bytes), named `a_name` and `b_name`.
-pub fn first_difference(a: &[u8], b: &[u8], a_name: &str, b_name: &str) -> String {
-    let at = a
-        .iter()
-        .zip(b)
-        .position(|(x, y)| x != y)
-        .unwrap_or(a.len().min(b.len()));
-    let line = a[..at].iter().filter(|&&c| c == b'\n').count() + 1;
-    let show = |s: &[u8]| {
-        let start = s[..at.min(s.len())]
-            .iter()
-            .rposition(|&c| c == b'\n')
-            .map_or(0, |i| i + 1);
-        let end = s[start..]
-            .iter()
-            .position(|&c| c == b'\n')
-            .map_or(s.len(), |i| start + i)
-            .min(start + 300);
-        String::from_utf8_lossy(&s[start..end]).into_owned()
-    };
-    format!(
-        "at byte {at} (line {line}):\n  {a_name}: {}\n  {b_name}: {}",
-        show(a),
-        show(b)
-    )
-}
+pub use promlab::compare::first_difference;
 
 /// A combination's output did not match.
 fn mismatch_report(

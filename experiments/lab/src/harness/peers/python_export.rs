@@ -11,9 +11,9 @@
 
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use crate::harness::workloads::param_usize;
-use crate::strategy::StrategySet;
-use crate::workload::{self, StoreWorkload};
 use anyhow::{bail, Context, Result};
+use promlab::strategy::StrategySet;
+use promlab::workload::{self, StoreWorkload};
 use serde::Deserialize;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The script, carried in the binary so a copied `promlab` still runs it.
-const SCRIPT: &str = include_str!("../../../experiments/peers/python_export.py");
+const SCRIPT: &str = include_str!("../../../../peers/python_export.py");
 
 /// Longest the script may take (writers, exports, check) before it is killed.
 const TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -44,7 +44,7 @@ struct ScriptReport {
 /// `python3` of `experiments/peers/.venv` (what `install.sh` creates) when it
 /// exists, else the one on `PATH`.
 pub fn python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/peers/.venv/bin/python3");
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../peers/.venv/bin/python3");
     if venv.exists() {
         venv
     } else {
@@ -91,7 +91,7 @@ fn write_inputs(dir: &Path, work: &StoreWorkload) -> Result<()> {
     let store = dir.join("promlab-store");
     std::fs::create_dir_all(&store)?;
     work.write(&store, StrategySet::NONE)?;
-    let ours = crate::export::export(&store, &work.registry, StrategySet::NONE)?;
+    let ours = promlab::export::export(&store, &work.registry, StrategySet::NONE)?;
     std::fs::remove_dir_all(&store)?;
     std::fs::write(dir.join("promlab.prom"), ours)?;
     std::fs::write(dir.join("python_export.py"), SCRIPT)?;

@@ -107,6 +107,7 @@ fn request(series: &[&[(&str, &str)]]) -> Vec<u8> {
 #[test]
 fn status_codes() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
         .join("tests/fixtures/remote-write/prometheus-2.42/0000.bin");
     let body = std::fs::read(fixture).unwrap();
     let server = Server::start(&["--max-body-bytes", "100000", "--strategies", "all"]);

@@ -18,39 +18,39 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Print the exposition of a client_ruby-compatible store directory.
-    Export(promlab::cli::ExportArgs),
+    Export(promlab_lab::cli::ExportArgs),
     /// Rebuild a store by replaying op logs, each in its own child process.
-    Replay(promlab::cli::ReplayArgs),
+    Replay(promlab_lab::cli::ReplayArgs),
     /// Verify, then measure, every strategy combination on built-in scenarios.
-    Ablate(promlab::cli::AblateArgs),
+    Ablate(promlab_lab::cli::AblateArgs),
     /// Regenerate the dossiers' measured tables and the ranking from the latest results.
-    Report(promlab::cli::ReportArgs),
+    Report(promlab_lab::cli::ReportArgs),
     /// Profile a scenario's runs under one strategy set and write an SVG flamegraph.
-    Flamegraph(promlab::cli::FlamegraphArgs),
+    Flamegraph(promlab_lab::cli::FlamegraphArgs),
     /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
-    Serve(promlab::cli::ServeArgs),
+    Serve(promlab_lab::cli::ServeArgs),
     /// Replay remote-write request bodies offline and print the quantiles.
-    Ingest(promlab::ingest::cli::IngestArgs),
+    Ingest(promlab_lab::cli::ingest::IngestArgs),
     /// The paced remote-write feeder.
-    Feed(promlab::ingest::cli::FeedArgs),
+    Feed(promlab_lab::cli::ingest::FeedArgs),
     /// Internal: replay one op log in this process (used by `replay`).
     #[command(hide = true)]
-    ReplayOne(promlab::cli::ReplayOneArgs),
+    ReplayOne(promlab_lab::cli::ReplayOneArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        None => promlab::cli::ablate(promlab::cli::AblateArgs::main_job()),
-        Some(Command::Export(args)) => promlab::cli::export(args),
-        Some(Command::Replay(args)) => promlab::cli::replay(args),
-        Some(Command::ReplayOne(args)) => promlab::cli::replay_one(args),
-        Some(Command::Ablate(args)) => promlab::cli::ablate(args),
-        Some(Command::Report(args)) => promlab::cli::report(args),
-        Some(Command::Flamegraph(args)) => promlab::cli::flamegraph(args),
-        Some(Command::Serve(args)) => promlab::cli::serve(args),
-        Some(Command::Ingest(args)) => promlab::ingest::cli::ingest(args),
-        Some(Command::Feed(args)) => promlab::ingest::cli::feed(args),
+        None => promlab_lab::cli::ablate(promlab_lab::cli::AblateArgs::main_job()),
+        Some(Command::Export(args)) => promlab_lab::cli::export(args),
+        Some(Command::Replay(args)) => promlab_lab::cli::replay(args),
+        Some(Command::ReplayOne(args)) => promlab_lab::cli::replay_one(args),
+        Some(Command::Ablate(args)) => promlab_lab::cli::ablate(args),
+        Some(Command::Report(args)) => promlab_lab::cli::report(args),
+        Some(Command::Flamegraph(args)) => promlab_lab::cli::flamegraph(args),
+        Some(Command::Serve(args)) => promlab_lab::cli::serve(args),
+        Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),
+        Some(Command::Feed(args)) => promlab_lab::cli::ingest::feed(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

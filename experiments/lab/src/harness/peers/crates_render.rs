@@ -10,14 +10,14 @@
 
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use crate::harness::workloads::{param_bool, param_usize};
-use crate::registry::MetricType;
-use crate::render::live::SeriesId;
-use crate::render::rabbitmq::Scenario;
-use crate::strategy::StrategySet;
 use anyhow::{bail, Context, Result};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use promlab::registry::MetricType;
+use promlab::render::live::SeriesId;
+use promlab::render::rabbitmq::Scenario;
+use promlab::strategy::StrategySet;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ fn labels_of(s: &Scenario, id: SeriesId) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-fn series_of(s: &Scenario, f: crate::render::live::FamilyId) -> impl Iterator<Item = SeriesId> {
+fn series_of(s: &Scenario, f: promlab::render::live::FamilyId) -> impl Iterator<Item = SeriesId> {
     (0..s.registry().values(f).len() as u32).map(move |index| SeriesId { family: f, index })
 }
 

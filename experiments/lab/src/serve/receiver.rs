@@ -11,17 +11,19 @@
 //! - `GET /metrics`: the receiver's own counters.
 //! - `POST /-/reload`: re-reads the plan file (bumps the plan generation).
 
-use super::pipeline::Ingester;
-use super::plan::Plan;
-use super::wire;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use promlab::ingest::pipeline::Ingester;
+use promlab::ingest::plan::Plan;
+use promlab::ingest::wire;
+use promlab::strategy::StrategySet;
 use std::cell::RefCell;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,42 +73,29 @@ pub fn app(receiver: Arc<Receiver>) -> Router {
         .with_state(receiver)
 }
 
-pub fn serve(args: crate::cli::ServeArgs) -> Result<()> {
-    let plan = Plan::load_or_default(args.plan.as_deref())?;
-    let listen = args
-        .listen
-        .unwrap_or_else(|| "127.0.0.1:9201".parse().expect("a valid address"));
-    let receiver = Receiver::new(
-        Ingester::new(plan, args.strategies),
-        args.plan.clone(),
-        args.max_body_bytes,
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding {listen}"))?;
-        eprintln!(
-            "promlab: remote-write receiver on http://{}/api/v1/write (strategies: {})",
-            listener.local_addr()?,
-            args.strategies
-        );
-        axum::serve(listener, app(receiver))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
-        Ok(())
-    })
+/// What `promlab serve` without `--store`/`--scenario` runs.
+#[derive(Clone, Debug)]
+pub struct ReceiverConfig {
+    pub listen: SocketAddr,
+    /// The aggregation plan's file (reloaded by `POST /-/reload`); the default plan when none.
+    pub plan: Option<PathBuf>,
+    /// Largest accepted request body, compressed and decoded, in bytes.
+    pub max_body_bytes: usize,
+    pub strategies: StrategySet,
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-    }
+/// Runs the receiver until Ctrl-C or SIGTERM (blocking; builds its own runtime).
+pub fn serve(config: ReceiverConfig) -> Result<()> {
+    let plan = Plan::load_or_default(config.plan.as_deref())?;
+    let receiver = Receiver::new(
+        Ingester::new(plan, config.strategies),
+        config.plan.clone(),
+        config.max_body_bytes,
+    );
+    let strategies = config.strategies;
+    super::run(config.listen, Some(2), app(receiver), |addr| {
+        eprintln!("promlab: remote-write receiver on http://{addr}/api/v1/write (strategies: {strategies})")
+    })
 }
 
 thread_local! {

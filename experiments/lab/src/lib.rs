@@ -1,0 +1,10 @@
+//! promlab's lab: everything around the pipeline library that a performance
+//! engineer runs — the command line, the `/metrics` and remote-write servers,
+//! the paced feeder, the ablation harness with its peers and reports, and the
+//! profilers. It depends on the `promlab` library; the library never depends on it.
+
+pub mod cli;
+pub mod feed;
+pub mod fixtures;
+pub mod harness;
+pub mod serve;
