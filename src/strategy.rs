@@ -6,6 +6,10 @@
 //! [`StrategySet`], chosen at run time (`--strategies key-cache,decode-once`,
 //! `none`, `all`, or `default`), so one binary can walk the whole ablation
 //! matrix. This file is the only place that reads the strategy features.
+//!
+//! `default` is the set the build's features name, and every strategy when
+//! they name none: a plain build serves the fastest verified configuration,
+//! and the baseline is opt-in (`--strategies none`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -120,7 +124,10 @@ impl FromStr for Strategy {
             .find(|st| st.name() == s)
             .ok_or_else(|| {
                 let known: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
-                format!("unknown strategy `{s}` (known: {})", known.join(", "))
+                format!(
+                    "unknown strategy `{s}` (a set is `none`, `all`, `default`, or a comma-separated list of: {})",
+                    known.join(", ")
+                )
             })
     }
 }
@@ -137,12 +144,20 @@ impl StrategySet {
         Strategy::ALL.into_iter().collect()
     }
 
-    /// What this build turns on by default (its cargo features).
+    /// What `--strategies default` means in this build: the strategies its
+    /// cargo features name, or — when it names none, as a plain `cargo build`
+    /// does — every strategy, so a user gets the fastest verified set unless
+    /// they ask for the baseline (`none`).
     pub fn compiled_default() -> StrategySet {
-        Strategy::ALL
+        let named: StrategySet = Strategy::ALL
             .into_iter()
             .filter(|s| s.on_by_default())
-            .collect()
+            .collect();
+        if named.is_empty() {
+            StrategySet::all()
+        } else {
+            named
+        }
     }
 
     pub fn contains(self, s: Strategy) -> bool {

@@ -1,5 +1,5 @@
 //! The `promlab` command line. Each subcommand's arguments and work live in the
-//! library module of its stage; this file only dispatches.
+//! lab's `cli` module; this file only dispatches.
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -8,7 +8,15 @@ use std::process::ExitCode;
 #[command(
     name = "promlab",
     version,
-    about = "The Prometheus metrics path, measurably fast and provably identical"
+    about = "The Prometheus metrics path, measurably fast and provably identical",
+    long_about = "The Prometheus metrics path, measurably fast and provably identical.\n\n\
+        With no command, promlab runs the main job: `promlab ablate --quick` over every built-in \
+        scenario (verify every strategy combination against the scenario's expected answer, then \
+        time the arms side by side). No subcommand is needed for that; the subcommands below are \
+        the individual tools.\n\n\
+        Strategy sets (--strategies): a comma-separated list of strategy names, `none` (the \
+        baseline), `all`, or `default` (the strategies the build's cargo features name; every \
+        strategy when the build names none)."
 )]
 struct Cli {
     #[command(subcommand)]

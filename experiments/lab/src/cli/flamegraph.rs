@@ -127,9 +127,11 @@ fn profile(
         .context("cannot render the flamegraph")?;
     let samples: isize = report.data.values().sum();
     let summary = format!(
-        "{runs} runs of {} in {:.2} s, {samples} samples at {FREQUENCY_HZ} Hz",
+        "{runs} runs of {} in {:.2} s, {samples} samples: {:.0} Hz measured ({FREQUENCY_HZ} Hz asked; \
+         the kernel's timer may deliver fewer)",
         scenario.name,
-        elapsed.as_secs_f64()
+        elapsed.as_secs_f64(),
+        samples as f64 / elapsed.as_secs_f64().max(1e-9)
     );
     Ok((svg, summary))
 }

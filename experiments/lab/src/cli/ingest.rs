@@ -4,16 +4,21 @@ use anyhow::{Context, Result};
 use promlab::ingest::feed::{self, Workload};
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
+use promlab::ingest::wire;
 use promlab::strategy::StrategySet;
 use std::io::Write;
 use std::path::PathBuf;
 
+/// `promlab ingest`: replay remote-write bodies offline.
 #[derive(clap::Args, Debug)]
+#[command(after_help = PLAN_HELP)]
 pub struct IngestArgs {
-    /// Aggregation plan (TOML); without it, the seed's plan.
+    /// Aggregation plan (TOML, format below); without it, the feeder's plan
+    /// (metric `data` grouped by `label_0`).
     #[arg(long)]
     pub plan: Option<PathBuf>,
-    /// Strategies to use: a comma-separated list, `none`, `all`, or `default`.
+    /// Strategies to use: a comma-separated list, `none` (the baseline), `all`, or
+    /// `default` (the build's features; every strategy when none was named).
     #[arg(long, default_value = "default")]
     pub strategies: StrategySet,
     /// Close every open window after the last file, as if the stream had ended.
@@ -27,18 +32,36 @@ pub struct IngestArgs {
     pub files: Vec<PathBuf>,
 }
 
+/// The plan format, for `--help` (the same text as `promlab::ingest::plan`'s doc).
+const PLAN_HELP: &str = "\
+Plan format (TOML):
+  lateness_secs = 5          # how far behind the newest timestamp a window still takes samples
+  keep_windows = 10          # closed windows kept per aggregation
+  [[aggregation]]
+  id = \"data\"                # the name the answer carries
+  metric = \"data\"            # __name__ to take
+  group_by = [\"label_0\"]     # one DDSketch per distinct value tuple, per window
+  window_secs = 60           # tumbling windows
+  relative_accuracy = 0.01   # DDSketch alpha
+  quantiles = [0.5, 0.9, 0.99]
+  match = { job = \"feeder\" } # optional equality matchers on other labels
+A plan for a Prometheus server's own metrics: experiments/plans/prometheus-captures.toml";
+
 /// Replays the files through the receiver's handler and prints, per aggregation,
 /// the quantiles of its last closed window (a JSON array).
 pub fn ingest(args: IngestArgs) -> Result<()> {
     let plan = Plan::load_or_default(args.plan.as_deref())?;
-    let mut ingester = Ingester::new(plan, args.strategies).with_max_decoded(args.max_body_bytes);
+    eprintln!("promlab ingest: strategies {}", args.strategies);
+    let mut ingester = Ingester::new(plan.clone(), args.strategies).with_max_decoded(args.max_body_bytes);
     let mut files = args.files;
     files.sort();
+    let mut bodies = Vec::with_capacity(files.len());
     for path in &files {
         let body = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         ingester
             .handle(&body)
             .with_context(|| format!("in {}", path.display()))?;
+        bodies.push(body);
     }
     if args.flush {
         ingester.flush();
@@ -48,27 +71,81 @@ pub fn ingest(args: IngestArgs) -> Result<()> {
         "promlab ingest: {} requests, {} samples: {} accepted, {} late, {} stale, {} rejected, {} unrouted",
         totals.requests, totals.samples, totals.accepted, totals.late, totals.stale, totals.rejected, totals.unrouted
     );
+    if totals.accepted == 0 && totals.samples > 0 {
+        eprintln!("{}", nothing_routed(&plan, &bodies, args.max_body_bytes));
+    }
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, &ingester.query_all())?;
     out.write_all(b"\n")?;
     Ok(())
 }
 
+/// Why nothing was routed: the plan's selectors beside the metric names the
+/// requests carry (the most frequent first), so a wrong plan is plain to see.
+fn nothing_routed(plan: &Plan, bodies: &[Vec<u8>], limit: usize) -> String {
+    let mut seen: std::collections::BTreeMap<Vec<u8>, u64> = Default::default();
+    let mut raw = Vec::new();
+    for body in bodies {
+        let Ok(()) = wire::decompress(body, limit, &mut raw) else { continue };
+        let Ok(batch) = wire::decode_borrowed(&raw) else { continue };
+        for series in &batch.series {
+            if let Some((_, name)) = batch.series_labels(series).iter().find(|(n, _)| *n == b"__name__") {
+                *seen.entry(name.to_vec()).or_default() += 1;
+            }
+        }
+    }
+    let mut names: Vec<(u64, String)> = seen
+        .into_iter()
+        .map(|(name, n)| (n, String::from_utf8_lossy(&name).into_owned()))
+        .collect();
+    names.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    let shown: Vec<&str> = names.iter().take(12).map(|(_, name)| name.as_str()).collect();
+    let selectors: Vec<String> = plan
+        .aggregations
+        .iter()
+        .map(|a| {
+            let matchers: Vec<String> = a.matchers.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+            if matchers.is_empty() {
+                format!("{} (metric `{}`)", a.id, a.metric)
+            } else {
+                format!("{} (metric `{}`, {})", a.id, a.metric, matchers.join(", "))
+            }
+        })
+        .collect();
+    format!(
+        "promlab ingest: warning: no sample matched the plan, so every answer is empty.\n  \
+         the plan takes: {}\n  the requests carry {} metric names, most frequent first: {}{}\n  \
+         give --plan FILE (see --help; experiments/plans/prometheus-captures.toml suits a Prometheus server's own metrics)",
+        selectors.join("; "),
+        names.len(),
+        shown.join(", "),
+        if names.len() > shown.len() { ", …" } else { "" },
+    )
+}
+
+/// `promlab feed`: the paced remote-write feeder (see `promlab::ingest::feed` for
+/// the exact series, values and timestamps it generates).
 #[derive(clap::Args, Debug)]
 pub struct FeedArgs {
     /// Where to POST the requests.
     #[arg(long, default_value = "http://127.0.0.1:9201/api/v1/write")]
     pub url: String,
+    /// Distinct `label_0` values (aggregation groups).
     #[arg(long, default_value_t = 1000)]
     pub groups: u64,
+    /// Series per group (distinct `instance` values).
     #[arg(long, default_value_t = 100)]
     pub series_per_group: u64,
+    /// Samples per series per tick (one tick per second).
     #[arg(long, default_value_t = 1)]
     pub samples_per_sec: u64,
+    /// Shape of the Pareto distribution values are drawn from.
     #[arg(long, default_value_t = 1.5)]
     pub pareto_shape: f64,
+    /// Scale (minimum value) of that Pareto distribution.
     #[arg(long, default_value_t = 1.0)]
     pub pareto_scale: f64,
+    /// Seed of the value generator: the same seed gives the same values.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Ticks to send (one per second).

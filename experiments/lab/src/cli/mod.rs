@@ -21,7 +21,8 @@ pub struct ExportArgs {
     /// The registry, in the fixtures' registry.json format.
     #[arg(long)]
     pub registry: PathBuf,
-    /// Strategies to use: a comma-separated list, `none`, `all`, or `default`.
+    /// Strategies to use: a comma-separated list, `none` (the baseline), `all`, or
+    /// `default` (the build's features; every strategy when none was named).
     #[arg(long, default_value = "default")]
     pub strategies: StrategySet,
 }
@@ -29,10 +30,14 @@ pub struct ExportArgs {
 /// `promlab replay`: rebuild a store from op logs, one child process per log.
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
+    /// The registry the ops refer to, in the fixtures' registry.json format.
     #[arg(long)]
     pub registry: PathBuf,
+    /// The store directory to write (created if missing; files are named with each log's pid).
     #[arg(long)]
     pub store: PathBuf,
+    /// Write-side strategies: a comma-separated list, `none` (the baseline), `all`, or
+    /// `default` (the build's features; every strategy when none was named).
     #[arg(long, default_value = "default")]
     pub strategies: StrategySet,
     /// Key dialect: `uri` (client_ruby 5.x) or `cgi` (4.2.5).
@@ -58,7 +63,10 @@ pub struct ReplayOneArgs {
 }
 
 pub fn export(args: ExportArgs) -> Result<()> {
+    eprintln!("promlab export: strategies {}", args.strategies);
+    check_store_dir(&args.store)?;
     let registry = Registry::load(&args.registry)?;
+    warn_unmatched_metrics(&args.store, &registry)?;
     let text = promlab::export::export(&args.store, &registry, args.strategies)?;
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(&text)?;
@@ -122,9 +130,10 @@ pub fn replay_one(args: ReplayOneArgs) -> Result<()> {
 /// (`--plan`, optional).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Address to listen on (default 127.0.0.1:9394 for /metrics modes, 127.0.0.1:9201 for the receiver).
+    /// Address to listen on, `HOST:PORT` (a name such as `localhost` resolves; default
+    /// 127.0.0.1:9394 for /metrics modes, 127.0.0.1:9201 for the receiver).
     #[arg(long)]
-    pub listen: Option<std::net::SocketAddr>,
+    pub listen: Option<String>,
     /// Store directory written by client_ruby's DirectFileStore (or promlab's writer).
     #[arg(long, requires = "registry")]
     pub store: Option<std::path::PathBuf>,
@@ -135,18 +144,19 @@ pub struct ServeArgs {
     #[arg(long, conflicts_with = "store")]
     pub scenario: Option<String>,
     /// Scale of the rabbitmq scenario (10,000 queues give ~630k series).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, requires = "scenario")]
     pub queues: usize,
     /// Mix awkward names (quotes, backslashes, newlines, non-ASCII) into the scenario.
-    #[arg(long)]
+    #[arg(long, requires = "scenario")]
     pub awkward_names: bool,
     /// Aggregation plan (TOML) for the remote-write receiver.
     #[arg(long, conflicts_with_all = ["store", "scenario"])]
     pub plan: Option<std::path::PathBuf>,
-    /// Largest accepted request body, compressed and decoded, in bytes.
-    #[arg(long, default_value_t = 32 << 20)]
+    /// Largest accepted request body, compressed and decoded, in bytes (receiver only).
+    #[arg(long, default_value_t = 32 << 20, conflicts_with_all = ["store", "scenario"])]
     pub max_body_bytes: usize,
-    /// Strategies to use: a comma-separated list, `none`, `all`, or `default`.
+    /// Strategies to use: a comma-separated list, `none` (the baseline), `all`, or
+    /// `default` (the build's features; every strategy when none was named).
     #[arg(long, default_value = "default")]
     pub strategies: promlab::strategy::StrategySet,
 }
@@ -241,21 +251,18 @@ pub fn report(args: ReportArgs) -> Result<()> {
 
 pub fn serve(args: ServeArgs) -> Result<()> {
     use crate::serve::metrics::{self, Source};
-    let listen = |port| {
-        args.listen
-            .unwrap_or(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
-    };
+    let listen = |port| listen_address(args.listen.as_deref(), port);
+    eprintln!("promlab serve: strategies {}", args.strategies);
     if let Some(dir) = &args.store {
         let registry_path = args
             .registry
             .as_deref()
             .context("--store needs --registry")?;
-        if !dir.is_dir() {
-            bail!("store directory {} does not exist", dir.display());
-        }
+        check_store_dir(dir)?;
         let registry = Registry::load(registry_path)?;
+        warn_unmatched_metrics(dir, &registry)?;
         let exporter = promlab::export::Exporter::new(dir, registry, args.strategies);
-        return metrics::serve(listen(9394), Source::Store(exporter));
+        return metrics::serve(listen(9394)?, Source::Store(exporter));
     }
     match args.scenario.as_deref() {
         Some("rabbitmq") => {
@@ -264,14 +271,79 @@ pub fn serve(args: ServeArgs) -> Result<()> {
                 args.awkward_names,
                 args.strategies,
             )?;
-            metrics::serve(listen(9394), Source::Scenario(scenario))
+            metrics::serve(listen(9394)?, Source::Scenario(scenario))
         }
         Some(other) => bail!("unknown scenario `{other}` (known: rabbitmq)"),
         None => crate::serve::receiver::serve(crate::serve::receiver::ReceiverConfig {
-            listen: listen(9201),
+            listen: listen(9201)?,
             plan: args.plan.clone(),
             max_body_bytes: args.max_body_bytes,
             strategies: args.strategies,
         }),
     }
+}
+
+/// `--listen HOST:PORT`, resolved (the first address a name resolves to), or
+/// 127.0.0.1 on `default_port`.
+fn listen_address(listen: Option<&str>, default_port: u16) -> Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let Some(listen) = listen else {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], default_port)));
+    };
+    listen
+        .to_socket_addrs()
+        .with_context(|| format!("--listen {listen}: expected HOST:PORT, e.g. 127.0.0.1:{default_port} or localhost:{default_port}"))?
+        .next()
+        .with_context(|| format!("--listen {listen}: the name resolves to no address"))
+}
+
+/// A store directory as `--store` wants it, or an error that says what was given instead.
+fn check_store_dir(dir: &std::path::Path) -> Result<()> {
+    let name = dir.display();
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("store directory {name} does not exist")
+        }
+        Err(e) => bail!("cannot read store directory {name}: {e}"),
+        Ok(meta) if !meta.is_dir() => {
+            let packed = [".tar.gz", ".tgz", ".tar"].iter().any(|ext| name.to_string().ends_with(ext));
+            if packed {
+                bail!("--store {name} is an archive: unpack it (tar xzf {name}) and give the store/ directory inside")
+            }
+            bail!("--store {name} is a file, not a store directory (the directory holding metric_<name>___<pid>.bin files)")
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Warns when a registered metric has no file in the store: an empty
+/// exposition is then more likely a wrong directory than an idle app.
+fn warn_unmatched_metrics(dir: &std::path::Path, registry: &Registry) -> Result<()> {
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read store directory {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let has_file = |metric: &str| {
+        names.iter().any(|file| {
+            file.strip_prefix("metric_")
+                .and_then(|rest| rest.strip_suffix(".bin"))
+                .and_then(|rest| rest.rsplit_once("___"))
+                .is_some_and(|(name, _pid)| name == metric)
+        })
+    };
+    if registry.metrics.iter().any(|m| has_file(&m.name)) {
+        return Ok(());
+    }
+    let hint = if dir.join("store").is_dir() {
+        format!("; {} has a store/ directory: did you mean --store {}?", dir.display(), dir.join("store").display())
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "promlab: warning: no file in {} belongs to a registered metric (expected metric_<name>___<pid>.bin for {}){hint}",
+        dir.display(),
+        registry.metrics.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
+    );
+    Ok(())
 }
