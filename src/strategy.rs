@@ -217,6 +217,9 @@ impl fmt::Display for StrategySet {
         if self.is_empty() {
             return f.write_str("none");
         }
+        if *self == StrategySet::all() {
+            return f.write_str("all");
+        }
         let names: Vec<&str> = self.iter().map(Strategy::name).collect();
         f.write_str(&names.join(","))
     }

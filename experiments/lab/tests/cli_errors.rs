@@ -180,3 +180,112 @@ fn the_intact_store_still_exports_after_the_failures() {
         std::fs::read(case.join("expected.prom")).unwrap()
     );
 }
+
+/// What a newcomer gets wrong first: `--store` given a file, an archive or the case
+/// directory instead of its `store/`. Each says what was given and what is wanted.
+#[test]
+fn store_mistakes_say_what_was_given() {
+    let case = common::fixtures().join("ruby-dfs/all-types-v5-uri");
+    let registry = case.join("registry.json");
+    let out = export(&registry, &registry, "all");
+    assert_clean_failure(&out, "is a file, not a store directory");
+    let archive = common::fixtures().join("ruby-dfs/large-v5-uri.tar.gz");
+    let out = export(&archive, &registry, "all");
+    assert_clean_failure(&out, "is an archive: unpack it");
+    // The case directory: the export runs (an empty store is valid) but warns, naming store/.
+    let out = export(&case, &registry, "all");
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no file in") && stderr.contains("did you mean --store"),
+        "{stderr}"
+    );
+    // And every command's first line names the strategy set it runs.
+    assert!(
+        stderr.starts_with("promlab export: strategies all"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn flags_that_belong_to_another_mode_are_refused() {
+    let out = promlab(&["serve", "--queues", "5"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--scenario"));
+}
+
+#[test]
+fn an_unknown_strategy_lists_every_accepted_spelling() {
+    let out = promlab(&["ingest", "--strategies", "bogus", "x.bin"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for word in ["`none`", "`all`", "`default`", "series-cache"] {
+        assert!(stderr.contains(word), "{word} missing: {stderr}");
+    }
+}
+
+/// `--listen localhost:0` resolves and binds loopback; the process is killed after its first line.
+#[test]
+fn listen_takes_a_host_name() {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_promlab"))
+        .args(["serve", "--listen", "localhost:0", "--strategies", "none"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut announced = String::new();
+    for line in lines.by_ref().take(3) {
+        let line = line.unwrap();
+        if line.contains("http://") {
+            announced = line;
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        announced.contains("http://127.0.0.1:") || announced.contains("http://[::1]:"),
+        "{announced}"
+    );
+    let out = promlab(&["serve", "--listen", "no-such-host.invalid:1"]);
+    assert_clean_failure(&out, "expected HOST:PORT");
+}
+
+/// `promlab ingest` with a plan that matches nothing says so, with the metric names seen.
+#[test]
+fn ingest_says_when_nothing_matched_the_plan() {
+    let dir = common::fixtures().join("remote-write/prometheus-2.42");
+    let out = promlab(&["ingest", dir.join("0001.bin").to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("no sample matched the plan"), "{stderr}");
+    assert!(stderr.contains("go_gc_duration_seconds"), "{stderr}");
+    // The shipped plan for these captures routes them.
+    let plan = common::fixtures().join("../../experiments/plans/prometheus-captures.toml");
+    let mut args = vec![
+        "ingest".to_string(),
+        "--plan".into(),
+        plan.display().to_string(),
+    ];
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "bin"))
+        .collect();
+    files.sort();
+    args.extend(files.iter().map(|p| p.display().to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = promlab(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("no sample matched"), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        json.as_array()
+            .unwrap()
+            .iter()
+            .all(|a| !a["groups"].as_array().unwrap().is_empty()),
+        "{json}"
+    );
+}

@@ -52,7 +52,8 @@ A plan for a Prometheus server's own metrics: experiments/plans/prometheus-captu
 pub fn ingest(args: IngestArgs) -> Result<()> {
     let plan = Plan::load_or_default(args.plan.as_deref())?;
     eprintln!("promlab ingest: strategies {}", args.strategies);
-    let mut ingester = Ingester::new(plan.clone(), args.strategies).with_max_decoded(args.max_body_bytes);
+    let mut ingester =
+        Ingester::new(plan.clone(), args.strategies).with_max_decoded(args.max_body_bytes);
     let mut files = args.files;
     files.sort();
     let mut bodies = Vec::with_capacity(files.len());
@@ -86,10 +87,18 @@ fn nothing_routed(plan: &Plan, bodies: &[Vec<u8>], limit: usize) -> String {
     let mut seen: std::collections::BTreeMap<Vec<u8>, u64> = Default::default();
     let mut raw = Vec::new();
     for body in bodies {
-        let Ok(()) = wire::decompress(body, limit, &mut raw) else { continue };
-        let Ok(batch) = wire::decode_borrowed(&raw) else { continue };
+        let Ok(()) = wire::decompress(body, limit, &mut raw) else {
+            continue;
+        };
+        let Ok(batch) = wire::decode_borrowed(&raw) else {
+            continue;
+        };
         for series in &batch.series {
-            if let Some((_, name)) = batch.series_labels(series).iter().find(|(n, _)| *n == b"__name__") {
+            if let Some((_, name)) = batch
+                .series_labels(series)
+                .iter()
+                .find(|(n, _)| *n == b"__name__")
+            {
                 *seen.entry(name.to_vec()).or_default() += 1;
             }
         }
@@ -99,12 +108,20 @@ fn nothing_routed(plan: &Plan, bodies: &[Vec<u8>], limit: usize) -> String {
         .map(|(name, n)| (n, String::from_utf8_lossy(&name).into_owned()))
         .collect();
     names.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-    let shown: Vec<&str> = names.iter().take(12).map(|(_, name)| name.as_str()).collect();
+    let shown: Vec<&str> = names
+        .iter()
+        .take(12)
+        .map(|(_, name)| name.as_str())
+        .collect();
     let selectors: Vec<String> = plan
         .aggregations
         .iter()
         .map(|a| {
-            let matchers: Vec<String> = a.matchers.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+            let matchers: Vec<String> = a
+                .matchers
+                .iter()
+                .map(|(k, v)| format!("{k}={v:?}"))
+                .collect();
             if matchers.is_empty() {
                 format!("{} (metric `{}`)", a.id, a.metric)
             } else {

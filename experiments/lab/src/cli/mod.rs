@@ -306,7 +306,9 @@ fn check_store_dir(dir: &std::path::Path) -> Result<()> {
         }
         Err(e) => bail!("cannot read store directory {name}: {e}"),
         Ok(meta) if !meta.is_dir() => {
-            let packed = [".tar.gz", ".tgz", ".tar"].iter().any(|ext| name.to_string().ends_with(ext));
+            let packed = [".tar.gz", ".tgz", ".tar"]
+                .iter()
+                .any(|ext| name.to_string().ends_with(ext));
             if packed {
                 bail!("--store {name} is an archive: unpack it (tar xzf {name}) and give the store/ directory inside")
             }
@@ -336,7 +338,11 @@ fn warn_unmatched_metrics(dir: &std::path::Path, registry: &Registry) -> Result<
         return Ok(());
     }
     let hint = if dir.join("store").is_dir() {
-        format!("; {} has a store/ directory: did you mean --store {}?", dir.display(), dir.join("store").display())
+        format!(
+            "; {} has a store/ directory: did you mean --store {}?",
+            dir.display(),
+            dir.join("store").display()
+        )
     } else {
         String::new()
     };
