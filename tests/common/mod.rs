@@ -96,3 +96,35 @@ pub fn assert_same_store(expected: &Path, actual: &Path, what: &str) {
         );
     }
 }
+
+/// A check that cannot run here because `what` is missing (`install` says how to
+/// get it). Under `CI` that is a failure: CI installs everything the tests need,
+/// so a skip there is a hole in the suite. Elsewhere the test goes on without
+/// the check, says so on the terminal (past the test harness's capture, which
+/// would hide it), and records it for the one-line summary that
+/// `experiments/lab/tests/zz_skipped.rs` prints at the end of `cargo test`.
+pub fn skip(what: &str, install: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{what} is missing, and CI must run every check ({install})");
+    }
+    let line = format!("{what} (install: {install})\n");
+    // Raw writes to the standard error stream are not captured, unlike eprintln!.
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("SKIPPED: {line}").as_bytes(),
+    );
+    let _ = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(skips_file())
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+}
+
+/// Where one `cargo test` run's skips are kept: every test binary of a run is a
+/// child of the same cargo process, so its pid names the run.
+pub fn skips_file() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "test-skips-{}.txt",
+        std::os::unix::process::parent_id()
+    ))
+}

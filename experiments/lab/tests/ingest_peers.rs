@@ -1,8 +1,12 @@
 //! The ingest peers at a tiny size (seconds, not minutes): each installed one
 //! is measured and its exact quantiles agree with promlab's within α (a
 //! disagreement fails the run, so `Measured` means the comparison passed).
-//! A peer that is not installed is skipped with a notice: peers are not test
-//! dependencies (CI installs `prometheus` for other tests, not VictoriaMetrics).
+//! A peer that is not installed is skipped with a notice, and under `CI` that
+//! fails (`.ci/run` installs every peer: Debian's prometheus and
+//! victoria-metrics, chdb into experiments/peers/.venv).
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
 
 use promlab_lab::harness::load_scenario;
 use promlab_lab::harness::peers::remote_write::{find_binary, FeedPlan};
@@ -54,7 +58,10 @@ fn measured(peer: &dyn Peer, with_clickhouse: bool) -> PeerResult {
 
 fn run_tiny(peer: &dyn Peer, binary: &str) {
     if find_binary(binary).is_none() {
-        eprintln!("SKIPPED: no `{binary}` binary, so no {} arm", peer.arm());
+        common::skip(
+            &format!("the `{binary}` binary, so no {} arm", peer.arm()),
+            "experiments/peers/install.sh",
+        );
         return;
     }
     let result = measured(peer, false);
@@ -105,12 +112,13 @@ fn chdb_peer_needs_its_flag_then_agrees() {
     let python = promlab_lab::harness::peers::python_export::python();
     let importable = std::process::Command::new(&python)
         .args(["-c", "import chdb"])
+        .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !importable {
-        eprintln!(
-            "SKIPPED: no `chdb` for {}, so no peer:chdb arm",
-            python.display()
+        common::skip(
+            &format!("chdb for {}, so no peer:chdb arm", python.display()),
+            "experiments/peers/install.sh --with-clickhouse",
         );
         return;
     }
