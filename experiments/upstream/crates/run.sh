@@ -181,7 +181,7 @@ log "- tests: \`cargo test\`: $dd_passed passed, of which $dd_added are the patc
 
 pc="$work/prometheus-client"
 log ""
-log "## prometheus-client 0.26.0: \`Family::cache_encoded_labels\`"
+log "## prometheus-client 0.26.0: \`encoding::CachedLabelSet\`"
 log ""
 from="$(source_crate prometheus-client 0.26.0 "$pc" client_rust)"
 log "- source: $from"
@@ -212,8 +212,8 @@ else
     pc_how="\`cargo test --lib\` and \`cargo test --doc\` (examples and benches not built; dev-dependencies they alone need removed in the scratch copy: ${removed[*]:-none})"
 fi
 pc_passed="$(passed "$pc_log")"
-pc_added="$(added "$pc_log" '^test (metrics::family::encoded_label_cache_tests::.*|.*cache_encoded_labels.*) \.\.\. ok$')"
-log "- tests: $pc_how: $pc_passed passed, of which $pc_added are the patch's (\`metrics::family::encoded_label_cache_tests\` and the \`cache_encoded_labels\` doctest); log: prometheus-client-test.log"
+pc_added="$(added "$pc_log" '^test (encoding::text::cached_label_set_tests::.*|src/encoding\.rs - encoding::CachedLabelSet .*) \.\.\. ok$')"
+log "- tests: $pc_how: $pc_passed passed, of which $pc_added are the patch's (\`encoding::text::cached_label_set_tests\` and the \`CachedLabelSet\` doctest); log: prometheus-client-test.log"
 
 if [ $bench = 0 ]; then
     log ""
@@ -261,7 +261,7 @@ log "### prometheus-client: RabbitMQ per-object scrape, published against patche
 log ""
 note "render-bench: building (release; the published crate and the patched copy in one binary)"
 cargo build --release --quiet --manifest-path "$rb/Cargo.toml" >"$out/render-bench-build.log" 2>&1 || { tail -n 40 "$out/render-bench-build.log" >&2; exit 1; }
-log "\`render-bench --queues $queues --rounds $rounds\` (release build; promlab's \`rabbitmq-per-object\` shape with awkward names, families built as \`src/harness/peers/crates_render.rs\` builds them; one \`encoding::text::encode\` per scrape into a reused String; arms interleaved, medians of wall time). Started $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)."
+log "\`render-bench --queues $queues --rounds $rounds\` (release build; promlab's \`rabbitmq-per-object\` shape with awkward names, families built as \`src/harness/peers/crates_render.rs\` builds them; one \`encoding::text::encode\` per scrape into a reused String; arms: the published crate, the patched crate with the same \`Vec<(String, String)>\` keys, the patched crate with \`CachedLabelSet\` keys; interleaved, medians of wall time). Started $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)."
 log ""
 "$CARGO_TARGET_DIR/release/render-bench" --queues "$queues" --rounds "$rounds" --out "$out/render-bench.csv" \
     >"$out/render-bench.md" 2>"$out/render-bench.log" || { cat "$out/render-bench.log" >&2; exit 1; }
