@@ -4,7 +4,7 @@
 # apply our patch in a scratch copy, run the crate's own tests and ours, and
 # unless --no-bench, measure the patched crate against the published one.
 #
-#   run.sh [--no-bench] [--out DIR] [--src-dir DIR] [--full-tests]
+#   run.sh [--no-bench] [--out DIR] [--src-dir DIR] [--full-tests] [--protobuf]
 #
 #   --no-bench    tests only (what CI runs): debug builds, the crates' test
 #                 suites, no benchmark dependencies compiled.
@@ -18,6 +18,9 @@
 #                 dev-dependencies (its examples pull in actix-web, tide,
 #                 axum, hyper: slow). Default: its unit tests and doctests,
 #                 with only the dev-dependencies those use (pyo3, quickcheck).
+#   --protobuf    prometheus-client: also its unit tests with the protobuf
+#                 features (builds prost and protox: a few minutes more).
+#                 On by default unless --no-bench.
 #
 # Environment: CARGO_TARGET_DIR (default /tmp/promlab-crates-target, reused
 # between runs), RENDER_QUEUES (10000 = 630k series), RENDER_ROUNDS (21).
@@ -30,13 +33,15 @@ repo="$(cd "$here/../../.." && pwd)"
 
 bench=1
 full_tests=0
+protobuf=
 out=""
 src_dir=""
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-bench) bench=0 ;;
         --full-tests) full_tests=1 ;;
+        --protobuf) protobuf=1 ;;
         --out) out="${2:?--out needs a directory}"; shift ;;
         --src-dir) src_dir="$(cd "${2:?--src-dir needs a directory}" && pwd)"; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -45,6 +50,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 
+[ -n "$protobuf" ] || protobuf=$bench
 started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 host="$(hostname -s 2>/dev/null || hostname)"
 if [ -z "$out" ]; then
@@ -145,7 +151,7 @@ added() { grep -cE "$2" "$1" || true; }
     echo
     echo "- started: $started; host: $host; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ //'), load average at start $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "- $(rustc --version); $(cargo --version)"
-    echo "- command: experiments/upstream/crates/run.sh $([ $bench = 0 ] && echo --no-bench) $([ $full_tests = 1 ] && echo --full-tests) ${src_dir:+--src-dir $src_dir}"
+    echo "- command: experiments/upstream/crates/run.sh $([ $bench = 0 ] && echo --no-bench) $([ $full_tests = 1 ] && echo --full-tests) $([ "$protobuf" = 1 ] && echo '(protobuf tests on)') ${src_dir:+--src-dir $src_dir}"
     echo "- promlab commit: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo
 } >"$out/summary.md"
@@ -210,6 +216,11 @@ else
     run_tests "prometheus-client unit tests" "$pc_log" cargo test --manifest-path "$pc/Cargo.toml" --lib
     run_tests "prometheus-client doctests" "$pc_log" cargo test --manifest-path "$pc/Cargo.toml" --doc
     pc_how="\`cargo test --lib\` and \`cargo test --doc\` (examples and benches not built; dev-dependencies they alone need removed in the scratch copy: ${removed[*]:-none})"
+fi
+if [ "$protobuf" = 1 ]; then
+    run_tests "prometheus-client unit tests with the protobuf features" "$pc_log" \
+        cargo test --manifest-path "$pc/Cargo.toml" --lib --features prometheus_protobuf,openmetrics_protobuf,protobuf-protox
+    pc_how="$pc_how, then \`cargo test --lib --features prometheus_protobuf,openmetrics_protobuf,protobuf-protox\` (counted again)"
 fi
 pc_passed="$(passed "$pc_log")"
 pc_added="$(added "$pc_log" '^test (encoding::text::cached_label_set_tests::.*|src/encoding\.rs - encoding::CachedLabelSet .*) \.\.\. ok$')"
