@@ -161,7 +161,8 @@ pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_
 
 /// One row of a results CSV, field for column in [`CSV_HEADER`]'s order.
 /// Results written before peers existed lack the last three columns; they
-/// read as `wall`, no RSS and no ratio.
+/// read as `wall`, no RSS and no ratio (as does an empty ratio, which pandas
+/// may leave behind).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ResultRow {
     pub scenario: String,
@@ -188,16 +189,12 @@ pub struct ResultRow {
     pub measure: String,
     #[serde(default)]
     pub rss_kib: Option<u64>,
-    #[serde(default = "not_a_number", serialize_with = "four_decimals")]
-    pub ratio_to_all: f64,
+    #[serde(default, serialize_with = "four_decimals_or_empty")]
+    pub ratio_to_all: Option<f64>,
 }
 
 fn wall() -> String {
     "wall".to_string()
-}
-
-fn not_a_number() -> f64 {
-    f64::NAN
 }
 
 fn three_decimals<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
@@ -206,6 +203,13 @@ fn three_decimals<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error
 
 fn four_decimals<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&format_args!("{v:.4}"))
+}
+
+fn four_decimals_or_empty<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => four_decimals(v, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// The rows of one scenario: promlab's arms, then the peers.
@@ -236,7 +240,7 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             digest: result.digest.clone(),
             measure: "wall".to_string(),
             rss_kib: None,
-            ratio_to_all: median / units / all_per_unit,
+            ratio_to_all: Some(median / units / all_per_unit),
         });
     }
     // Peer rows: per-unit ratios, since a peer counts its own units; no digest,
@@ -262,7 +266,7 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             digest: String::new(),
             measure: peer.measure.name().to_string(),
             rss_kib: peer.rss_kib,
-            ratio_to_all: per_unit / all_per_unit,
+            ratio_to_all: Some(per_unit / all_per_unit),
         });
     }
     rows
@@ -368,7 +372,7 @@ mod tests {
             digest: "0f59dbe0".to_string(),
             measure: "wall".to_string(),
             rss_kib: Some(4096),
-            ratio_to_all: 1.25,
+            ratio_to_all: Some(1.25),
         }
     }
 
@@ -385,6 +389,31 @@ mod tests {
         let mut empty = Vec::new();
         write_rows(&mut empty, &[]).unwrap();
         assert_eq!(String::from_utf8(empty).unwrap(), format!("{CSV_HEADER}\n"));
+    }
+
+    /// Every results CSV in the repository reads, with the rows its lines promise.
+    #[test]
+    fn committed_results_read() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("experiments/results"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        dirs.push(root.join("notebooks/fixtures/results"));
+        let mut files = 0;
+        for dir in dirs.iter().filter(|d| d.is_dir()) {
+            for file in std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()) {
+                if file.extension().is_some_and(|e| e == "csv") {
+                    let text = std::fs::read_to_string(&file).unwrap();
+                    let rows = read_rows(text.as_bytes())
+                        .unwrap_or_else(|e| panic!("{}: {e:#}", file.display()));
+                    assert_eq!(rows.len(), text.lines().count() - 1, "{}", file.display());
+                    assert!(rows.iter().all(|r| r.median_ns > 0 && !r.arm.is_empty()));
+                    files += 1;
+                }
+            }
+        }
+        assert!(files >= 6, "{files} results CSVs found");
     }
 
     /// Quotes, commas and line breaks in a field come back as they went out.
@@ -423,7 +452,7 @@ mod tests {
             ("none", 2)
         );
         assert_eq!((rows[0].measure.as_str(), rows[0].rss_kib), ("wall", None));
-        assert!(rows[0].ratio_to_all.is_nan());
+        assert_eq!(rows[0].ratio_to_all, None);
         assert!(read_rows("scenario\nx\n".as_bytes()).is_err());
     }
 }
