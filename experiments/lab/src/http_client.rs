@@ -1,8 +1,8 @@
 //! The lab's one HTTP client, for the feeder, the peers, the binary tests and
 //! the benches: a [`ureq::Agent`] set up here once. Plain HTTP only (no TLS
 //! stack is compiled), no proxy from the environment (the lab talks to
-//! loopback), no transparent decompression (a test asking for gzip gets the
-//! bytes the server sent), and every status is an answer, not an error, so the
+//! loopback), no transparent decompression (ureq's `gzip` feature stays off:
+//! a test asking for gzip gets the bytes the server sent), and every status is an answer, not an error, so the
 //! tests can check 4xx codes and their messages.
 //!
 //! The agent keeps connections alive and is shared by reference or by clone
