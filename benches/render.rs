@@ -16,10 +16,10 @@ use prometheus_client::encoding::text::encode;
 use promlab::render::rabbitmq::Scenario;
 use promlab::strategy::{Strategy, StrategySet};
 use promlab_lab::harness::peers::crates_render::{prometheus_client_registry, prometheus_registry};
+use promlab_lab::http_client::Client;
 use promlab_lab::serve::metrics::{app, Source};
 use std::hint::black_box;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 fn queues() -> usize {
@@ -122,22 +122,18 @@ fn render(c: &mut Criterion) {
     group.finish();
 }
 
-/// One scrape: request sent → last body byte received (the server moves values and renders).
-fn scrape(addr: SocketAddr, gzip: bool, body: &mut Vec<u8>) -> usize {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    let accept = if gzip {
-        "Accept-Encoding: gzip\r\n"
+/// One scrape on a fresh connection (`Connection: close`): request sent → last
+/// body byte received (the server moves values and renders); the body's length.
+fn scrape(client: &Client, addr: SocketAddr, gzip: bool, body: &mut Vec<u8>) -> usize {
+    let url = format!("http://{addr}/metrics/per-object");
+    let close = ("Connection", "close");
+    let headers: &[(&str, &str)] = if gzip {
+        &[close, ("Accept-Encoding", "gzip")]
     } else {
-        ""
+        &[close]
     };
-    write!(
-        stream,
-        "GET /metrics/per-object HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{accept}\r\n"
-    )
-    .unwrap();
-    body.clear();
-    stream.read_to_end(body).unwrap();
-    assert!(body.starts_with(b"HTTP/1.1 200"));
+    let (status, _) = client.get_into(&url, headers, body).unwrap();
+    assert_eq!(status, 200);
     body.len()
 }
 
@@ -163,17 +159,18 @@ fn scrape_http(c: &mut Criterion) {
         .sample_size(10)
         .warm_up_time(Duration::from_secs(2))
         .measurement_time(Duration::from_secs(8));
+    let client = Client::new(None, 1);
     let mut body = Vec::new();
     for &(name, addr) in &servers {
         for gzip in [false, true] {
-            let bytes = scrape(addr, gzip, &mut body);
-            eprintln!("{name} gzip={gzip}: {bytes} bytes on the wire (headers included)");
+            let bytes = scrape(&client, addr, gzip, &mut body);
+            eprintln!("{name} gzip={gzip}: {bytes} body bytes");
             let id = BenchmarkId::new(name, if gzip { "gzip" } else { "plain" });
             group.bench_function(id, |b| {
                 b.iter_custom(|iters| {
                     let start = Instant::now();
                     for _ in 0..iters {
-                        black_box(scrape(addr, gzip, &mut body));
+                        black_box(scrape(&client, addr, gzip, &mut body));
                     }
                     start.elapsed()
                 })

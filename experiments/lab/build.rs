@@ -1,16 +1,34 @@
-//! Records the git revision the binary is built from, so `machine.txt` names
-//! the code that was measured rather than whatever is checked out when a long
-//! run ends. Without `rerun-if-changed` lines, cargo runs this again whenever
-//! a file of the package changes.
+//! Records what built the binary, so `machine.txt` names the code and the
+//! compiler that were measured rather than whatever is checked out, or first
+//! on `PATH`, when a long run ends: the git revision, and the `rustc` cargo ran
+//! (`RUSTC`), the target triple and the profile. Without `rerun-if-changed`
+//! lines, cargo runs this again whenever a file of the package changes.
 use std::process::Command;
 
-fn main() {
-    let revision = Command::new("git")
-        .args(["describe", "--always", "--dirty", "--abbrev=7"])
+fn output(program: &str, args: &[&str]) -> Option<String> {
+    Command::new(program)
+        .args(args)
         .output()
         .ok()
         .filter(|out| out.status.success())
         .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".to_string());
-    println!("cargo:rustc-env=PROMLAB_GIT_REVISION={revision}");
+}
+
+fn main() {
+    let revision = output("git", &["describe", "--always", "--dirty", "--abbrev=7"]);
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
+    let version = output(&rustc, &["--version"]);
+    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| "unknown".to_string());
+    println!(
+        "cargo:rustc-env=PROMLAB_GIT_REVISION={}",
+        revision.as_deref().unwrap_or("unknown")
+    );
+    println!(
+        "cargo:rustc-env=PROMLAB_RUSTC_VERSION={}",
+        version.as_deref().unwrap_or("unknown")
+    );
+    println!("cargo:rustc-env=PROMLAB_TARGET={}", env("TARGET"));
+    // `release` for the release and bench profiles, `debug` for dev and test.
+    println!("cargo:rustc-env=PROMLAB_PROFILE={}", env("PROFILE"));
+    println!("cargo:rustc-env=PROMLAB_OPT_LEVEL={}", env("OPT_LEVEL"));
 }

@@ -11,6 +11,7 @@
 //!     target/release/promlab 30 none all borrowed-decode series-cache batch-routing bulk-sketch
 //! ```
 
+use promlab_lab::machine::ProcessStats;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
@@ -21,7 +22,6 @@ fn main() {
         std::process::exit(2);
     };
     let secs: u64 = secs.parse().expect("SECS");
-    let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     println!(
         "| strategies | samples (after warm-up) | receiver CPU s | CPU µs/sample | peak RSS MB |"
     );
@@ -53,29 +53,13 @@ fn main() {
             assert!(status.success(), "feed failed");
         };
         let pid = server.id();
-        let cpu_seconds = || {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-            // After the command name's closing parenthesis, utime and stime are fields 12 and 13.
-            let fields: Vec<&str> = stat
-                .rsplit_once(')')
-                .unwrap()
-                .1
-                .split_whitespace()
-                .collect();
-            (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap())
-                / ticks_per_sec
-        };
+        let stats = || ProcessStats::of(pid).expect("the receiver's /proc entry");
         feed(start_ms, 2);
-        let warm = cpu_seconds();
+        let warm = stats().cpu;
         feed(start_ms + 2_000, secs);
-        let cpu = cpu_seconds() - warm;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let hwm_kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
+        let after = stats();
+        let cpu = after.cpu.saturating_sub(warm).as_secs_f64();
+        let hwm_kb = after.peak_rss_kib.unwrap_or(0) as f64;
         let samples = secs as f64 * 100_000.0;
         println!(
             "| {set} | {samples:.0} | {cpu:.2} | {:.3} | {:.0} |",

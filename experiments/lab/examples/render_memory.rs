@@ -8,19 +8,13 @@
 
 use promlab::render::rabbitmq::Scenario;
 use promlab::strategy::StrategySet;
+use promlab_lab::machine::ProcessStats;
 use std::time::Instant;
 
 /// `VmHWM` and `VmRSS` of this process, in KiB (Linux `/proc/self/status`).
 fn memory_kib() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmHWM:"), field("VmRSS:"))
+    let stats = ProcessStats::of_self().unwrap_or_default();
+    (stats.peak_rss_kib.unwrap_or(0), stats.rss_kib.unwrap_or(0))
 }
 
 fn main() -> anyhow::Result<()> {

@@ -7,4 +7,6 @@ pub mod cli;
 pub mod feed;
 pub mod fixtures;
 pub mod harness;
+pub mod http_client;
+pub mod machine;
 pub mod serve;

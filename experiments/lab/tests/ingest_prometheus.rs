@@ -3,8 +3,9 @@
 //!
 //! Without the binary the test is skipped with a notice, unless `CI` is set.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use promlab_lab::http_client::Client;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,23 +28,10 @@ fn find_prometheus() -> Option<PathBuf> {
 }
 
 fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    Some((
-        status,
-        response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    ))
+    let response = Client::new(Some(Duration::from_secs(5)), 1)
+        .get(&format!("http://{addr}{path}"), &[])
+        .ok()?;
+    Some((response.status, response.text()))
 }
 
 #[test]

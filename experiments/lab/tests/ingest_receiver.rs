@@ -1,9 +1,10 @@
 //! The remote-write receiver over HTTP: status codes, the feeder, queries, self-metrics.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use promlab_lab::http_client::Client;
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 /// `promlab serve` on a free loopback port; killed on drop.
 pub struct Server {
@@ -40,7 +41,7 @@ impl Drop for Server {
     }
 }
 
-/// One HTTP/1.1 request on a fresh connection: (status, body).
+/// One request: (status, body as text).
 pub fn http(
     addr: &str,
     method: &str,
@@ -48,26 +49,11 @@ pub fn http(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    let url = format!("http://{addr}{path}");
+    let response = Client::new(Some(Duration::from_secs(20)), 1)
+        .request(method, &url, headers, body)
+        .unwrap_or_else(|e| panic!("{method} {url}: {e:#}"));
+    (response.status, response.text())
 }
 
 const REMOTE_WRITE: [(&str, &str); 2] = [

@@ -3,7 +3,6 @@
 //! `experiments/peers/install.sh` has installed it (CI does not: the test then
 //! checks the skip is reported, and says so).
 
-use promlab_lab::harness::dossier::split_csv as fields;
 use promlab_lab::harness::peers::python_export::{prometheus_client_installed, python};
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,12 +10,11 @@ use std::process::Command;
 
 /// `<dir>/<scenario>.csv` as rows keyed by arm, each a column → value map.
 fn rows(dir: &Path, scenario: &str) -> HashMap<String, HashMap<String, String>> {
-    let text = std::fs::read_to_string(dir.join(format!("{scenario}.csv"))).unwrap();
-    let mut lines = text.lines();
-    let header = fields(lines.next().unwrap());
-    lines
-        .map(|l| {
-            let row: HashMap<String, String> = header.iter().cloned().zip(fields(l)).collect();
+    csv::Reader::from_path(dir.join(format!("{scenario}.csv")))
+        .unwrap()
+        .deserialize()
+        .map(|row| {
+            let row: HashMap<String, String> = row.unwrap();
             (row["arm"].clone(), row)
         })
         .collect()

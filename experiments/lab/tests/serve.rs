@@ -6,8 +6,9 @@
 //! them the checks that need them are skipped with a notice, unless `CI` is set,
 //! in which case they fail.
 
+use promlab_lab::http_client::{Client, Response};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -62,61 +63,20 @@ fn serve(args: &[&str]) -> (Reaped, SocketAddr) {
     (child, addr)
 }
 
-struct HttpResponse {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+/// The lab's client: it does not decompress, so a gzip answer's body is the gzip bytes.
+fn client() -> Client {
+    Client::new(Some(Duration::from_secs(20)), 1)
 }
 
-impl HttpResponse {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
+fn try_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<Response> {
+    client().get(&format!("http://{addr}{path}"), headers)
 }
 
-/// A minimal HTTP/1.1 GET (`Connection: close`, body to EOF).
-fn try_get(addr: SocketAddr, path: &str, extra_headers: &str) -> std::io::Result<HttpResponse> {
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra_headers}\r\n"
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("no end of headers"))?;
-    let head =
-        String::from_utf8(raw[..split].to_vec()).map_err(|_| bad("headers are not UTF-8"))?;
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok());
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
-        .collect();
-    let response = HttpResponse {
-        status: status.ok_or_else(|| bad("no status"))?,
-        headers,
-        body: raw[split + 4..].to_vec(),
-    };
-    if response.header("transfer-encoding") == Some("chunked") {
-        return Err(bad("this client does not de-chunk"));
-    }
-    Ok(response)
+fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+    try_get(addr, path, headers).unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e:#}"))
 }
 
-fn get(addr: SocketAddr, path: &str, extra_headers: &str) -> HttpResponse {
-    try_get(addr, path, extra_headers).unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"))
-}
+const GZIP: [(&str, &str); 1] = [("Accept-Encoding", "gzip")];
 
 fn samples(text: &[u8]) -> usize {
     text.split(|&b| b == b'\n')
@@ -202,7 +162,7 @@ fn scenario_endpoints_over_http() {
         "--awkward-names",
     ]);
 
-    let plain = get(addr, "/metrics/per-object", "");
+    let plain = get(addr, "/metrics/per-object", &[]);
     assert_eq!(plain.status, 200);
     assert_eq!(
         plain.header("content-type"),
@@ -211,7 +171,7 @@ fn scenario_endpoints_over_http() {
     assert_eq!(plain.header("content-encoding"), None);
     assert_eq!(samples(&plain.body), SERIES_PER_QUEUE * 20);
 
-    let zipped = get(addr, "/metrics/per-object", "Accept-Encoding: gzip\r\n");
+    let zipped = get(addr, "/metrics/per-object", &GZIP);
     assert_eq!(zipped.status, 200);
     assert_eq!(zipped.header("content-encoding"), Some("gzip"));
     let mut unzipped = Vec::new();
@@ -224,7 +184,7 @@ fn scenario_endpoints_over_http() {
     let detailed = get(
         addr,
         "/metrics/detailed?family=queue_coarse_metrics&family=queue_consumer_count",
-        "",
+        &[],
     );
     assert_eq!(detailed.status, 200);
     assert_eq!(samples(&detailed.body), 5 * 20);
@@ -236,14 +196,14 @@ fn scenario_endpoints_over_http() {
     let unknown = get(
         addr,
         "/metrics/detailed?family=queue_coarse_metrics&family=nope",
-        "",
+        &[],
     );
     assert_eq!(unknown.status, 400);
     assert!(String::from_utf8_lossy(&unknown.body).contains("unknown family `nope`"));
-    let bad_param = get(addr, "/metrics/detailed?vhost=%2F", "");
+    let bad_param = get(addr, "/metrics/detailed?vhost=%2F", &[]);
     assert_eq!(bad_param.status, 400);
-    assert_eq!(get(addr, "/metrics", "").status, 404);
-    assert_eq!(get(addr, "/nowhere", "").status, 404);
+    assert_eq!(get(addr, "/metrics", &[]).status, 404);
+    assert_eq!(get(addr, "/nowhere", &[]).status, 404);
 
     if let Some(promtool) = tool("promtool") {
         promtool_accepts(&promtool, &plain.body);
@@ -267,7 +227,7 @@ fn store_mode_serves_the_ruby_exposition() {
 fn store_mode_scrapes(addr: SocketAddr, expected: &[u8]) {
     for _ in 0..3 {
         // Again and again: the long-lived exporter must give the same bytes on later scrapes.
-        let response = get(addr, "/metrics", "");
+        let response = get(addr, "/metrics", &[]);
         assert_eq!(response.status, 200);
         assert_eq!(
             response.header("content-type"),
@@ -278,13 +238,13 @@ fn store_mode_scrapes(addr: SocketAddr, expected: &[u8]) {
             String::from_utf8_lossy(expected)
         );
     }
-    let zipped = get(addr, "/metrics", "Accept-Encoding: gzip\r\n");
+    let zipped = get(addr, "/metrics", &GZIP);
     let mut unzipped = Vec::new();
     flate2::read::GzDecoder::new(&zipped.body[..])
         .read_to_end(&mut unzipped)
         .unwrap();
     assert_eq!(unzipped, expected);
-    assert_eq!(get(addr, "/metrics/per-object", "").status, 404);
+    assert_eq!(get(addr, "/metrics/per-object", &[]).status, 404);
     if let Some(promtool) = tool("promtool") {
         promtool_accepts(&promtool, expected);
     }
@@ -328,7 +288,7 @@ fn free_port() -> u16 {
 /// Prometheus' instant query API, parsed.
 fn query(prometheus: SocketAddr, expr: &str) -> Option<serde_json::Value> {
     let path = format!("/api/v1/query?query={expr}");
-    let response = try_get(prometheus, &path, "").ok()?;
+    let response = try_get(prometheus, &path, &[]).ok()?;
     if response.status != 200 {
         return None;
     }
@@ -422,7 +382,7 @@ fn real_prometheus_scrapes_both_modes() {
     );
 
     // The awkward queue name survived escaping, parsing and storage.
-    let values = get(web, "/api/v1/label/queue/values", "");
+    let values = get(web, "/api/v1/label/queue/values", &[]);
     let json: serde_json::Value = serde_json::from_slice(&values.body).unwrap();
     let queues: Vec<&str> = json["data"]
         .as_array()

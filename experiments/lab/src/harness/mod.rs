@@ -366,6 +366,7 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
 
 /// Runs the named scenarios (all built-ins when empty) and reports.
 pub fn ablate(names: &[String], options: &AblateOptions) -> Result<Vec<ScenarioResult>> {
+    let load_at_start = report::run_started();
     let names: Vec<String> = if names.is_empty() {
         BUILT_IN.iter().map(|(n, _)| n.to_string()).collect()
     } else {
@@ -389,7 +390,7 @@ pub fn ablate(names: &[String], options: &AblateOptions) -> Result<Vec<ScenarioR
         results.push(result);
     }
     if !options.print_digests {
-        report::write_machine(&out_dir, options)?;
+        report::write_machine(&out_dir, options, load_at_start)?;
         println!("results: {}", out_dir.display());
     }
     Ok(results)

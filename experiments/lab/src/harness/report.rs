@@ -2,8 +2,10 @@
 //! `machine.txt`. The columns are documented in `experiments/README.md`.
 
 use super::{AblateOptions, ArmResult, ScenarioResult};
+use crate::machine::{self, Host, LoadAverage};
 use anyhow::{Context, Result};
 use promlab::strategy::StrategySet;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -44,16 +46,8 @@ impl Progress {
 
 /// `experiments/results/<date>-<host>/`.
 pub fn default_results_dir() -> PathBuf {
-    let date = command_output("date", &["-u", "+%Y-%m-%d"]).unwrap_or_else(|| "undated".into());
-    let host = command_output("hostname", &[]).unwrap_or_else(|| "host".into());
-    PathBuf::from("experiments/results").join(format!("{date}-{host}"))
-}
-
-fn command_output(cmd: &str, args: &[&str]) -> Option<String> {
-    let out = std::process::Command::new(cmd).args(args).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let host = Host::read().hostname.unwrap_or_else(|| "host".into());
+    PathBuf::from("experiments/results").join(format!("{}-{host}", machine::utc_date()))
 }
 
 fn human(d: Duration) -> String {
@@ -161,98 +155,304 @@ fn all(result: &ScenarioResult) -> &ArmResult {
         .expect("every ablation has arms")
 }
 
-/// The CSV header; see `experiments/README.md`.
+/// The CSV header; see `experiments/README.md`. `notebooks/ablation.ipynb`
+/// reads the columns by name; keep their names and order.
 pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all";
 
-/// Writes `<dir>/<scenario>.csv`.
-pub fn write_csv(dir: &Path, result: &ScenarioResult) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+/// One row of a results CSV, field for column in [`CSV_HEADER`]'s order.
+/// Results written before peers existed lack the last three columns; they
+/// read as `wall`, no RSS and no ratio (as does an empty ratio, which pandas
+/// may leave behind).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResultRow {
+    pub scenario: String,
+    pub stage: String,
+    pub size: String,
+    pub arm: String,
+    /// The arm's strategy set (`none`, `key-cache,increment-once`, …), or `peer`.
+    pub strategies: String,
+    pub repeats: u64,
+    pub median_ns: u64,
+    pub min_ns: u64,
+    pub p25_ns: u64,
+    pub p75_ns: u64,
+    pub max_ns: u64,
+    pub units: u64,
+    pub unit: String,
+    #[serde(serialize_with = "three_decimals")]
+    pub ns_per_unit: f64,
+    #[serde(serialize_with = "four_decimals")]
+    pub speedup_vs_baseline: f64,
+    /// The SHA-256 of the arm's output; empty for a peer (another format).
+    pub digest: String,
+    #[serde(default = "wall")]
+    pub measure: String,
+    #[serde(default)]
+    pub rss_kib: Option<u64>,
+    #[serde(default, serialize_with = "four_decimals_or_empty")]
+    pub ratio_to_all: Option<f64>,
+}
+
+fn wall() -> String {
+    "wall".to_string()
+}
+
+fn three_decimals<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{v:.3}"))
+}
+
+fn four_decimals<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{v:.4}"))
+}
+
+fn four_decimals_or_empty<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => four_decimals(v, s),
+        None => s.serialize_none(),
+    }
+}
+
+/// The rows of one scenario: promlab's arms, then the peers.
+pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
     let base = baseline(result).median().as_nanos() as f64;
     let units = result.units.0.max(1) as f64;
     let all_per_unit = all(result).median().as_nanos() as f64 / units;
-    let mut csv = String::from(CSV_HEADER);
-    csv.push('\n');
+    let nanos = |d: Duration| d.as_nanos() as u64;
+    let mut rows = Vec::new();
     for arm in &result.arms {
-        let median = arm.median().as_nanos();
-        let _ = writeln!(
-            csv,
-            "{},{},{},{},\"{}\",{},{},{},{},{},{},{},{},{:.3},{:.4},{},wall,,{:.4}",
-            result.scenario,
-            result.stage,
-            result.size,
-            arm.arm,
-            arm.strategies,
-            arm.samples.len(),
-            median,
-            arm.quantile(0.0).as_nanos(),
-            arm.quantile(0.25).as_nanos(),
-            arm.quantile(0.75).as_nanos(),
-            arm.quantile(1.0).as_nanos(),
-            result.units.0,
-            result.units.1,
-            median as f64 / result.units.0.max(1) as f64,
-            base / median as f64,
-            result.digest,
-            median as f64 / units / all_per_unit,
-        );
+        let median = arm.median().as_nanos() as f64;
+        rows.push(ResultRow {
+            scenario: result.scenario.clone(),
+            stage: result.stage.to_string(),
+            size: result.size.to_string(),
+            arm: arm.arm.clone(),
+            strategies: arm.strategies.to_string(),
+            repeats: arm.samples.len() as u64,
+            median_ns: nanos(arm.median()),
+            min_ns: nanos(arm.quantile(0.0)),
+            p25_ns: nanos(arm.quantile(0.25)),
+            p75_ns: nanos(arm.quantile(0.75)),
+            max_ns: nanos(arm.quantile(1.0)),
+            units: result.units.0,
+            unit: result.units.1.to_string(),
+            ns_per_unit: median / units,
+            speedup_vs_baseline: base / median,
+            digest: result.digest.clone(),
+            measure: "wall".to_string(),
+            rss_kib: None,
+            ratio_to_all: Some(median / units / all_per_unit),
+        });
     }
     // Peer rows: per-unit ratios, since a peer counts its own units; no digest,
     // since a peer's output is another format (each peer checks its answers).
     for peer in &result.peers {
         let per_unit = peer.ns_per_unit();
-        let _ = writeln!(
-            csv,
-            "{},{},{},{},\"peer\",{},{},{},{},{},{},{},{},{:.3},{:.4},,{},{},{:.4}",
-            result.scenario,
-            result.stage,
-            result.size,
-            peer.arm,
-            peer.samples.len(),
-            peer.median().as_nanos(),
-            peer.quantile(0.0).as_nanos(),
-            peer.quantile(0.25).as_nanos(),
-            peer.quantile(0.75).as_nanos(),
-            peer.quantile(1.0).as_nanos(),
-            peer.units.0,
-            peer.units.1,
-            per_unit,
-            base / units / per_unit,
-            peer.measure.name(),
-            peer.rss_kib.map_or(String::new(), |k| k.to_string()),
-            per_unit / all_per_unit,
-        );
+        rows.push(ResultRow {
+            scenario: result.scenario.clone(),
+            stage: result.stage.to_string(),
+            size: result.size.to_string(),
+            arm: peer.arm.clone(),
+            strategies: "peer".to_string(),
+            repeats: peer.samples.len() as u64,
+            median_ns: nanos(peer.median()),
+            min_ns: nanos(peer.quantile(0.0)),
+            p25_ns: nanos(peer.quantile(0.25)),
+            p75_ns: nanos(peer.quantile(0.75)),
+            max_ns: nanos(peer.quantile(1.0)),
+            units: peer.units.0,
+            unit: peer.units.1.clone(),
+            ns_per_unit: per_unit,
+            speedup_vs_baseline: base / units / per_unit,
+            digest: String::new(),
+            measure: peer.measure.name().to_string(),
+            rss_kib: peer.rss_kib,
+            ratio_to_all: Some(per_unit / all_per_unit),
+        });
     }
+    rows
+}
+
+/// Writes `rows` as a results CSV, header first.
+pub fn write_rows(out: impl std::io::Write, rows: &[ResultRow]) -> Result<()> {
+    let mut writer = csv::Writer::from_writer(out);
+    if rows.is_empty() {
+        writer.write_record(CSV_HEADER.split(','))?;
+    }
+    for row in rows {
+        writer.serialize(row)?;
+    }
+    writer.flush()?;
+    Ok(())
+}
+
+/// Reads a results CSV (columns by name, in any order).
+pub fn read_rows(input: impl std::io::Read) -> Result<Vec<ResultRow>> {
+    csv::Reader::from_reader(input)
+        .deserialize()
+        .enumerate()
+        .map(|(i, row)| row.with_context(|| format!("row {}", i + 1)))
+        .collect()
+}
+
+/// Writes `<dir>/<scenario>.csv`.
+pub fn write_csv(dir: &Path, result: &ScenarioResult) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut csv = Vec::new();
+    write_rows(&mut csv, &csv_rows(result))?;
     let path = dir.join(format!("{}.csv", result.scenario));
     std::fs::write(&path, csv).with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// Writes `<dir>/machine.txt`: what the figures were measured on.
-pub fn write_machine(dir: &Path, options: &AblateOptions) -> Result<()> {
+/// The load average when the run began, for `machine.txt`.
+pub fn run_started() -> Option<LoadAverage> {
+    LoadAverage::read()
+}
+
+/// Writes `<dir>/machine.txt`: what the figures were measured on and with,
+/// and how busy the machine was as the run began and ended.
+pub fn write_machine(
+    dir: &Path,
+    options: &AblateOptions,
+    load_at_start: Option<LoadAverage>,
+) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map_or("unknown", |(_, v)| v.trim());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let host = Host::read();
+    let build = machine::BUILD;
+    let unknown = || "unknown".to_string();
     let features: Vec<&str> = promlab::strategy::Strategy::ALL
         .iter()
         .filter(|s| s.on_by_default())
         .map(|s| s.name())
         .collect();
+    let load = |l: Option<LoadAverage>| l.map_or_else(unknown, |l| l.to_string());
     let text = format!(
-        "cpu: {cpu}\ncores: {cores}\nmemory: {}\nrustc: {}\nprofile: {}\ncompiled features: {}\nstrategy set: {}\nsize: {}\ngit revision: {}\ndate: {}\nhost: {}\n",
-        command_output("sh", &["-c", "grep MemTotal /proc/meminfo | tr -s ' '"]).unwrap_or_default(),
-        command_output("rustc", &["--version"]).unwrap_or_else(|| "unknown".into()),
-        if cfg!(debug_assertions) { "debug" } else { "release" },
+        "cpu: {}\ncores: {}\nmemory: {}\nkernel: {}\nrustc: {}\ntarget: {}\nprofile: {} (opt-level {})\ncompiled features: {}\nstrategy set: {}\nsize: {}\ngit revision: {}\nload average at start (1, 5, 15 min): {}\nload average at end (1, 5, 15 min): {}\ndate: {}\nhost: {}\n",
+        host.cpu.unwrap_or_else(unknown),
+        host.cores,
+        host.memory_kib.map_or_else(unknown, |k| format!("MemTotal: {k} kB")),
+        host.kernel.unwrap_or_else(unknown),
+        build.rustc,
+        build.target,
+        build.profile,
+        build.opt_level,
         if features.is_empty() { "none".to_string() } else { features.join(",") },
         options.only.map_or("all of each stage".to_string(), |s| s.to_string()),
         if options.quick { "quick" } else { "full" },
-        env!("PROMLAB_GIT_REVISION"),
-        command_output("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]).unwrap_or_default(),
-        command_output("hostname", &[]).unwrap_or_default(),
+        build.git_revision,
+        load(load_at_start),
+        load(LoadAverage::read()),
+        machine::utc_now(),
+        host.hostname.unwrap_or_default(),
     );
     std::fs::write(dir.join("machine.txt"), text)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(arm: &str) -> ResultRow {
+        ResultRow {
+            scenario: "seed-repro".to_string(),
+            stage: "export".to_string(),
+            size: "quick".to_string(),
+            arm: arm.to_string(),
+            strategies: "single-read,decode-once".to_string(),
+            repeats: 3,
+            median_ns: 1_234_567,
+            min_ns: 1_000_000,
+            p25_ns: 1_100_000,
+            p75_ns: 1_300_000,
+            max_ns: 1_400_000,
+            units: 2100,
+            unit: "lines".to_string(),
+            ns_per_unit: 587.889,
+            speedup_vs_baseline: 1.5,
+            digest: "0f59dbe0".to_string(),
+            measure: "wall".to_string(),
+            rss_kib: Some(4096),
+            ratio_to_all: Some(1.25),
+        }
+    }
+
+    #[test]
+    fn the_header_is_the_documented_one() {
+        let mut csv = Vec::new();
+        write_rows(&mut csv, &[row("baseline")]).unwrap();
+        let text = String::from_utf8(csv).unwrap();
+        assert_eq!(text.lines().next(), Some(CSV_HEADER));
+        assert_eq!(
+            text.lines().nth(1),
+            Some("seed-repro,export,quick,baseline,\"single-read,decode-once\",3,1234567,1000000,1100000,1300000,1400000,2100,lines,587.889,1.5000,0f59dbe0,wall,4096,1.2500")
+        );
+        let mut empty = Vec::new();
+        write_rows(&mut empty, &[]).unwrap();
+        assert_eq!(String::from_utf8(empty).unwrap(), format!("{CSV_HEADER}\n"));
+    }
+
+    /// Every results CSV in the repository reads, with the rows its lines promise.
+    #[test]
+    fn committed_results_read() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("experiments/results"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        dirs.push(root.join("notebooks/fixtures/results"));
+        let mut files = 0;
+        for dir in dirs.iter().filter(|d| d.is_dir()) {
+            for file in std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()) {
+                if file.extension().is_some_and(|e| e == "csv") {
+                    let text = std::fs::read_to_string(&file).unwrap();
+                    let rows = read_rows(text.as_bytes())
+                        .unwrap_or_else(|e| panic!("{}: {e:#}", file.display()));
+                    assert_eq!(rows.len(), text.lines().count() - 1, "{}", file.display());
+                    assert!(rows.iter().all(|r| r.median_ns > 0 && !r.arm.is_empty()));
+                    files += 1;
+                }
+            }
+        }
+        assert!(files >= 6, "{files} results CSVs found");
+    }
+
+    /// Quotes, commas and line breaks in a field come back as they went out.
+    #[test]
+    fn awkward_fields_round_trip() {
+        let awkward = [
+            "peer:\"quoted\"",
+            "a,b",
+            "line\nbreak",
+            "\"\"",
+            "",
+            ",\"\n\r\n\"",
+        ];
+        let rows: Vec<ResultRow> = awkward
+            .iter()
+            .map(|a| ResultRow {
+                digest: a.to_string(),
+                rss_kib: None,
+                ..row(a)
+            })
+            .collect();
+        let mut csv = Vec::new();
+        write_rows(&mut csv, &rows).unwrap();
+        assert_eq!(read_rows(&csv[..]).unwrap(), rows);
+    }
+
+    /// Results from before the peers (no `measure`, `rss_kib`, `ratio_to_all`) still read.
+    #[test]
+    fn older_results_read() {
+        let csv = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest\n\
+                   large,export,quick,baseline,\"none\",15,2,1,1,3,4,10,lines,0.200,1.0000,abc\n";
+        let rows = read_rows(csv.as_bytes()).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].strategies.as_str(), rows[0].median_ns),
+            ("none", 2)
+        );
+        assert_eq!((rows[0].measure.as_str(), rows[0].rss_kib), ("wall", None));
+        assert_eq!(rows[0].ratio_to_all, None);
+        assert!(read_rows("scenario\nx\n".as_bytes()).is_err());
+    }
 }

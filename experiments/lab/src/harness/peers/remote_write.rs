@@ -24,6 +24,8 @@
 //! definition of `tests/ingest_equivalence.rs`.
 
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
+use crate::http_client::{self, Client};
+use crate::machine::ProcessStats;
 use anyhow::{bail, Context, Result};
 use promlab::ingest::feed::Workload;
 use promlab::ingest::pipeline::Ingester;
@@ -31,8 +33,7 @@ use promlab::ingest::plan::Plan;
 use promlab::strategy::StrategySet;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -186,60 +187,15 @@ fn free_port() -> Result<u16> {
 
 /// User + system CPU of process `pid` (all its threads, living and exited).
 fn cpu_time(pid: u32) -> Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // After the command name's closing parenthesis, utime and stime are fields 12 and 13.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .context("malformed /proc/PID/stat")?
-        .1
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Ok(Duration::from_nanos(ticks * 1_000_000_000 / per_sec))
+    Ok(ProcessStats::of(pid)
+        .with_context(|| format!("reading the CPU time of process {pid}"))?
+        .cpu)
 }
 
-/// Peak resident set size of process `pid` (VmHWM), in KiB.
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// `GET path` over HTTP/1.0, so the body simply runs to the connection's close.
-fn http_get(port: u16, path: &str, timeout: Duration) -> Result<(u16, Vec<u8>)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(timeout))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"
-    )?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
-    let head_end = memchr::memmem::find(&response, b"\r\n\r\n").context("no end of headers")?;
-    let status = std::str::from_utf8(&response[..head_end])?
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("no status code")?;
-    Ok((status, response[head_end + 4..].to_vec()))
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 2);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+/// `GET path` on the peer's loopback port: status and body.
+fn http_get(client: &Client, port: u16, path: &str) -> Result<(u16, Vec<u8>)> {
+    let response = client.get(&format!("http://127.0.0.1:{port}{path}"), &[])?;
+    Ok((response.status, response.body))
 }
 
 fn log_tail(path: &Path) -> String {
@@ -298,20 +254,28 @@ struct MatrixSeries {
 }
 
 /// Per group, the peer's raw samples of minute `[w, w + 60 s)`.
-fn peer_samples(port: u16, groups: &[u64], w: i64) -> Result<BTreeMap<u64, Vec<f64>>> {
+fn peer_samples(
+    client: &Client,
+    port: u16,
+    groups: &[u64],
+    w: i64,
+) -> Result<BTreeMap<u64, Vec<f64>>> {
     let alternatives: Vec<String> = groups.iter().map(|g| format!("g{g}")).collect();
     // `[61s]` at `w + 60 s` covers the minute under both range conventions
     // (closed, or open on the left); the timestamp filter below makes it exact.
     let query = format!("data{{label_0=~\"{}\"}}[61s]", alternatives.join("|"));
-    let path = format!(
-        "/api/v1/query?query={}&time={}",
-        percent_encode(&query),
-        (w + WINDOW_MS) / 1000
-    );
-    let (status, body) = http_get(port, &path, Duration::from_secs(120))?;
+    let url = format!("http://127.0.0.1:{port}/api/v1/query");
+    let time = ((w + WINDOW_MS) / 1000).to_string();
+    let request = client
+        .agent()
+        .get(&url)
+        .query("query", &query)
+        .query("time", &time);
+    let http_client::Response { status, body, .. } =
+        http_client::read(request.call(), "GET", &url)?;
     let response: ApiResponse = serde_json::from_slice(&body).with_context(|| {
         format!(
-            "HTTP {status} from {path}: {}",
+            "HTTP {status} from {url} for {query}: {}",
             String::from_utf8_lossy(&body[..body.len().min(300)])
         )
     })?;
@@ -368,6 +332,7 @@ pub fn measure(cx: &PeerContext<'_>, spec: &ReceiverSpec, plan: FeedPlan) -> Res
     let mut peer = KillOnDrop(child);
     let pid = peer.0.id();
 
+    let ready_client = Client::new(Some(Duration::from_secs(2)), 1);
     let ready_by = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(status) = peer.0.try_wait()? {
@@ -377,10 +342,7 @@ pub fn measure(cx: &PeerContext<'_>, spec: &ReceiverSpec, plan: FeedPlan) -> Res
                 log_tail(&log_path)
             );
         }
-        if matches!(
-            http_get(port, spec.ready_path, Duration::from_secs(2)),
-            Ok((200, _))
-        ) {
+        if matches!(http_get(&ready_client, port, spec.ready_path), Ok((200, _))) {
             break;
         }
         if Instant::now() > ready_by {
@@ -439,7 +401,7 @@ pub fn measure(cx: &PeerContext<'_>, spec: &ReceiverSpec, plan: FeedPlan) -> Res
         samples.push(after.saturating_sub(before));
         before = after;
     }
-    let rss_kib = peak_rss_kib(pid);
+    let rss_kib = ProcessStats::of(pid).ok().and_then(|p| p.peak_rss_kib);
     if let Some(status) = peer.0.try_wait()? {
         bail!(
             "{} exited during the feed ({status}){}",
@@ -552,12 +514,13 @@ fn compare(
     let ours = promlab_answers(&workload, &window_ticks, w)?;
 
     // The peer's, from its raw samples; it may take a moment to make fresh writes searchable.
+    let client = Client::new(Some(Duration::from_secs(120)), 1);
     let all_groups: Vec<u64> = (0..plan.groups).collect();
     let mut theirs: Vec<GroupAnswer> = Vec::with_capacity(plan.groups as usize);
     for batch in all_groups.chunks(GROUPS_PER_QUERY as usize) {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut answers = loop {
-            let raw = peer_samples(port, batch, w)?;
+            let raw = peer_samples(&client, port, batch, w)?;
             let complete = batch
                 .iter()
                 .all(|g| raw[g].len() as u64 == fed[*g as usize].count);
@@ -661,13 +624,5 @@ mod tests {
         let answer = exact(&mut values);
         assert_eq!(answer.count, 101);
         assert_eq!(answer.quantiles, vec![51.0, 91.0, 100.0]);
-    }
-
-    #[test]
-    fn queries_are_percent_encoded() {
-        assert_eq!(
-            percent_encode("data{label_0=~\"g0|g1\"}[61s]"),
-            "data%7Blabel_0%3D~%22g0%7Cg1%22%7D%5B61s%5D"
-        );
     }
 }
