@@ -1,7 +1,10 @@
 //! A real Prometheus (Debian's `prometheus`) scrapes itself and remote-writes
 //! into `promlab serve`; the quantiles of its own metrics come back.
 //!
-//! Without the binary the test is skipped with a notice, unless `CI` is set.
+//! Without the binary the test is skipped with a notice, and fails under `CI`.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
 
 use promlab_lab::http_client::Client;
 use std::io::{BufRead, BufReader};
@@ -37,10 +40,10 @@ fn get(addr: &str, path: &str) -> Option<(u16, String)> {
 #[test]
 fn prometheus_remote_writes_and_quantiles_come_back() {
     let Some(prometheus) = find_prometheus() else {
-        if std::env::var_os("CI").is_some() {
-            panic!("prometheus is not installed (apt-get install -y prometheus)");
-        }
-        eprintln!("SKIPPED: no `prometheus` binary (apt-get install -y prometheus)");
+        common::skip(
+            "the `prometheus` binary, so no remote write from a real Prometheus",
+            "apt-get install -y prometheus",
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,11 @@
 //! `promlab ablate --peers` adds peer rows to the report: the render crates
 //! always (they are dependencies), Python's prometheus_client when
-//! `experiments/peers/install.sh` has installed it (CI does not: the test then
-//! checks the skip is reported, and says so).
+//! `experiments/peers/install.sh` has installed it (`.ci/run` does; elsewhere,
+//! without it, the test checks the skip is reported and says so, and under `CI`
+//! that fails).
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
 
 use promlab_lab::harness::peers::python_export::{prometheus_client_installed, python};
 use std::collections::HashMap;
@@ -71,8 +75,9 @@ fn ablate_with_peers_writes_peer_rows() {
         assert_peer_row(row, 2_100);
         assert!(row["rss_kib"].parse::<u64>().unwrap() > 0, "{row:?}");
     } else {
-        eprintln!(
-            "prometheus_client is not installed (experiments/peers/install.sh): checking only that its skip is reported"
+        common::skip(
+            "Python prometheus_client, so only its skip is checked",
+            "experiments/peers/install.sh",
         );
         assert!(!export.contains_key("peer:python-prometheus-client"));
         assert!(
@@ -89,7 +94,10 @@ fn ablate_with_peers_writes_peer_rows() {
 #[test]
 fn python_check_rejects_mismatches() {
     if Command::new(python()).arg("--version").output().is_err() {
-        eprintln!("no python3: skipping the check of python_export.py's comparison");
+        common::skip(
+            "python3, so no check of python_export.py's comparison",
+            "apt-get install -y python3",
+        );
         return;
     }
     let script = r#"

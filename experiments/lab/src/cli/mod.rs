@@ -252,7 +252,6 @@ pub fn report(args: ReportArgs) -> Result<()> {
 pub fn serve(args: ServeArgs) -> Result<()> {
     use crate::serve::metrics::{self, Source};
     let listen = |port| listen_address(args.listen.as_deref(), port);
-    eprintln!("promlab serve: strategies {}", args.strategies);
     if let Some(dir) = &args.store {
         let registry_path = args
             .registry
@@ -262,7 +261,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         let registry = Registry::load(registry_path)?;
         warn_unmatched_metrics(dir, &registry)?;
         let exporter = promlab::export::Exporter::new(dir, registry, args.strategies);
-        return metrics::serve(listen(9394)?, Source::Store(exporter));
+        return metrics::serve(listen(9394)?, Source::Store(exporter), args.strategies);
     }
     match args.scenario.as_deref() {
         Some("rabbitmq") => {
@@ -271,7 +270,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
                 args.awkward_names,
                 args.strategies,
             )?;
-            metrics::serve(listen(9394)?, Source::Scenario(scenario))
+            metrics::serve(listen(9394)?, Source::Scenario(scenario), args.strategies)
         }
         Some(other) => bail!("unknown scenario `{other}` (known: rabbitmq)"),
         None => crate::serve::receiver::serve(crate::serve::receiver::ReceiverConfig {

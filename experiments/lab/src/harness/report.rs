@@ -45,9 +45,15 @@ impl Progress {
 }
 
 /// `experiments/results/<date>-<host>/`.
+/// `experiments/results/<date>T<time>Z-<host>-<revision>/`: a fresh directory per
+/// run, so a run never writes over results (committed ones are added deliberately).
 pub fn default_results_dir() -> PathBuf {
     let host = Host::read().hostname.unwrap_or_else(|| "host".into());
-    PathBuf::from("experiments/results").join(format!("{}-{host}", machine::utc_date()))
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .replace(':', "");
+    let revision = env!("PROMLAB_GIT_REVISION");
+    PathBuf::from("experiments/results").join(format!("{stamp}-{host}-{revision}"))
 }
 
 fn human(d: Duration) -> String {

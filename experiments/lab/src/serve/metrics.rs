@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use promlab::export::Exporter;
+use promlab::strategy::StrategySet;
 use promlab::render::rabbitmq::Scenario;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -93,10 +94,11 @@ pub fn app(source: Source) -> Router {
 }
 
 /// Serves `source` on `listen` until Ctrl-C or SIGTERM (blocking; builds its own runtime).
-pub fn serve(listen: SocketAddr, source: Source) -> Result<()> {
+/// The first line it prints names the address and the strategies.
+pub fn serve(listen: SocketAddr, source: Source, strategies: StrategySet) -> Result<()> {
     let described = source.describe();
     super::run(listen, None, app(source), |addr| {
-        eprintln!("promlab: serving {described} on http://{addr}")
+        eprintln!("promlab: serving {described} on http://{addr} (strategies: {strategies})")
     })
 }
 
