@@ -241,7 +241,7 @@ if [ "$bench" -eq 1 ]; then
         arm="${arms[$(( (i + round) % n ))]}"
         bench_export "$rev" "$arm" "$(seed_case "$rev")" 3 "$round"
         bench_write "$rev" "$arm" 20000 "$round"
-        if [ "$round" -le "$large_rounds" ] && [ "$(cat "$tmp/src/$rev.series")" = 5.x-uri ]; then
+        if [ "$round" -le "$large_rounds" ]; then
           bench_export "$rev" "$arm" large-v5-uri 1 "$round"
         fi
       done
