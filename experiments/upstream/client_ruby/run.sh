@@ -23,7 +23,7 @@ srcs=()
 bench=1
 out=""
 rounds=7
-large_rounds=5
+large_rounds=3
 jobs=2
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -221,19 +221,19 @@ log "byte identity: $checked exports identical"
 
 # ---------------------------------------------------------------- benchmarks
 if [ "$bench" -eq 1 ]; then
-  echo "revision,task,arm,round,ns,units,unit" > "$out/timings.csv"
+  echo "revision,task,arm,round,wall_ns,cpu_ns,units,unit" > "$out/timings.csv"
   seed_case() { if [ "$(cat "$tmp/src/$1.series")" = v4.2.5 ]; then echo seed-repro-v4.2.5; else echo seed-repro-v5-uri; fi; }
   bench_export() {  # rev arm case reps round
     local d r; d="$(scratch_store "$3")"
     r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" export "$fx/$3/registry.json" "$d" "$4")"
     rm -rf "$d"
-    echo "$1,export $3,$2,$5,${r% *},${r#* },lines" >> "$out/timings.csv"
+    echo "$1,export $3,$2,$5,${r// /,},lines" >> "$out/timings.csv"
   }
   bench_write() {  # rev arm steps round
     local d r; d="$(mktemp -d "$tmp/write.XXXXXX")"
     r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" write "$d" "$3")"
     rm -rf "$d"
-    echo "$1,write long label,$2,$4,${r% *},${r#* },steps" >> "$out/timings.csv"
+    echo "$1,write long label,$2,$4,${r// /,},steps" >> "$out/timings.csv"
   }
   for round in $(seq 1 "$rounds"); do
     for rev in "${revs[@]}"; do
