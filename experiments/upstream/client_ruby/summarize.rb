@@ -67,25 +67,28 @@ t = CSV.read(timings_file, headers: true)
 realized = {}
 puts '## Timings (medians over interleaved rounds; speed-up = unpatched median / arm median)'
 puts
-puts 'Export: one `ruby bench.rb export` process per round and arm; the seed repro is the median of 3 ' \
-     'marshals in that process, the large case 1 marshal. Write: 1,000 warm-up steps, then 20,000 ' \
-     'timed steps of Histogram#observe + Counter#increment with one 195-character label value.'
+puts 'CPU time of the measured process (`CLOCK_PROCESS_CPUTIME_ID`) is the primary figure: the two ' \
+     'cores were shared with other work, which inflates wall time unevenly; wall-time medians are ' \
+     'beside it. Export: one `ruby bench.rb export` process per round and arm; the seed repro is the ' \
+     'median of 3 marshals in that process, the large case 1 marshal. Write: 1,000 warm-up steps, ' \
+     'then 20,000 timed steps of Histogram#observe + Counter#increment with one 195-character label value.'
 puts
 t.group_by { |r| [r['revision'], r['task']] }.each do |(rev, task), rows|
   by_arm = rows.group_by { |r| r['arm'] }
-  base = median(by_arm.fetch('unpatched').map { |r| r['ns'].to_f })
+  base_cpu = median(by_arm.fetch('unpatched').map { |r| r['cpu_ns'].to_f })
+  base_wall = median(by_arm.fetch('unpatched').map { |r| r['wall_ns'].to_f })
   unit = rows.first['unit']
-  units = rows.first['units'].to_f
   puts "### #{rev}: #{task}"
   puts
-  puts table(['arm', 'rounds', 'median', 'min', 'max', unit == 'steps' ? 'per step' : 'per export', 'speed-up'],
+  puts table(['arm', 'rounds', "CPU median#{unit == 'steps' ? ' per step' : ''}", 'CPU min–max', 'CPU speed-up',
+              'wall median', 'wall speed-up'],
              by_arm.map { |arm, rs|
-               ns = rs.map { |r| r['ns'].to_f }
-               m = median(ns)
-               realized[[rev, task, arm]] = base / m
-               [arm, ns.size, fmt_ns(m), fmt_ns(ns.min), fmt_ns(ns.max),
-                unit == 'steps' ? fmt_ns(m) : "#{(units > 0 ? m / units / 1e3 : 0).round(2)} µs/line",
-                format('%.2f×', base / m)]
+               cpu = rs.map { |r| r['cpu_ns'].to_f }
+               wall = rs.map { |r| r['wall_ns'].to_f }
+               m = median(cpu)
+               realized[[rev, task, arm]] = base_cpu / m
+               [arm, cpu.size, fmt_ns(m), "#{fmt_ns(cpu.min)}–#{fmt_ns(cpu.max)}", format('%.2f×', base_cpu / m),
+                fmt_ns(median(wall)), format('%.2f×', base_wall / median(wall))]
              })
   puts
 end
@@ -131,6 +134,6 @@ puts '## Predicted (promlab, Rust) vs realized (client_ruby, Ruby)'
 puts
 puts "Predicted: `speedup_vs_baseline` of the strategy's arm in `#{rust_dir.sub(%r{.*/experiments/}, 'experiments/')}` " \
      '(alone against promlab\'s baseline; for "all", the Rust arm with the same strategies: `all-prerender` for ' \
-     'export, `all-mmap-store` for write). Realized: the table above.'
+     'export, `all-mmap-store` for write). Realized: CPU-time speed-up from the tables above.'
 puts
 puts table(['strategy', 'workload', 'predicted (Rust)', 'realized (Ruby)'], rows)
