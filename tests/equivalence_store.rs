@@ -7,7 +7,7 @@ mod common;
 
 use promlab::formenc::Dialect;
 use promlab::ops::{Op, OpKind, OpLog, OpValue};
-use promlab::registry::{Aggregation, MetricDef, MetricType, Registry};
+use promlab::registry::{ProcessAggregation, MetricDef, MetricType, Registry};
 use promlab::store::{Client, ClientConfig};
 use promlab::strategy::{Stage, StrategySet};
 use proptest::prelude::*;
@@ -73,12 +73,12 @@ fn metric_def(index: usize) -> impl Strategy<Value = MetricDef> {
     )
         .prop_map(move |(kind, n_labels, agg, mut bounds, help)| {
             let aggregation = match (kind, agg) {
-                (MetricType::Gauge, 0) => Aggregation::Sum,
-                (MetricType::Gauge, 1) => Aggregation::Max,
-                (MetricType::Gauge, 2) => Aggregation::Min,
-                (MetricType::Gauge, 3) => Aggregation::MostRecent,
-                (MetricType::Gauge, _) => Aggregation::All,
-                _ => Aggregation::Sum,
+                (MetricType::Gauge, 0) => ProcessAggregation::Sum,
+                (MetricType::Gauge, 1) => ProcessAggregation::Max,
+                (MetricType::Gauge, 2) => ProcessAggregation::Min,
+                (MetricType::Gauge, 3) => ProcessAggregation::MostRecent,
+                (MetricType::Gauge, _) => ProcessAggregation::All,
+                _ => ProcessAggregation::Sum,
             };
             bounds.sort_by(f64::total_cmp);
             let buckets = if kind == MetricType::Histogram {
@@ -139,7 +139,7 @@ fn ops(registry: &Registry, pid: u32) -> impl Strategy<Value = Vec<Op>> {
                         MetricType::Counter => {
                             (OpKind::Inc, if v.is_nan() { 1.0 } else { v.abs() })
                         }
-                        MetricType::Gauge if def.aggregation() == Aggregation::MostRecent => {
+                        MetricType::Gauge if def.aggregation() == ProcessAggregation::MostRecent => {
                             (OpKind::Set, v)
                         }
                         MetricType::Gauge => (

@@ -9,7 +9,7 @@
 //!
 //! [`live`] renders in-memory registries at scale (the `prerender` strategy).
 
-use crate::export::{Group, MetricValues};
+use crate::values::{Group, MetricValues};
 use crate::registry::MetricDef;
 use crate::rubyfloat;
 use crate::text::{self, Escape};
