@@ -28,7 +28,8 @@ fn long_label(c: &mut Criterion) {
     }
     // The lock pair alone, on a real store file, as `Client::observe` takes it.
     let dir = tempfile::tempdir().unwrap();
-    let mut file = StoreFile::open(&dir.path().join("metric_lock___4242.bin"), StoreIo::Mapped).unwrap();
+    let mut file =
+        StoreFile::open(&dir.path().join("metric_lock___4242.bin"), StoreIo::Mapped).unwrap();
     group.bench_function(BenchmarkId::from_parameter("flock-pair"), |b| {
         b.iter(|| file.with_lock(|f| Ok(black_box(f).used())).unwrap())
     });

@@ -128,7 +128,8 @@ impl FileReader {
             std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
         let id = (meta.dev(), meta.ino());
         if self.kept.get(path).is_none_or(|kept| kept.id != id) {
-            let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            let file =
+                File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
             let kept = KeptFile {
                 file,
                 map: None,
@@ -140,8 +141,7 @@ impl FileReader {
         let kept = self.kept.get_mut(path).expect("inserted above");
         kept.scrape = self.scrape;
         let fd = kept.file.as_raw_fd();
-        flock(fd, libc::LOCK_EX)
-            .with_context(|| format!("cannot lock {}", path.display()))?;
+        flock(fd, libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
         let result = (|| {
             // Writers grow a file by doubling it; map it again when its size moved.
             let len = kept.file.metadata()?.len();
@@ -873,14 +873,15 @@ impl Exporter {
         scrape.start();
         for path in metric_files(&self.dir, &def.name)? {
             catalogue.raw.start_file(&path);
-            self.reader.read(&path, &mut |entry| {
-                let series = catalogue
-                    .lookup(&entry)
-                    .with_context(|| format!("entry at offset {}", entry.offset()))?;
-                scrape.add(series, mode, &entry);
-                Ok(())
-            })
-            .with_context(|| format!("metric {}", def.name))?;
+            self.reader
+                .read(&path, &mut |entry| {
+                    let series = catalogue
+                        .lookup(&entry)
+                        .with_context(|| format!("entry at offset {}", entry.offset()))?;
+                    scrape.add(series, mode, &entry);
+                    Ok(())
+                })
+                .with_context(|| format!("metric {}", def.name))?;
             catalogue.raw.end_file(&path);
         }
         catalogue.raw.end_scrape();

@@ -233,12 +233,7 @@ impl ComponentCache {
     /// The component `s` (at key offset `offset`) decoded by `unescape`; only
     /// successful decodings are kept, so an error is always reported with its
     /// own offset.
-    fn decode(
-        &mut self,
-        s: &[u8],
-        offset: usize,
-        unescape: Unescape,
-    ) -> Result<Vec<u8>, KeyError> {
+    fn decode(&mut self, s: &[u8], offset: usize, unescape: Unescape) -> Result<Vec<u8>, KeyError> {
         if let Some(decoded) = self.decoded.get(s) {
             return Ok(decoded.clone());
         }
@@ -285,6 +280,16 @@ pub fn decode_key_cached(
     }
     check_names(&labels, raw)?;
     Ok(labels)
+}
+
+/// One `application/x-www-form-urlencoded` component decoded (`+` is a space,
+/// `%` takes two hex digits), borrowed when it holds no escape. Bytes are not
+/// checked for ASCII: that is the key decoders' rule, not the component's.
+pub fn decode_component(s: &[u8]) -> Result<Cow<'_, [u8]>, KeyError> {
+    match memchr::memchr2(b'%', b'+', s) {
+        None => Ok(Cow::Borrowed(s)),
+        Some(first) => unescape_from(s, first, 0).map(Cow::Owned),
+    }
 }
 
 /// Hex digit values; 0xFF marks a byte that is not a hex digit.
