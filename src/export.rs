@@ -8,24 +8,29 @@
 //! and `min` keep the first of equals, `all` keeps the first, `most_recent` the
 //! newest timestamp); series keep the order of first appearance.
 //!
-//! Four seams carry the export-side strategies:
-//! - **read** ([`Strategy::SingleRead`]): the baseline makes two buffered
-//!   passes of per-entry reads per file (positions, then values, as
-//!   `FileMappedDict` does); `single-read` maps the file and walks its used
-//!   region once.
-//! - **decode** ([`Strategy::DecodeOnce`]): the baseline decodes every entry's
-//!   key; `decode-once` decodes each distinct raw key once per export. Raw keys
-//!   of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so
-//!   series are still looked up by their decoded labels.
-//! - **unescape** ([`Strategy::FastUnescape`]): which key decoder runs
-//!   ([`formenc::decode_key_reference`] or the borrowing [`formenc::decode_key_fast`]).
-//! - **keep** ([`Strategy::Prerender`], the render strategy applied to a
-//!   long-lived exporter): the baseline starts every scrape from nothing;
-//!   `prerender` keeps each metric's catalogue of decoded, grouped label sets
-//!   with their label pairs rendered once, so a scrape of known keys compares
-//!   raw key bytes and copies rendered bytes. What is gone is dropped when the
-//!   catalogue outgrows the live series by [`CATALOGUE_SLACK`]; order of
-//!   appearance is recomputed every scrape, so output never depends on history.
+//! # Seams
+//!
+//! [`Exporter::new`] resolves the [`StrategySet`] once into `ExportSeams`;
+//! nothing below it asks which strategies are on.
+//!
+//! | seam | strategy | baseline | with the strategy |
+//! |---|---|---|---|
+//! | `FileRead` | [`Strategy::SingleRead`] | `EntryByEntry`: two buffered passes of per-entry reads per file (positions, then values, as `FileMappedDict` does) | `Mapped`: the file mapped, its used region walked once |
+//! | `KeyDecode` | [`Strategy::DecodeOnce`] | `EveryEntry`: every entry's key decoded | `OncePerRawKey`: each distinct raw key decoded once, component by component through a cache (raw keys of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so series are still found by their decoded labels) |
+//! | [`Unescape`] (carried by `KeyDecode`) | [`Strategy::FastUnescape`] | `Reference`: [`formenc::decode_key_reference`] | `Fast`: the table-driven, borrowing [`formenc::decode_key_fast`] |
+//! | `Keep` | [`Strategy::Prerender`] (the render strategy, applied to a long-lived exporter) | `Nothing`: every scrape starts from nothing | `Catalogue`: each metric's decoded, grouped label sets kept across scrapes with their label pairs rendered once, so a scrape of known keys compares raw key bytes and copies rendered bytes |
+//!
+//! Combined variants, and why they exist:
+//! - `FileRead::KeptMapped` (`single-read` × `prerender`): files kept open
+//!   and mapped between scrapes. Only a long-lived exporter has a next scrape
+//!   to keep a mapping for, and only a mapping is worth keeping.
+//! - `KeyDecode::OncePerRawKey(Unescape)` (`decode-once` × `fast-unescape`):
+//!   not a branch of its own: the unescape seam is a value the decode seam
+//!   carries, and the component cache decodes each component with it.
+//!
+//! With `Keep::Catalogue`, what is gone is dropped when the catalogue
+//! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
+//! recomputed every scrape, so output never depends on history.
 
 use crate::formenc::{self, Unescape};
 use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};

@@ -7,7 +7,20 @@
 //! Ruby's `Float#to_s`. A histogram prints every declared bucket (cumulative),
 //! then `+Inf`, `_sum`, `_count`; a summary `_sum`, then `_count`.
 //!
-//! [`live`] renders in-memory registries at scale (the `prerender` strategy).
+//! Every line is written by the one exposition encoder, [`crate::text`]'s
+//! [`FamilyEncoder`] chain; the values come from
+//! [`crate::values`], so this module and [`crate::export`] do not import each
+//! other's internals.
+//!
+//! # Seams
+//!
+//! | seam | where | strategy | baseline | with the strategy |
+//! |---|---|---|---|---|
+//! | `LinePrefixes` | [`live`], resolved in [`live::LiveRegistry::new`] | [`Prerender`](crate::strategy::Strategy::Prerender) | `PerScrape`: each line built from its label pairs in a fresh buffer, escaped byte by byte | `Prerendered`: each series' `name{labels} ` encoded once at creation, copied on every scrape |
+//! | [`Group::rendered`] | store exposition (here), filled by the exporter's `Keep` seam | [`Prerender`](crate::strategy::Strategy::Prerender) | `None`: label pairs encoded on every scrape | `Some`: label pairs encoded once per label set, copied |
+//!
+//! No combined variant. [`live`] renders in-memory registries at scale;
+//! [`rabbitmq`] builds RabbitMQ's per-object families on one.
 
 use crate::registry::MetricDef;
 use crate::text::{FamilyEncoder, SampleEncoder};
