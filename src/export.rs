@@ -918,3 +918,42 @@ pub fn export(dir: &Path, registry: &Registry, strategies: StrategySet) -> Resul
     Exporter::new(dir, registry.clone(), strategies).export_into(&mut out)?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every export combination resolves to its own seam values; the kept
+    /// mappings only with both `single-read` and `prerender`.
+    #[test]
+    fn seams_resolve_once_per_combination() {
+        for s in StrategySet::combinations(crate::strategy::Stage::Export) {
+            let seams = ExportSeams::resolve(s);
+            let unescape = if s.contains(Strategy::FastUnescape) {
+                Unescape::Fast
+            } else {
+                Unescape::Reference
+            };
+            let kept = s.contains(Strategy::Prerender);
+            assert_eq!(seams.keep == Keep::Catalogue, kept, "{s}");
+            assert_eq!(
+                seams.read,
+                match (s.contains(Strategy::SingleRead), kept) {
+                    (false, _) => FileRead::EntryByEntry,
+                    (true, false) => FileRead::Mapped,
+                    (true, true) => FileRead::KeptMapped,
+                },
+                "{s}"
+            );
+            assert_eq!(
+                seams.decode,
+                if s.contains(Strategy::DecodeOnce) {
+                    KeyDecode::OncePerRawKey(unescape)
+                } else {
+                    KeyDecode::EveryEntry(unescape)
+                },
+                "{s}"
+            );
+        }
+    }
+}

@@ -505,6 +505,16 @@ mod tests {
                 }
             }
 
+            /// One component, borrowed when plain, against the reference's component decoder.
+            #[test]
+            fn component_decoder_equals_reference(raw in key_bytes()) {
+                let decoded = decode_component(&raw).map(|c| c.into_owned());
+                prop_assert_eq!(decoded, unescape_reference(&raw, 0));
+                if !raw.contains(&b'%') && !raw.contains(&b'+') {
+                    prop_assert!(matches!(decode_component(&raw), Ok(Cow::Borrowed(_))));
+                }
+            }
+
             /// Encoding in either dialect decodes back to the labels.
             #[test]
             fn decode_inverts_encode(

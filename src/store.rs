@@ -788,3 +788,23 @@ fn validate_labels(metric: &str, declared: &[String], labels: &[(&str, &str)]) -
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seams_resolve_once_per_combination() {
+        for s in StrategySet::combinations(crate::strategy::Stage::Write) {
+            let seams = WriteSeams::resolve(s);
+            let once = s.contains(Strategy::IncrementOnce);
+            assert_eq!(
+                seams.keys == KeySource::CachePerProcess,
+                s.contains(Strategy::KeyCache)
+            );
+            assert_eq!(seams.lookups == Lookups::Once, once);
+            assert_eq!(seams.pid == PidSource::Cached, once);
+            assert_eq!(seams.io == StoreIo::Mapped, s.contains(Strategy::MmapStore));
+        }
+    }
+}
