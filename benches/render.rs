@@ -13,7 +13,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use prometheus_client::encoding::text::encode;
-use promlab::render::rabbitmq::Scenario;
+use promlab::render::rabbitmq::RabbitMqNode;
 use promlab::strategy::{Strategy, StrategySet};
 use promlab_lab::harness::peers::crates_render::{prometheus_client_registry, prometheus_registry};
 use promlab_lab::http_client::Client;
@@ -35,8 +35,8 @@ fn prerender() -> StrategySet {
 
 fn render(c: &mut Criterion) {
     let n = queues();
-    let baseline = Scenario::build(n, false, StrategySet::NONE).unwrap();
-    let fast = Scenario::build(n, false, prerender()).unwrap();
+    let baseline = RabbitMqNode::build(n, false, StrategySet::NONE).unwrap();
+    let fast = RabbitMqNode::build(n, false, prerender()).unwrap();
     let lines = baseline.series_count() as u64;
 
     let mut group = c.benchmark_group(format!("render_{}k", lines / 1000));
@@ -84,7 +84,7 @@ fn render(c: &mut Criterion) {
     // The same seam without the two families of full-precision ratios, whose
     // Ruby-exact formatting (a slow exact fallback in `rubyfloat`) costs as
     // much as all other lines together.
-    let integral = |s: &Scenario| -> Vec<_> {
+    let integral = |s: &RabbitMqNode| -> Vec<_> {
         let reg = s.registry();
         reg.family_ids()
             .filter(|&f| {
@@ -145,7 +145,7 @@ fn scrape_http(c: &mut Criterion) {
         .unwrap();
     let mut servers = Vec::new();
     for (name, set) in [("baseline", StrategySet::NONE), ("prerender", prerender())] {
-        let scenario = Scenario::build(n, false, set).unwrap();
+        let scenario = RabbitMqNode::build(n, false, set).unwrap();
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();

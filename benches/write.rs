@@ -5,7 +5,7 @@
 //! client_ruby's protocol holds around every observe: the floor under any arm.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use promlab::store::StoreFile;
+use promlab::store::{StoreFile, StoreIo};
 use promlab::strategy::Stage;
 use promlab::workload::LongLabelWriter;
 use std::hint::black_box;
@@ -28,7 +28,8 @@ fn long_label(c: &mut Criterion) {
     }
     // The lock pair alone, on a real store file, as `Client::observe` takes it.
     let dir = tempfile::tempdir().unwrap();
-    let mut file = StoreFile::open(&dir.path().join("metric_lock___4242.bin"), true).unwrap();
+    let mut file =
+        StoreFile::open(&dir.path().join("metric_lock___4242.bin"), StoreIo::Mapped).unwrap();
     group.bench_function(BenchmarkId::from_parameter("flock-pair"), |b| {
         b.iter(|| file.with_lock(|f| Ok(black_box(f).used())).unwrap())
     });

@@ -8,33 +8,41 @@
 //! and `min` keep the first of equals, `all` keeps the first, `most_recent` the
 //! newest timestamp); series keep the order of first appearance.
 //!
-//! Four seams carry the export-side strategies:
-//! - **read** ([`Strategy::SingleRead`]): the baseline makes two buffered
-//!   passes of per-entry reads per file (positions, then values, as
-//!   `FileMappedDict` does); `single-read` maps the file and walks its used
-//!   region once.
-//! - **decode** ([`Strategy::DecodeOnce`]): the baseline decodes every entry's
-//!   key; `decode-once` decodes each distinct raw key once per export. Raw keys
-//!   of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so
-//!   series are still looked up by their decoded labels.
-//! - **unescape** ([`Strategy::FastUnescape`]): which key decoder runs
-//!   ([`formenc::decode_key_reference`] or the borrowing [`formenc::decode_key_fast`]).
-//! - **keep** ([`Strategy::Prerender`], the render strategy applied to a
-//!   long-lived exporter): the baseline starts every scrape from nothing;
-//!   `prerender` keeps each metric's catalogue of decoded, grouped label sets
-//!   with their label pairs rendered once, so a scrape of known keys compares
-//!   raw key bytes and copies rendered bytes. What is gone is dropped when the
-//!   catalogue outgrows the live series by [`CATALOGUE_SLACK`]; order of
-//!   appearance is recomputed every scrape, so output never depends on history.
+//! # Seams
+//!
+//! [`Exporter::new`] resolves the [`StrategySet`] once into `ExportSeams`;
+//! nothing below it asks which strategies are on.
+//!
+//! | seam | strategy | baseline | with the strategy |
+//! |---|---|---|---|
+//! | `FileRead` | [`Strategy::SingleRead`] | `EntryByEntry`: two buffered passes of per-entry reads per file (positions, then values, as `FileMappedDict` does) | `Mapped`: the file mapped, its used region walked once |
+//! | `KeyDecode` | [`Strategy::DecodeOnce`] | `EveryEntry`: every entry's key decoded | `OncePerRawKey`: each distinct raw key decoded once, component by component through a cache (raw keys of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so series are still found by their decoded labels) |
+//! | [`Unescape`] (carried by `KeyDecode`) | [`Strategy::FastUnescape`] | `Reference`: [`formenc::decode_key_reference`] | `Fast`: the table-driven, borrowing [`formenc::decode_key_fast`] |
+//! | `Keep` | [`Strategy::Prerender`] (the render strategy, applied to a long-lived exporter) | `Nothing`: every scrape starts from nothing | `Catalogue`: each metric's decoded, grouped label sets kept across scrapes with their label pairs rendered once, so a scrape of known keys compares raw key bytes and copies rendered bytes |
+//!
+//! Combined variants, and why they exist:
+//! - `FileRead::KeptMapped` (`single-read` × `prerender`): files kept open
+//!   and mapped between scrapes. Only a long-lived exporter has a next scrape
+//!   to keep a mapping for, and only a mapping is worth keeping.
+//! - `KeyDecode::OncePerRawKey(Unescape)` (`decode-once` × `fast-unescape`):
+//!   not a branch of its own: the unescape seam is a value the decode seam
+//!   carries, and the component cache decodes each component with it.
+//!
+//! With `Keep::Catalogue`, what is gone is dropped when the catalogue
+//! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
+//! recomputed every scrape, so output never depends on history.
 
-use crate::formenc;
-use crate::registry::{Aggregation, MetricDef, MetricType, Registry};
+use crate::formenc::{self, Unescape};
+use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::render;
+use crate::storefile::{
+    check_used, entries, flock, metric_files, strip_padding, Entry, EntryError, HEADER_SIZE,
+};
 use crate::strategy::{Strategy, StrategySet};
 use crate::text;
+use crate::values::{DecodedLabels, Group, HistogramValue, MetricValues, SummaryValue};
 use ahash::AHashMap;
 use anyhow::{anyhow, bail, Context, Result};
-use std::fmt;
 use std::fs::File;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::io::{BufReader, Read, Seek, SeekFrom};
@@ -42,140 +50,27 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 // ---------------------------------------------------------------------------
-// The entry layout, shared with the writer.
-
-/// One entry of a store file.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Entry<'a> {
-    /// The form-encoded key as stored, padding included.
-    pub padded_key: &'a [u8],
-    /// The value and the timestamp, as stored.
-    pub value_bytes: &'a [u8; 16],
-    /// File offset of the value.
-    pub value_offset: usize,
-}
-
-impl<'a> Entry<'a> {
-    /// The key without its padding (client_ruby's `unpack("A*")`). Found by
-    /// scanning back from the key's end: callers that can compare padded keys
-    /// skip it, and so skip waiting for that end to come from memory.
-    pub fn key(&self) -> &'a [u8] {
-        strip_padding(self.padded_key)
-    }
-
-    /// The value, read when asked for: a caller that compares the key first
-    /// finds the value's cache line already fetched behind the key.
-    pub fn value(&self) -> f64 {
-        f64::from_le_bytes(self.value_bytes[..8].try_into().expect("8 bytes"))
-    }
-
-    pub fn timestamp(&self) -> f64 {
-        f64::from_le_bytes(self.value_bytes[8..].try_into().expect("8 bytes"))
-    }
-
-    /// File offset of the entry.
-    pub fn offset(&self) -> usize {
-        self.value_offset - self.padded_key.len() - 4
-    }
-}
-
-/// Why an entry could not be read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EntryError {
-    BadLength {
-        at: usize,
-        len: i32,
-    },
-    Truncated {
-        at: usize,
-        needs: usize,
-        used: usize,
-    },
-}
-
-impl fmt::Display for EntryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EntryError::BadLength { at, len } => {
-                write!(f, "entry at offset {at} has key length {len}")
-            }
-            EntryError::Truncated { at, needs, used } => {
-                write!(
-                    f,
-                    "entry at offset {at} needs {needs} bytes but used ends at {used}"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for EntryError {}
-
-/// client_ruby's `unpack("A*")`: the key without trailing spaces and NULs.
-fn strip_padding(padded: &[u8]) -> &[u8] {
-    let end = padded
-        .iter()
-        .rposition(|&b| b != b' ' && b != 0)
-        .map_or(0, |i| i + 1);
-    &padded[..end]
-}
-
-/// Walks the entries of a file's bytes from offset 8 up to `used`.
-pub fn entries(region: &[u8], used: usize) -> impl Iterator<Item = Result<Entry<'_>, EntryError>> {
-    let mut pos = crate::store::HEADER_SIZE;
-    let mut failed = false;
-    std::iter::from_fn(move || {
-        if failed || pos >= used {
-            return None;
-        }
-        let at = pos;
-        let result = entry_at(region, at, used);
-        match &result {
-            Ok((_, next)) => pos = *next,
-            Err(_) => failed = true,
-        }
-        Some(result.map(|(entry, _)| entry))
-    })
-}
-
-fn entry_at(region: &[u8], at: usize, used: usize) -> Result<(Entry<'_>, usize), EntryError> {
-    let truncated = |needs| EntryError::Truncated { at, needs, used };
-    let len_bytes = region
-        .get(at..at + 4)
-        .filter(|_| at + 4 <= used)
-        .ok_or(truncated(4))?;
-    let len = i32::from_le_bytes(len_bytes.try_into().expect("4 bytes"));
-    if len < 0 {
-        return Err(EntryError::BadLength { at, len });
-    }
-    let needs = 4 + len as usize + 16;
-    if at + needs > used || at + needs > region.len() {
-        return Err(truncated(needs));
-    }
-    let padded_key = &region[at + 4..at + 4 + len as usize];
-    let value_offset = at + 4 + len as usize;
-    let value_bytes = region[value_offset..value_offset + 16]
-        .try_into()
-        .expect("16 bytes");
-    Ok((
-        Entry {
-            padded_key,
-            value_bytes,
-            value_offset,
-        },
-        at + needs,
-    ))
-}
-
-// ---------------------------------------------------------------------------
 // The read seam: how one file's entries are read.
 
-/// What the reader keeps between files and scrapes.
-#[derive(Default)]
-struct Reader {
+/// The read seam ([`Strategy::SingleRead`], and [`Strategy::Prerender`] with it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileRead {
+    /// Baseline: two buffered passes of per-entry reads (`FileMappedDict`).
+    EntryByEntry,
+    /// `single-read`: map the file, walk its used region once.
+    Mapped,
+    /// `single-read` × `prerender`: as `Mapped`, through files kept open and
+    /// mapped between scrapes. Combined because only a long-lived exporter
+    /// (what `prerender` is about) has a next scrape to keep a mapping for.
+    KeptMapped,
+}
+
+/// Reads store files: the read seam, and what it keeps between files and scrapes.
+struct FileReader {
+    read: FileRead,
     /// The baseline's key buffer.
     key: Vec<u8>,
-    /// `prerender` with `single-read`: files kept open and mapped.
+    /// `KeptMapped`: files kept open and mapped.
     kept: AHashMap<PathBuf, KeptFile>,
     /// Counts scrapes, to drop the files a scrape no longer found.
     scrape: u64,
@@ -193,68 +88,89 @@ struct KeptFile {
     scrape: u64,
 }
 
-/// Reads one store file under `flock` and hands each entry to `visit`.
-fn read_file(
-    path: &Path,
-    s: StrategySet,
-    reader: &mut Reader,
-    visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
-) -> Result<()> {
-    let single_read = s.contains(Strategy::SingleRead);
-    if single_read && s.contains(Strategy::Prerender) {
-        return read_kept(path, reader, visit);
+impl FileReader {
+    fn new(read: FileRead) -> FileReader {
+        FileReader {
+            read,
+            key: Vec::new(),
+            kept: AHashMap::new(),
+            scrape: 0,
+        }
     }
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let fd = file.as_raw_fd();
-    crate::store::flock(fd, libc::LOCK_EX)
-        .with_context(|| format!("cannot lock {}", path.display()))?;
-    let result = if single_read {
-        map_file(&file).and_then(|map| walk(map.as_deref(), visit))
-    } else {
-        read_entry_by_entry(&file, &mut reader.key, visit)
-    };
-    crate::store::flock(fd, libc::LOCK_UN)?;
-    result.with_context(|| format!("corrupt store file {}", path.display()))
+
+    /// Reads one store file under `flock` and hands each entry to `visit`.
+    fn read(&mut self, path: &Path, visit: &mut dyn FnMut(Entry<'_>) -> Result<()>) -> Result<()> {
+        match self.read {
+            FileRead::EntryByEntry => {
+                let key = &mut self.key;
+                read_locked(path, |file| read_entry_by_entry(file, key, visit))
+            }
+            FileRead::Mapped => read_locked(path, |file| {
+                map_file(file).and_then(|map| walk(map.as_deref(), visit))
+            }),
+            FileRead::KeptMapped => self.read_kept(path, visit),
+        }
+    }
+
+    fn start_scrape(&mut self) {
+        self.scrape += 1;
+    }
+
+    /// Closes the files this scrape did not find (deleted ones).
+    fn end_scrape(&mut self) {
+        let scrape = self.scrape;
+        self.kept.retain(|_, kept| kept.scrape == scrape);
+    }
+
+    /// [`FileReader::read`] through a [`KeptFile`].
+    fn read_kept(
+        &mut self,
+        path: &Path,
+        visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
+    ) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let id = (meta.dev(), meta.ino());
+        if self.kept.get(path).is_none_or(|kept| kept.id != id) {
+            let file =
+                File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            let kept = KeptFile {
+                file,
+                map: None,
+                id,
+                scrape: 0,
+            };
+            self.kept.insert(path.to_path_buf(), kept);
+        }
+        let kept = self.kept.get_mut(path).expect("inserted above");
+        kept.scrape = self.scrape;
+        let fd = kept.file.as_raw_fd();
+        flock(fd, libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
+        let result = (|| {
+            // Writers grow a file by doubling it; map it again when its size moved.
+            let len = kept.file.metadata()?.len();
+            if kept.map.as_ref().map_or(0, |m| m.len() as u64) != len {
+                kept.map = map_file(&kept.file)?;
+            }
+            walk(kept.map.as_deref(), visit)
+        })();
+        flock(fd, libc::LOCK_UN)?;
+        if result.is_err() {
+            // Read it afresh next time.
+            self.kept.remove(path);
+        }
+        result.with_context(|| format!("corrupt store file {}", path.display()))
+    }
 }
 
-/// [`read_file`] through a [`KeptFile`].
-fn read_kept(
-    path: &Path,
-    reader: &mut Reader,
-    visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
-) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let id = (meta.dev(), meta.ino());
-    if reader.kept.get(path).is_none_or(|kept| kept.id != id) {
-        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let kept = KeptFile {
-            file,
-            map: None,
-            id,
-            scrape: 0,
-        };
-        reader.kept.insert(path.to_path_buf(), kept);
-    }
-    let kept = reader.kept.get_mut(path).expect("inserted above");
-    kept.scrape = reader.scrape;
-    let fd = kept.file.as_raw_fd();
-    crate::store::flock(fd, libc::LOCK_EX)
-        .with_context(|| format!("cannot lock {}", path.display()))?;
-    let result = (|| {
-        // Writers grow a file by doubling it; map it again when its size moved.
-        let len = kept.file.metadata()?.len();
-        if kept.map.as_ref().map_or(0, |m| m.len() as u64) != len {
-            kept.map = map_file(&kept.file)?;
-        }
-        walk(kept.map.as_deref(), visit)
-    })();
-    crate::store::flock(fd, libc::LOCK_UN)?;
-    if result.is_err() {
-        // Read it afresh next time.
-        reader.kept.remove(path);
-    }
+/// Opens `path` and runs `read` on it under `flock`.
+fn read_locked(path: &Path, read: impl FnOnce(&File) -> Result<()>) -> Result<()> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let fd = file.as_raw_fd();
+    flock(fd, libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
+    let result = read(&file);
+    flock(fd, libc::LOCK_UN)?;
     result.with_context(|| format!("corrupt store file {}", path.display()))
 }
 
@@ -286,19 +202,6 @@ fn walk(map: Option<&[u8]>, visit: &mut dyn FnMut(Entry<'_>) -> Result<()>) -> R
     Ok(())
 }
 
-/// Reads `used` from the header: at least 8, at most the file's size.
-fn check_used(header: [u8; 4], file_len: u64) -> Result<usize> {
-    let used = i32::from_le_bytes(header);
-    if used == 0 {
-        // A file created but never written (client_ruby reads it as empty).
-        return Ok(crate::store::HEADER_SIZE);
-    }
-    if used < crate::store::HEADER_SIZE as i32 || used as u64 > file_len {
-        bail!("bad used = {used} (file is {file_len} bytes)");
-    }
-    Ok(used as usize)
-}
-
 /// Baseline: as `FileMappedDict` does, one buffered pass to learn the entries'
 /// positions, then a second pass that seeks back and reads every entry again.
 fn read_entry_by_entry(
@@ -318,8 +221,8 @@ fn read_entry_by_entry(
     let used = check_used(header, file_len)?;
     let mut positions: AHashMap<Vec<u8>, usize> = AHashMap::new();
     for pass in 0..2 {
-        reader.seek(SeekFrom::Start(crate::store::HEADER_SIZE as u64))?;
-        let mut pos = crate::store::HEADER_SIZE;
+        reader.seek(SeekFrom::Start(HEADER_SIZE as u64))?;
+        let mut pos = HEADER_SIZE;
         while pos < used {
             let at = pos;
             let mut len_bytes = [0u8; 4];
@@ -358,9 +261,6 @@ fn read_entry_by_entry(
 // ---------------------------------------------------------------------------
 // Series: decoded label sets, grouped, and one scrape's aggregated values.
 
-/// A decoded label set, in key order.
-pub type LabelSet = Vec<(Box<[u8]>, Box<[u8]>)>;
-
 /// Values of one label set, folded as they arrive in file order.
 #[derive(Clone, Copy, Debug)]
 struct Aggregate {
@@ -369,13 +269,13 @@ struct Aggregate {
 }
 
 impl Aggregate {
-    fn fold(&mut self, mode: Aggregation, value: f64, timestamp: f64) {
+    fn fold(&mut self, mode: ProcessAggregation, value: f64, timestamp: f64) {
         match mode {
-            Aggregation::Sum => self.value += value,
+            ProcessAggregation::Sum => self.value += value,
             // Ruby keeps the first of equal values; NaN never wins (Ruby raises).
-            Aggregation::Max if value > self.value => self.value = value,
-            Aggregation::Min if value < self.value => self.value = value,
-            Aggregation::MostRecent if timestamp > self.timestamp => {
+            ProcessAggregation::Max if value > self.value => self.value = value,
+            ProcessAggregation::Min if value < self.value => self.value = value,
+            ProcessAggregation::MostRecent if timestamp > self.timestamp => {
                 self.value = value;
                 self.timestamp = timestamp;
             }
@@ -386,21 +286,13 @@ impl Aggregate {
 
 /// One decoded label set.
 struct Series {
-    labels: LabelSet,
+    labels: DecodedLabels,
     /// Its group: the label set without the metric's group label (`le` for a
     /// histogram, `quantile` for a summary; none for counters and gauges, whose
     /// groups are their series).
     group: usize,
     /// The group label's value, if the set has it (the last one, if repeated).
     slot: Option<Box<[u8]>>,
-}
-
-/// Series sharing a label set without the group label: one histogram or
-/// summary, or one counter or gauge series.
-pub struct Group {
-    pub labels: LabelSet,
-    /// `prerender`: the label pairs rendered and escaped once, `a="x",b="y"`.
-    pub rendered: Option<Box<[u8]>>,
 }
 
 /// `decode-once`: each distinct raw key, decoded once, with its series.
@@ -505,6 +397,27 @@ impl RawKeys {
     }
 }
 
+/// The decode seam ([`Strategy::DecodeOnce`]), each variant carrying the
+/// unescape seam ([`Strategy::FastUnescape`]) its decoder runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyDecode {
+    /// Baseline: every entry's key decoded whole.
+    EveryEntry(Unescape),
+    /// `decode-once`: each distinct raw key decoded once, component by
+    /// component through a cache of decoded components.
+    OncePerRawKey(Unescape),
+}
+
+/// The keep seam ([`Strategy::Prerender`] applied to a long-lived exporter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Keep {
+    /// Baseline: every scrape starts from nothing.
+    Nothing,
+    /// `prerender`: each metric's catalogue is kept across scrapes, with
+    /// every group's label pairs rendered once.
+    Catalogue,
+}
+
 /// Every label set of one metric met so far, decoded once and grouped. A
 /// one-shot export fills it once; with `prerender`, a long-lived exporter
 /// keeps it across scrapes, so a scrape of known keys decodes and escapes
@@ -522,10 +435,12 @@ struct Catalogue {
     /// `decode-once`: raw component → decoded, for raw keys not seen before.
     components: formenc::ComponentCache,
     hasher: ahash::RandomState,
+    decode: KeyDecode,
+    keep: Keep,
 }
 
 impl Catalogue {
-    fn new(kind: MetricType) -> Self {
+    fn new(kind: MetricType, decode: KeyDecode, keep: Keep) -> Self {
         Catalogue {
             group_label: match kind {
                 MetricType::Histogram => Some(b"le"),
@@ -539,32 +454,37 @@ impl Catalogue {
             raw: RawKeys::default(),
             components: formenc::ComponentCache::default(),
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
+            decode,
+            keep,
         }
     }
 
     /// The series of an entry's key.
-    fn lookup(&mut self, entry: &Entry<'_>, s: StrategySet) -> Result<usize> {
-        if !s.contains(Strategy::DecodeOnce) {
-            return self.find_or_insert(entry.key(), s);
+    fn lookup(&mut self, entry: &Entry<'_>) -> Result<usize> {
+        match self.decode {
+            KeyDecode::EveryEntry(unescape) => {
+                let raw = entry.key();
+                self.find_or_insert(raw, unescape.decode_key(raw))
+            }
+            KeyDecode::OncePerRawKey(unescape) => {
+                if let Some(series) = self.raw.find(entry) {
+                    return Ok(series);
+                }
+                let raw = entry.key();
+                let decoded = formenc::decode_key_cached(raw, unescape, &mut self.components);
+                let series = self.find_or_insert(raw, decoded)?;
+                self.raw.insert(entry, series);
+                Ok(series)
+            }
         }
-        if let Some(series) = self.raw.find(entry) {
-            return Ok(series);
-        }
-        let series = self.find_or_insert(entry.key(), s)?;
-        self.raw.insert(entry, series);
-        Ok(series)
     }
 
-    /// Decodes `raw` and finds its series, adding it (and its group) if new.
-    fn find_or_insert(&mut self, raw: &[u8], s: StrategySet) -> Result<usize> {
-        let fast = s.contains(Strategy::FastUnescape);
-        let decoded = if s.contains(Strategy::DecodeOnce) {
-            formenc::decode_key_cached(raw, fast, &mut self.components)
-        } else if fast {
-            formenc::decode_key_fast(raw)
-        } else {
-            formenc::decode_key_reference(raw)
-        };
+    /// Finds the series of `raw`, decoded, adding it (and its group) if new.
+    fn find_or_insert(
+        &mut self,
+        raw: &[u8],
+        decoded: Result<Vec<formenc::Label<'_>>, formenc::KeyError>,
+    ) -> Result<usize> {
         let decoded =
             decoded.map_err(|e| anyhow!("key {:?}: {e}", String::from_utf8_lossy(raw)))?;
         let hash = self.hash(decoded.iter().map(|(n, v)| (&**n, &**v)));
@@ -576,11 +496,11 @@ impl Catalogue {
                 }
             }
         }
-        let labels: LabelSet = decoded
+        let labels: DecodedLabels = decoded
             .into_iter()
             .map(|(n, v)| (n.into_owned().into(), v.into_owned().into()))
             .collect();
-        let (group, slot) = self.group_of(&labels, s);
+        let (group, slot) = self.group_of(&labels);
         let index = self.series.len();
         self.series.push(Series {
             labels,
@@ -592,7 +512,7 @@ impl Catalogue {
     }
 
     /// The group of a new series, added if new, and the series' group label value.
-    fn group_of(&mut self, labels: &LabelSet, s: StrategySet) -> (usize, Option<Box<[u8]>>) {
+    fn group_of(&mut self, labels: &DecodedLabels) -> (usize, Option<Box<[u8]>>) {
         let mut slot = None;
         let mut base: Vec<(&[u8], &[u8])> = Vec::with_capacity(labels.len());
         for (n, v) in labels {
@@ -610,11 +530,14 @@ impl Catalogue {
                 .find(|&g| same_labels(&self.groups[g].labels, base.iter().copied()))
         });
         let group = found.unwrap_or_else(|| {
-            let rendered = s.contains(Strategy::Prerender).then(|| {
-                let mut out = Vec::new();
-                text::write_label_pairs(&mut out, base.iter().copied());
-                out.into_boxed_slice()
-            });
+            let rendered = match self.keep {
+                Keep::Nothing => None,
+                Keep::Catalogue => {
+                    let mut out = Vec::new();
+                    text::write_label_pairs(&mut out, base.iter().copied());
+                    Some(out.into_boxed_slice())
+                }
+            };
             self.groups.push(Group {
                 labels: base
                     .iter()
@@ -641,7 +564,7 @@ impl Catalogue {
 
 /// Whether `stored` holds exactly these pairs, in this order.
 fn same_labels<'a>(
-    stored: &LabelSet,
+    stored: &DecodedLabels,
     pairs: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8])>,
 ) -> bool {
     stored.len() == pairs.len()
@@ -680,7 +603,7 @@ impl Scrape {
         self.group_order.clear();
     }
 
-    fn add(&mut self, series: usize, mode: Aggregation, entry: &Entry<'_>) {
+    fn add(&mut self, series: usize, mode: ProcessAggregation, entry: &Entry<'_>) {
         if series >= self.series_seen.len() {
             self.series_seen.resize(series + 1, 0);
             self.values.resize(
@@ -722,57 +645,6 @@ impl Scrape {
 
 // ---------------------------------------------------------------------------
 // What the renderer gets: client_ruby's `Metric#values`.
-
-/// The exported values of one metric, as client_ruby's `Metric#values` returns them.
-#[derive(Debug, PartialEq)]
-pub enum MetricValues<'t> {
-    /// Counters and gauges: one value per label set.
-    Scalar(Vec<(&'t Group, f64)>),
-    /// One entry per label set without `le`.
-    Histogram(Vec<HistogramValue<'t>>),
-    /// One entry per label set without `quantile`.
-    Summary(Vec<SummaryValue<'t>>),
-}
-
-impl fmt::Debug for Group {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list()
-            .entries(self.labels.iter().map(|(n, v)| {
-                (
-                    String::from_utf8_lossy(n).into_owned(),
-                    String::from_utf8_lossy(v).into_owned(),
-                )
-            }))
-            .finish()
-    }
-}
-
-impl PartialEq for Group {
-    fn eq(&self, other: &Group) -> bool {
-        self.labels == other.labels
-    }
-}
-
-#[derive(Debug, PartialEq)]
-pub struct HistogramValue<'t> {
-    pub labels: &'t Group,
-    /// Cumulative counts of the declared buckets, in declared order.
-    pub buckets: Vec<f64>,
-    /// `le` values not declared (a changed registry), and `+Inf`, in Ruby's hash
-    /// order: in order of first appearance, `+Inf` last if it never appeared.
-    pub others: Vec<(&'t [u8], f64)>,
-    /// `None` if no `le="sum"` entry exists (Ruby prints an empty value).
-    pub sum: Option<f64>,
-    /// The `+Inf` count.
-    pub count: f64,
-}
-
-#[derive(Debug, PartialEq)]
-pub struct SummaryValue<'t> {
-    pub labels: &'t Group,
-    pub sum: f64,
-    pub count: f64,
-}
 
 /// One scrape's values, grouped as client_ruby's `Metric#values` does.
 fn metric_values<'t>(
@@ -877,26 +749,6 @@ fn histogram_value<'t>(
 // ---------------------------------------------------------------------------
 // The exporter.
 
-/// Files of one metric: the glob `metric_<name>___*`, sorted by path.
-pub fn metric_files(dir: &Path, metric: &str) -> Result<Vec<PathBuf>> {
-    let prefix = format!("metric_{metric}___");
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read store directory {}", dir.display()))?
-    {
-        let entry = entry?;
-        if entry
-            .file_name()
-            .as_encoded_bytes()
-            .starts_with(prefix.as_bytes())
-        {
-            files.push(entry.path());
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
 /// What the exporter keeps of one metric.
 struct MetricState {
     catalogue: Catalogue,
@@ -909,33 +761,75 @@ struct MetricState {
 /// sets no longer written) are dropped in one go.
 const CATALOGUE_SLACK: usize = 2;
 
+/// The export stage's seams, resolved once from a [`StrategySet`] (the table
+/// in the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ExportSeams {
+    read: FileRead,
+    decode: KeyDecode,
+    keep: Keep,
+}
+
+impl ExportSeams {
+    fn resolve(s: StrategySet) -> ExportSeams {
+        let unescape = if s.contains(Strategy::FastUnescape) {
+            Unescape::Fast
+        } else {
+            Unescape::Reference
+        };
+        let keep = if s.contains(Strategy::Prerender) {
+            Keep::Catalogue
+        } else {
+            Keep::Nothing
+        };
+        ExportSeams {
+            read: match (s.contains(Strategy::SingleRead), keep) {
+                (false, _) => FileRead::EntryByEntry,
+                (true, Keep::Nothing) => FileRead::Mapped,
+                (true, Keep::Catalogue) => FileRead::KeptMapped,
+            },
+            decode: if s.contains(Strategy::DecodeOnce) {
+                KeyDecode::OncePerRawKey(unescape)
+            } else {
+                KeyDecode::EveryEntry(unescape)
+            },
+            keep,
+        }
+    }
+
+    fn new_catalogue(self, kind: MetricType) -> Catalogue {
+        Catalogue::new(kind, self.decode, self.keep)
+    }
+}
+
 /// Exports a store directory. Long-lived: a server keeps one across scrapes,
 /// and with `prerender` it keeps each metric's decoded, grouped and rendered
 /// label sets too.
 pub struct Exporter {
     dir: PathBuf,
     registry: Registry,
-    strategies: StrategySet,
-    reader: Reader,
+    seams: ExportSeams,
+    reader: FileReader,
     metrics: Vec<MetricState>,
     catalogue_floor: usize,
 }
 
 impl Exporter {
     pub fn new(dir: &Path, registry: Registry, strategies: StrategySet) -> Exporter {
+        let seams = ExportSeams::resolve(strategies);
         let metrics = registry
             .metrics
             .iter()
             .map(|def| MetricState {
-                catalogue: Catalogue::new(def.kind),
+                catalogue: seams.new_catalogue(def.kind),
                 scrape: Scrape::default(),
             })
             .collect();
         Exporter {
             dir: dir.to_path_buf(),
             registry,
-            strategies,
-            reader: Reader::default(),
+            seams,
+            reader: FileReader::new(seams.read),
             metrics,
             catalogue_floor: 1024,
         }
@@ -967,28 +861,32 @@ impl Exporter {
     /// Reads every file of one metric into its scrape.
     fn scrape(&mut self, def_index: usize) -> Result<()> {
         let def = &self.registry.metrics[def_index];
-        let s = self.strategies;
         let mode = def.aggregation();
         let state = &mut self.metrics[def_index];
         let live = state.scrape.series_order.len();
-        if !s.contains(Strategy::Prerender)
-            || state.catalogue.series.len() > CATALOGUE_SLACK * live.max(self.catalogue_floor)
-        {
-            state.catalogue = Catalogue::new(def.kind);
+        let start_afresh = match self.seams.keep {
+            Keep::Nothing => true,
+            Keep::Catalogue => {
+                state.catalogue.series.len() > CATALOGUE_SLACK * live.max(self.catalogue_floor)
+            }
+        };
+        if start_afresh {
+            state.catalogue = self.seams.new_catalogue(def.kind);
             state.scrape = Scrape::default();
         }
         let MetricState { catalogue, scrape } = state;
         scrape.start();
         for path in metric_files(&self.dir, &def.name)? {
             catalogue.raw.start_file(&path);
-            read_file(&path, s, &mut self.reader, &mut |entry| {
-                let series = catalogue
-                    .lookup(&entry, s)
-                    .with_context(|| format!("entry at offset {}", entry.offset()))?;
-                scrape.add(series, mode, &entry);
-                Ok(())
-            })
-            .with_context(|| format!("metric {}", def.name))?;
+            self.reader
+                .read(&path, &mut |entry| {
+                    let series = catalogue
+                        .lookup(&entry)
+                        .with_context(|| format!("entry at offset {}", entry.offset()))?;
+                    scrape.add(series, mode, &entry);
+                    Ok(())
+                })
+                .with_context(|| format!("metric {}", def.name))?;
             catalogue.raw.end_file(&path);
         }
         catalogue.raw.end_scrape();
@@ -1002,16 +900,14 @@ impl Exporter {
             bail!("store directory {} does not exist", self.dir.display());
         }
         out.clear();
-        self.reader.scrape += 1;
+        self.reader.start_scrape();
         for i in 0..self.registry.metrics.len() {
             self.scrape(i)?;
             let (def, state) = (&self.registry.metrics[i], &self.metrics[i]);
             let values = metric_values(def, &state.catalogue, &state.scrape);
             render::write_family(out, def, &values);
         }
-        // Close the files this scrape did not find (deleted ones).
-        let scrape = self.reader.scrape;
-        self.reader.kept.retain(|_, kept| kept.scrape == scrape);
+        self.reader.end_scrape();
         Ok(())
     }
 }
@@ -1021,4 +917,43 @@ pub fn export(dir: &Path, registry: &Registry, strategies: StrategySet) -> Resul
     let mut out = Vec::new();
     Exporter::new(dir, registry.clone(), strategies).export_into(&mut out)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every export combination resolves to its own seam values; the kept
+    /// mappings only with both `single-read` and `prerender`.
+    #[test]
+    fn seams_resolve_once_per_combination() {
+        for s in StrategySet::combinations(crate::strategy::Stage::Export) {
+            let seams = ExportSeams::resolve(s);
+            let unescape = if s.contains(Strategy::FastUnescape) {
+                Unescape::Fast
+            } else {
+                Unescape::Reference
+            };
+            let kept = s.contains(Strategy::Prerender);
+            assert_eq!(seams.keep == Keep::Catalogue, kept, "{s}");
+            assert_eq!(
+                seams.read,
+                match (s.contains(Strategy::SingleRead), kept) {
+                    (false, _) => FileRead::EntryByEntry,
+                    (true, false) => FileRead::Mapped,
+                    (true, true) => FileRead::KeptMapped,
+                },
+                "{s}"
+            );
+            assert_eq!(
+                seams.decode,
+                if s.contains(Strategy::DecodeOnce) {
+                    KeyDecode::OncePerRawKey(unescape)
+                } else {
+                    KeyDecode::EveryEntry(unescape)
+                },
+                "{s}"
+            );
+        }
+    }
 }

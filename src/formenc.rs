@@ -200,6 +200,27 @@ fn nth_piece_offset(raw: &[u8], n: usize) -> usize {
         .map_or(0, |(i, _)| i + 1)
 }
 
+/// The unescape seam ([`crate::strategy::Strategy::FastUnescape`]): which
+/// decoder turns a key, or one component of it, into bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unescape {
+    /// [`decode_key_reference`]: every byte looked at, every component owned.
+    Reference,
+    /// [`decode_key_fast`]: table-driven, borrowing components without escapes.
+    Fast,
+}
+
+impl Unescape {
+    /// Decodes a whole raw key with this decoder.
+    #[inline]
+    pub fn decode_key(self, raw: &[u8]) -> Result<Vec<Label<'_>>, KeyError> {
+        match self {
+            Unescape::Reference => decode_key_reference(raw),
+            Unescape::Fast => decode_key_fast(raw),
+        }
+    }
+}
+
 /// Decoded components by their raw bytes. With `decode-once`, an export
 /// decodes each distinct component once: a histogram's raw keys differ only in
 /// `le`, so without this its (long) label values would be decoded once per bucket.
@@ -209,32 +230,30 @@ pub struct ComponentCache {
 }
 
 impl ComponentCache {
-    /// The component `s` (at key offset `offset`) decoded by the reference or
-    /// the fast decoder; only successful decodings are kept, so an error is
-    /// always reported with its own offset.
-    fn decode(&mut self, s: &[u8], offset: usize, fast: bool) -> Result<Vec<u8>, KeyError> {
+    /// The component `s` (at key offset `offset`) decoded by `unescape`; only
+    /// successful decodings are kept, so an error is always reported with its
+    /// own offset.
+    fn decode(&mut self, s: &[u8], offset: usize, unescape: Unescape) -> Result<Vec<u8>, KeyError> {
         if let Some(decoded) = self.decoded.get(s) {
             return Ok(decoded.clone());
         }
-        let decoded = if fast {
-            match memchr::memchr2(b'%', b'+', s) {
+        let decoded = match unescape {
+            Unescape::Fast => match memchr::memchr2(b'%', b'+', s) {
                 None => s.to_vec(),
                 Some(first) => unescape_from(s, first, offset)?,
-            }
-        } else {
-            unescape_reference(s, offset)?
+            },
+            Unescape::Reference => unescape_reference(s, offset)?,
         };
         self.decoded.insert(s.into(), decoded.clone());
         Ok(decoded)
     }
 }
 
-/// Decodes a raw key component by component through `cache`, with the
-/// reference (`fast` false) or the fast component decoder. Same labels and
-/// same errors as [`decode_key_reference`].
+/// Decodes a raw key component by component through `cache`, each component
+/// by `unescape`. Same labels and same errors as [`decode_key_reference`].
 pub fn decode_key_cached(
     raw: &[u8],
-    fast: bool,
+    unescape: Unescape,
     cache: &mut ComponentCache,
 ) -> Result<Vec<Label<'static>>, KeyError> {
     if !raw.is_ascii() {
@@ -254,13 +273,23 @@ pub fn decode_key_cached(
             Some(eq) => (&piece[..eq], &piece[eq + 1..], piece_start + eq + 1),
             None => (piece, &piece[piece.len()..], piece_start + piece.len()),
         };
-        let name = cache.decode(name, piece_start, fast)?;
-        let value = cache.decode(value, value_at, fast)?;
+        let name = cache.decode(name, piece_start, unescape)?;
+        let value = cache.decode(value, value_at, unescape)?;
         labels.push((Cow::Owned(name), Cow::Owned(value)));
         piece_start = end + 1;
     }
     check_names(&labels, raw)?;
     Ok(labels)
+}
+
+/// One `application/x-www-form-urlencoded` component decoded (`+` is a space,
+/// `%` takes two hex digits), borrowed when it holds no escape. Bytes are not
+/// checked for ASCII: that is the key decoders' rule, not the component's.
+pub fn decode_component(s: &[u8]) -> Result<Cow<'_, [u8]>, KeyError> {
+    match memchr::memchr2(b'%', b'+', s) {
+        None => Ok(Cow::Borrowed(s)),
+        Some(first) => unescape_from(s, first, 0).map(Cow::Owned),
+    }
 }
 
 /// Hex digit values; 0xFF marks a byte that is not a hex digit.
@@ -466,12 +495,23 @@ mod tests {
             /// with one cache shared across keys, for both component decoders.
             #[test]
             fn cached_decoder_equals_reference(keys in proptest::collection::vec(key_bytes(), 1..6), fast in any::<bool>()) {
+                let unescape = if fast { Unescape::Fast } else { Unescape::Reference };
                 let mut cache = ComponentCache::default();
                 for raw in &keys {
                     prop_assert_eq!(
-                        decode_key_cached(raw, fast, &mut cache).map(owned),
+                        decode_key_cached(raw, unescape, &mut cache).map(owned),
                         decode_key_reference(raw).map(owned)
                     );
+                }
+            }
+
+            /// One component, borrowed when plain, against the reference's component decoder.
+            #[test]
+            fn component_decoder_equals_reference(raw in key_bytes()) {
+                let decoded = decode_component(&raw).map(|c| c.into_owned());
+                prop_assert_eq!(decoded, unescape_reference(&raw, 0));
+                if !raw.contains(&b'%') && !raw.contains(&b'+') {
+                    prop_assert!(matches!(decode_component(&raw), Ok(Cow::Borrowed(_))));
                 }
             }
 

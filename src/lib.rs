@@ -8,7 +8,13 @@
 //! - [`ingest`]: **ingest**, the remote-write receiver, routing into DDSketch windows
 //!   (**aggregate & query**).
 //!
-//! [`strategy`] is the switchboard that decides which strategies run.
+//! Shared by them, so that no two stages import each other: [`storefile`], the
+//! store file format (writer and exporter); [`values`], the aggregated values
+//! an export hands the renderer; [`text`], the exposition encoder every writer
+//! of the text format uses; [`formenc`], the form encoding of store keys.
+//!
+//! [`strategy`] is the switchboard that decides which strategies run; each
+//! stage resolves it once, at construction, into its seam values.
 
 pub mod compare;
 pub mod export;
@@ -19,6 +25,8 @@ pub mod registry;
 pub mod render;
 pub mod rubyfloat;
 pub mod store;
+pub mod storefile;
 pub mod strategy;
 pub mod text;
+pub mod values;
 pub mod workload;

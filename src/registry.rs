@@ -28,10 +28,11 @@ impl MetricType {
     }
 }
 
-/// How values of one label set are combined across processes.
+/// How values of one label set are combined across processes (client_ruby's
+/// store `aggregation` setting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Aggregation {
+pub enum ProcessAggregation {
     Sum,
     Max,
     Min,
@@ -52,7 +53,7 @@ pub struct MetricDef {
     #[serde(default)]
     pub labels: Vec<String>,
     /// Defaults as client_ruby's DirectFileStore: `all` for gauges, else `sum`.
-    pub aggregation: Option<Aggregation>,
+    pub aggregation: Option<ProcessAggregation>,
     /// Histogram bucket bounds as Ruby prints them (`"1"`, `"25000.0"`).
     #[serde(default)]
     pub buckets: Vec<String>,
@@ -64,10 +65,10 @@ pub const DEFAULT_BUCKETS: [&str; 11] = [
 ];
 
 impl MetricDef {
-    pub fn aggregation(&self) -> Aggregation {
+    pub fn aggregation(&self) -> ProcessAggregation {
         self.aggregation.unwrap_or(match self.kind {
-            MetricType::Gauge => Aggregation::All,
-            _ => Aggregation::Sum,
+            MetricType::Gauge => ProcessAggregation::All,
+            _ => ProcessAggregation::Sum,
         })
     }
 
@@ -80,7 +81,7 @@ impl MetricDef {
     }
 
     fn validate(&mut self) -> Result<()> {
-        if !is_metric_name(&self.name) {
+        if !is_metric_name(self.name.as_bytes()) {
             bail!("invalid metric name {:?}", self.name);
         }
         let reserved: &[&str] = match self.kind {
@@ -89,11 +90,11 @@ impl MetricDef {
             _ => &["pid"],
         };
         for label in &self.labels {
-            crate::store::validate_label_name(label, reserved)
+            validate_label_name(label, reserved)
                 .with_context(|| format!("metric {}", self.name))?;
         }
         let agg = self.aggregation();
-        if agg == Aggregation::MostRecent && self.kind != MetricType::Gauge {
+        if agg == ProcessAggregation::MostRecent && self.kind != MetricType::Gauge {
             bail!(
                 "metric {}: most_recent aggregation is only for gauges",
                 self.name
@@ -124,10 +125,43 @@ impl MetricDef {
     }
 }
 
-fn is_metric_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_' | b':'))
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+/// Prometheus metric names: `[a-zA-Z_:][a-zA-Z0-9_:]*`.
+pub fn is_metric_name(name: &[u8]) -> bool {
+    match name.split_first() {
+        Some((first, rest)) => {
+            (first.is_ascii_alphabetic() || matches!(first, b'_' | b':'))
+                && rest
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b':'))
+        }
+        None => false,
+    }
+}
+
+/// Prometheus label names: `[a-zA-Z_][a-zA-Z0-9_]*`.
+pub fn is_label_name(name: &[u8]) -> bool {
+    match name.split_first() {
+        Some((first, rest)) => {
+            (first.is_ascii_alphabetic() || *first == b'_')
+                && rest.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+        }
+        None => false,
+    }
+}
+
+/// A label name a client may declare (client_ruby's rule): a Prometheus label
+/// name, not `__`-prefixed, not one of `reserved`.
+pub fn validate_label_name(name: &str, reserved: &[&str]) -> Result<()> {
+    if !is_label_name(name.as_bytes()) {
+        bail!("label name {name:?} does not match [a-zA-Z_][a-zA-Z0-9_]*");
+    }
+    if name.starts_with("__") {
+        bail!("label name {name:?} starts with __, which is reserved");
+    }
+    if reserved.contains(&name) {
+        bail!("label name {name:?} is reserved");
+    }
+    Ok(())
 }
 
 /// Every registered metric, in registration order.
@@ -184,12 +218,12 @@ impl Registry {
     }
 }
 
-fn agg_name(a: Aggregation) -> &'static str {
+fn agg_name(a: ProcessAggregation) -> &'static str {
     match a {
-        Aggregation::Sum => "sum",
-        Aggregation::Max => "max",
-        Aggregation::Min => "min",
-        Aggregation::All => "all",
-        Aggregation::MostRecent => "most_recent",
+        ProcessAggregation::Sum => "sum",
+        ProcessAggregation::Max => "max",
+        ProcessAggregation::Min => "min",
+        ProcessAggregation::All => "all",
+        ProcessAggregation::MostRecent => "most_recent",
     }
 }

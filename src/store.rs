@@ -1,28 +1,29 @@
 //! Stage 1, write: an instrumentation client whose multi-process store is
-//! byte-compatible with client_ruby's `DirectFileStore`.
+//! byte-compatible with client_ruby's `DirectFileStore` (the file format is
+//! [`crate::storefile`]'s).
 //!
-//! One file per metric per process (`metric_<name>___<pid>.bin`): an `i32`
-//! `used` count, 4 bytes of padding, then entries back to back (`i32` padded
-//! length, the form-encoded key padded with spaces so that `4 + len` is a
-//! multiple of 8 — at least one space —, `f64` value, `f64` monotonic
-//! timestamp). Files start at 1 MiB and double when full.
+//! # Seams
 //!
-//! Three seams carry the write-side strategies; everything else is shared:
-//! - **key** ([`Strategy::KeyCache`]): the baseline sorts and form-encodes the
-//!   label set on every call; `key-cache` encodes each series' key once per
-//!   process, hashes the caller's label set once per call (an observe writes two
-//!   series of it), and has the key remember its value offset once looked up.
-//! - **lookup and pid** ([`Strategy::IncrementOnce`]): the baseline looks the
-//!   entry up for the read and again for the write and asks the OS for the pid on
-//!   every call; `increment-once` looks it up once and caches the pid, refreshed
-//!   after `fork`. A lookup hashes the key's bytes into the file's index, or,
-//!   for a `key-cache` key looked up before, reads the offset it remembers.
-//! - **I/O** ([`Strategy::MmapStore`]): the baseline seeks, reads, writes per
-//!   value; `mmap-store` updates values through a shared mapping. The bytes on
-//!   disk are the same.
+//! [`Client::new`] resolves the [`StrategySet`] once into [`WriteSeams`];
+//! nothing below it asks which strategies are on.
+//!
+//! | seam | strategy | baseline | with the strategy |
+//! |---|---|---|---|
+//! | [`KeySource`] | [`Strategy::KeyCache`] | `EncodePerCall`: sort and form-encode the label set on every call | `CachePerProcess`: each series' key encoded once per process, the caller's label set hashed once per call (an observe writes two series of it), the key remembering its value offset once looked up |
+//! | [`Lookups`] | [`Strategy::IncrementOnce`] | `ReadThenWrite`: an increment looks the entry up for the read and again for the write | `Once`: one lookup |
+//! | [`PidSource`] | [`Strategy::IncrementOnce`] | `AskOs`: `getpid` on every call | `Cached`: cached, cleared in a forked child |
+//! | [`StoreIo`] | [`Strategy::MmapStore`] | `Syscalls`: seek + read / write per value | `Mapped`: values through a shared mapping |
+//!
+//! No combined variant: the seams compose. Where two interact, it is through
+//! data, not a branch: a lookup by a `CachePerProcess` key that was looked up
+//! before reads the offset the key remembers, so with `key-cache` the second
+//! lookup `Lookups::ReadThenWrite` makes is a field read and `increment-once`
+//! saves little more than the `getpid`s (`strategies/increment-once.md` has
+//! the figures). The bytes on disk are the same under every combination.
 
 use crate::formenc::{self, Dialect};
-use crate::registry::{Aggregation, MetricDef, MetricType, Registry};
+use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
+use crate::storefile::{self, entries, file_path, flock, HEADER_SIZE, INITIAL_FILE_SIZE};
 use crate::strategy::{Strategy, StrategySet};
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::MmapMut;
@@ -35,41 +36,89 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 
-/// client_ruby's initial file size.
-pub const INITIAL_FILE_SIZE: u64 = 1024 * 1024;
-/// Offset of the first entry.
-pub const HEADER_SIZE: usize = 8;
+// ---------------------------------------------------------------------------
+// Seams.
 
-/// client_ruby's label-name rule: `[a-zA-Z_][a-zA-Z0-9_]*`, not `__`-prefixed, not reserved.
-pub fn validate_label_name(name: &str, reserved: &[&str]) -> Result<()> {
-    let mut bytes = name.bytes();
-    let valid = matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_'))
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if !valid {
-        bail!("label name {name:?} does not match [a-zA-Z_][a-zA-Z0-9_]*");
-    }
-    if name.starts_with("__") {
-        bail!("label name {name:?} starts with __, which is reserved");
-    }
-    if reserved.contains(&name) {
-        bail!("label name {name:?} is reserved");
-    }
-    Ok(())
+/// The write stage's seams, resolved once from a [`StrategySet`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteSeams {
+    pub keys: KeySource,
+    pub lookups: Lookups,
+    pub pid: PidSource,
+    pub io: StoreIo,
 }
 
-/// The path of one metric's file for one process.
-pub fn file_path(dir: &Path, metric: &str, pid: u32) -> PathBuf {
-    dir.join(format!("metric_{metric}___{pid}.bin"))
+impl WriteSeams {
+    pub fn resolve(s: StrategySet) -> WriteSeams {
+        let once = s.contains(Strategy::IncrementOnce);
+        WriteSeams {
+            keys: if s.contains(Strategy::KeyCache) {
+                KeySource::CachePerProcess
+            } else {
+                KeySource::EncodePerCall
+            },
+            lookups: if once {
+                Lookups::Once
+            } else {
+                Lookups::ReadThenWrite
+            },
+            pid: if once {
+                PidSource::Cached
+            } else {
+                PidSource::AskOs
+            },
+            io: if s.contains(Strategy::MmapStore) {
+                StoreIo::Mapped
+            } else {
+                StoreIo::Syscalls
+            },
+        }
+    }
 }
 
-/// Padded key length as client_ruby writes it: `4 + len` a multiple of 8, at least one space.
-pub fn padded_len(key_len: usize) -> usize {
-    key_len + (8 - (key_len + 4) % 8)
+/// Where a series' store key comes from ([`Strategy::KeyCache`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    EncodePerCall,
+    CachePerProcess,
+}
+
+/// How many entry lookups an increment makes ([`Strategy::IncrementOnce`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookups {
+    /// client_ruby's `read_value` then `write_value`: a lookup each.
+    ReadThenWrite,
+    Once,
+}
+
+/// Where the pid comes from ([`Strategy::IncrementOnce`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PidSource {
+    AskOs,
+    /// Cached; a `pthread_atfork` child handler clears the cache.
+    Cached,
+}
+
+impl PidSource {
+    fn pid(self) -> u32 {
+        match self {
+            PidSource::AskOs => os_pid(),
+            PidSource::Cached => cached_pid(),
+        }
+    }
+}
+
+/// How values reach a store file ([`Strategy::MmapStore`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreIo {
+    /// Seek + read / seek + write per value, as client_ruby does.
+    Syscalls,
+    /// A shared writable mapping of the whole file.
+    Mapped,
 }
 
 // ---------------------------------------------------------------------------
-// Process id: the baseline asks the OS on every call; `increment-once` caches
-// it and a `pthread_atfork` child handler clears the cache.
+// Process id.
 
 static CACHED_PID: AtomicU32 = AtomicU32::new(0);
 static ATFORK: Once = Once::new();
@@ -111,7 +160,7 @@ fn monotonic_seconds() -> f64 {
 // ---------------------------------------------------------------------------
 // One process's file for one metric (client_ruby's `FileMappedDict`).
 
-/// How values reach the file: the I/O seam of [`Strategy::MmapStore`].
+/// How values reach the file: [`StoreIo`], with its mapping.
 enum Io {
     /// Seek + read / seek + write per value, as client_ruby does.
     Syscalls,
@@ -132,7 +181,7 @@ pub struct StoreFile {
 
 impl StoreFile {
     /// Opens (or creates at 1 MiB) a store file and indexes its entries.
-    pub fn open(path: &Path, mapped: bool) -> Result<StoreFile> {
+    pub fn open(path: &Path, io: StoreIo) -> Result<StoreFile> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -154,7 +203,7 @@ impl StoreFile {
             positions: HashMap::default(),
         };
         store.with_lock(|s| s.load())?;
-        if mapped {
+        if io == StoreIo::Mapped {
             store.io = Io::Mapped(store.map()?);
         }
         Ok(store)
@@ -190,7 +239,7 @@ impl StoreFile {
         let mut region = vec![0u8; used];
         self.file.seek(SeekFrom::Start(0))?;
         self.file.read_exact(&mut region)?;
-        for entry in crate::export::entries(&region, used) {
+        for entry in entries(&region, used) {
             let entry =
                 entry.map_err(|e| anyhow!("corrupt store file {}: {e}", self.path.display()))?;
             self.positions
@@ -218,12 +267,7 @@ impl StoreFile {
     }
 
     fn append_entry(&mut self, key: &[u8]) -> Result<usize> {
-        let padded = padded_len(key.len());
-        let mut entry = Vec::with_capacity(4 + padded + 16);
-        entry.extend_from_slice(&(padded as i32).to_le_bytes());
-        entry.extend_from_slice(key);
-        entry.resize(4 + padded, b' ');
-        entry.extend_from_slice(&[0u8; 16]);
+        let entry = storefile::new_entry(key);
         while (self.used + entry.len()) as u64 > self.capacity {
             self.capacity *= 2;
             self.file.set_len(self.capacity)?;
@@ -289,21 +333,6 @@ impl StoreFile {
     }
 }
 
-/// `flock(2)`, retried when a signal interrupts it. Shared with the exporter,
-/// which locks each file while it reads it, as client_ruby's reader does.
-pub(crate) fn flock(fd: std::os::fd::RawFd, op: libc::c_int) -> std::io::Result<()> {
-    loop {
-        // SAFETY: flock on a descriptor this process holds open.
-        if unsafe { libc::flock(fd, op) } == 0 {
-            return Ok(());
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Keys: the seam of `key-cache`.
 
@@ -363,16 +392,16 @@ fn series_extra(def: &MetricDef, series: usize) -> Extra<'_> {
 /// A caller's label set for the length of one call: an observe touches two
 /// series of it, and with `key-cache` the second one reuses the cache entry
 /// the first one found instead of hashing the labels again.
-struct LabelSet<'l> {
+struct CallLabels<'l> {
     labels: &'l [(&'l str, &'l str)],
     /// With `key-cache`: the pid of the process state and the label set's
     /// place in that state's cache, once found.
     cached: Option<(u32, usize)>,
 }
 
-impl<'l> LabelSet<'l> {
+impl<'l> CallLabels<'l> {
     fn new(labels: &'l [(&'l str, &'l str)]) -> Self {
-        LabelSet {
+        CallLabels {
             labels,
             cached: None,
         }
@@ -480,7 +509,7 @@ struct ProcessState {
 
 struct MetricStore {
     def: MetricDef,
-    aggregation: Aggregation,
+    aggregation: ProcessAggregation,
     bucket_bounds: Vec<f64>,
     state: Option<ProcessState>,
 }
@@ -513,6 +542,7 @@ pub struct MetricId(usize);
 pub struct Client {
     dir: PathBuf,
     config: ClientConfig,
+    seams: WriteSeams,
     metrics: Vec<MetricStore>,
 }
 
@@ -534,6 +564,7 @@ impl Client {
             .collect();
         Ok(Client {
             dir: dir.to_path_buf(),
+            seams: WriteSeams::resolve(config.strategies),
             config,
             metrics,
         })
@@ -559,14 +590,13 @@ impl Client {
 
     /// Writes the zero-valued series of one label set (client_ruby's `init_label_set`).
     pub fn init(&mut self, id: MetricId, labels: &[(&str, &str)]) -> Result<()> {
-        let s = self.config.strategies;
         let def = &self.metrics[id.0].def;
         let series = series_count(def);
-        let mut set = LabelSet::new(labels);
+        let mut set = CallLabels::new(labels);
         match def.kind {
             MetricType::Counter | MetricType::Gauge => self.set_raw(id, &mut set, 0, 0.0),
             // Every bucket, `+Inf`, `sum` / `count`, `sum`, in that order.
-            MetricType::Histogram | MetricType::Summary => self.with_file_lock(id, s, |client| {
+            MetricType::Histogram | MetricType::Summary => self.with_file_lock(id, |client| {
                 (0..series).try_for_each(|i| client.set_raw(id, &mut set, i, 0.0))
             }),
         }
@@ -582,13 +612,13 @@ impl Client {
             MetricType::Counter | MetricType::Gauge => {}
             _ => bail!("{}: a {} has no increment", def.name, def.kind.name()),
         }
-        if self.metrics[id.0].aggregation == Aggregation::MostRecent {
+        if self.metrics[id.0].aggregation == ProcessAggregation::MostRecent {
             bail!(
                 "{}: the most_recent aggregation does not support increment/decrement",
                 def.name
             );
         }
-        self.increment_raw(id, &mut LabelSet::new(labels), 0, by)
+        self.increment_raw(id, &mut CallLabels::new(labels), 0, by)
     }
 
     /// Gauge `set`.
@@ -597,27 +627,26 @@ impl Client {
         if def.kind != MetricType::Gauge {
             bail!("{}: only gauges can be set", def.name);
         }
-        self.set_raw(id, &mut LabelSet::new(labels), 0, value)
+        self.set_raw(id, &mut CallLabels::new(labels), 0, value)
     }
 
     /// Histogram or summary `observe`, under the file lock as client_ruby does.
     pub fn observe(&mut self, id: MetricId, labels: &[(&str, &str)], value: f64) -> Result<()> {
-        let s = self.config.strategies;
         let metric = &self.metrics[id.0];
         match metric.def.kind {
             MetricType::Histogram => {
                 // The first bound >= value (client_ruby's bsearch), else +Inf.
                 let bucket = metric.bucket_bounds.partition_point(|&bound| bound < value);
                 let sum = metric.def.buckets.len() + 1;
-                self.with_file_lock(id, s, |client| {
-                    let mut set = LabelSet::new(labels);
+                self.with_file_lock(id, |client| {
+                    let mut set = CallLabels::new(labels);
                     client.increment_raw(id, &mut set, bucket, 1.0)?;
                     client.increment_raw(id, &mut set, sum, value)
                 })
             }
             // Series `count`, then `sum`.
-            MetricType::Summary => self.with_file_lock(id, s, |client| {
-                let mut set = LabelSet::new(labels);
+            MetricType::Summary => self.with_file_lock(id, |client| {
+                let mut set = CallLabels::new(labels);
                 client.increment_raw(id, &mut set, 0, 1.0)?;
                 client.increment_raw(id, &mut set, 1, value)
             }),
@@ -629,34 +658,29 @@ impl Client {
     fn with_file_lock(
         &mut self,
         id: MetricId,
-        s: StrategySet,
         f: impl FnOnce(&mut Client) -> Result<()>,
     ) -> Result<()> {
-        let fd = self.state(id, s)?.file.file.as_raw_fd();
+        let fd = self.state(id)?.file.file.as_raw_fd();
         flock(fd, libc::LOCK_EX).context("flock")?;
         let result = f(self);
         flock(fd, libc::LOCK_UN).context("flock")?;
         result
     }
 
-    fn pid(&self, s: StrategySet) -> u32 {
-        let pid = if s.contains(Strategy::IncrementOnce) {
-            cached_pid()
-        } else {
-            os_pid()
-        };
+    fn pid(&self) -> u32 {
+        let pid = self.seams.pid.pid();
         self.config.pid_override.unwrap_or(pid)
     }
 
     /// This process's state for a metric, (re)opened when the pid changed (after fork).
-    fn state(&mut self, id: MetricId, s: StrategySet) -> Result<&mut ProcessState> {
-        let pid = self.pid(s);
+    fn state(&mut self, id: MetricId) -> Result<&mut ProcessState> {
+        let pid = self.pid();
         let metric = &mut self.metrics[id.0];
         match &mut metric.state {
             Some(state) if state.pid == pid => {}
             slot => {
                 let path = file_path(&self.dir, &metric.def.name, pid);
-                let file = StoreFile::open(&path, s.contains(Strategy::MmapStore))?;
+                let file = StoreFile::open(&path, self.seams.io)?;
                 *slot = Some(ProcessState {
                     pid,
                     file,
@@ -673,13 +697,13 @@ impl Client {
     fn key_and_file(
         &mut self,
         id: MetricId,
-        set: &mut LabelSet<'_>,
+        set: &mut CallLabels<'_>,
         series: usize,
     ) -> Result<(Key<'_>, &mut StoreFile)> {
-        let s = self.config.strategies;
         let dialect = self.config.dialect;
-        let pid = self.pid(s);
-        self.state(id, s)?;
+        let keys_from = self.seams.keys;
+        let pid = self.pid();
+        self.state(id)?;
         let MetricStore {
             def,
             aggregation,
@@ -687,10 +711,10 @@ impl Client {
             ..
         } = &mut self.metrics[id.0];
         let ProcessState { file, keys, .. } = state.as_mut().expect("opened above");
-        let pid_label = (*aggregation == Aggregation::All).then_some(pid);
+        let pid_label = (*aggregation == ProcessAggregation::All).then_some(pid);
         let labels = set.labels;
         let extra = series_extra(def, series);
-        if !s.contains(Strategy::KeyCache) {
+        if keys_from == KeySource::EncodePerCall {
             validate_labels(&def.name, &def.labels, labels)?;
             return Ok((
                 Key::Encoded(encode_key(labels, extra, pid_label, dialect)),
@@ -718,7 +742,7 @@ impl Client {
     fn set_raw(
         &mut self,
         id: MetricId,
-        set: &mut LabelSet<'_>,
+        set: &mut CallLabels<'_>,
         series: usize,
         value: f64,
     ) -> Result<()> {
@@ -730,22 +754,24 @@ impl Client {
     fn increment_raw(
         &mut self,
         id: MetricId,
-        set: &mut LabelSet<'_>,
+        set: &mut CallLabels<'_>,
         series: usize,
         by: f64,
     ) -> Result<()> {
-        let once = self.config.strategies.contains(Strategy::IncrementOnce);
+        let lookups = self.seams.lookups;
         let (mut key, file) = self.key_and_file(id, set, series)?;
-        if once {
-            let pos = key.position(file)?;
-            let value = file.read_at(pos)?;
-            file.write_at(pos, value + by)
-        } else {
-            // client_ruby's `read_value` then `write_value`: a lookup each.
-            let read_pos = key.position(file)?;
-            let value = file.read_at(read_pos)?;
-            let write_pos = key.position(file)?;
-            file.write_at(write_pos, value + by)
+        match lookups {
+            Lookups::Once => {
+                let pos = key.position(file)?;
+                let value = file.read_at(pos)?;
+                file.write_at(pos, value + by)
+            }
+            Lookups::ReadThenWrite => {
+                let read_pos = key.position(file)?;
+                let value = file.read_at(read_pos)?;
+                let write_pos = key.position(file)?;
+                file.write_at(write_pos, value + by)
+            }
         }
     }
 }
@@ -761,4 +787,24 @@ fn validate_labels(metric: &str, declared: &[String], labels: &[(&str, &str)]) -
         bail!("{metric}: labels {given:?} do not match the declared labels {declared:?}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seams_resolve_once_per_combination() {
+        for s in StrategySet::combinations(crate::strategy::Stage::Write) {
+            let seams = WriteSeams::resolve(s);
+            let once = s.contains(Strategy::IncrementOnce);
+            assert_eq!(
+                seams.keys == KeySource::CachePerProcess,
+                s.contains(Strategy::KeyCache)
+            );
+            assert_eq!(seams.lookups == Lookups::Once, once);
+            assert_eq!(seams.pid == PidSource::Cached, once);
+            assert_eq!(seams.io == StoreIo::Mapped, s.contains(Strategy::MmapStore));
+        }
+    }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use promlab::formenc::Dialect;
 use promlab::ops::{Op, OpKind, OpLog, OpValue};
-use promlab::registry::{Aggregation, MetricDef, MetricType, Registry};
+use promlab::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
 use promlab::store::{Client, ClientConfig};
 use promlab::strategy::{Stage, StrategySet};
 use proptest::prelude::*;
@@ -73,12 +73,12 @@ fn metric_def(index: usize) -> impl Strategy<Value = MetricDef> {
     )
         .prop_map(move |(kind, n_labels, agg, mut bounds, help)| {
             let aggregation = match (kind, agg) {
-                (MetricType::Gauge, 0) => Aggregation::Sum,
-                (MetricType::Gauge, 1) => Aggregation::Max,
-                (MetricType::Gauge, 2) => Aggregation::Min,
-                (MetricType::Gauge, 3) => Aggregation::MostRecent,
-                (MetricType::Gauge, _) => Aggregation::All,
-                _ => Aggregation::Sum,
+                (MetricType::Gauge, 0) => ProcessAggregation::Sum,
+                (MetricType::Gauge, 1) => ProcessAggregation::Max,
+                (MetricType::Gauge, 2) => ProcessAggregation::Min,
+                (MetricType::Gauge, 3) => ProcessAggregation::MostRecent,
+                (MetricType::Gauge, _) => ProcessAggregation::All,
+                _ => ProcessAggregation::Sum,
             };
             bounds.sort_by(f64::total_cmp);
             let buckets = if kind == MetricType::Histogram {
@@ -139,7 +139,9 @@ fn ops(registry: &Registry, pid: u32) -> impl Strategy<Value = Vec<Op>> {
                         MetricType::Counter => {
                             (OpKind::Inc, if v.is_nan() { 1.0 } else { v.abs() })
                         }
-                        MetricType::Gauge if def.aggregation() == Aggregation::MostRecent => {
+                        MetricType::Gauge
+                            if def.aggregation() == ProcessAggregation::MostRecent =>
+                        {
                             (OpKind::Set, v)
                         }
                         MetricType::Gauge => (
@@ -299,13 +301,13 @@ fn keys_rewritten_in_place_are_not_trusted_from_hints() {
             )
         })
         .collect();
-    let path = promlab::store::file_path(live.path(), "c", 7);
+    let path = promlab::storefile::file_path(live.path(), "c", 7);
     let mut out = Vec::new();
     for round in 0..2 {
         if round == 1 {
             // std::fs::write truncates and rewrites: the inode stays.
             let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
-            let bytes = std::fs::read(promlab::store::file_path(other.path(), "c", 7)).unwrap();
+            let bytes = std::fs::read(promlab::storefile::file_path(other.path(), "c", 7)).unwrap();
             std::fs::write(&path, bytes).unwrap();
             let after = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
             assert_eq!(inode, after);
@@ -353,11 +355,11 @@ fn cached_offsets_hold_across_file_growth() {
     };
     let baseline = tempfile::tempdir().unwrap();
     write(baseline.path(), StrategySet::NONE);
-    let file = promlab::store::file_path(baseline.path(), "request_seconds", 4242);
+    let file = promlab::storefile::file_path(baseline.path(), "request_seconds", 4242);
     let len = std::fs::metadata(&file).unwrap().len();
     assert_eq!(
         len,
-        4 * promlab::store::INITIAL_FILE_SIZE,
+        4 * promlab::storefile::INITIAL_FILE_SIZE,
         "1 MiB, doubled twice"
     );
     for strategies in StrategySet::combinations(Stage::Write).into_iter().skip(1) {

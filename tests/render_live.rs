@@ -3,7 +3,7 @@
 
 use promlab::registry::MetricType;
 use promlab::render::live::LiveRegistry;
-use promlab::render::rabbitmq::{self, Scenario, SERIES_PER_QUEUE};
+use promlab::render::rabbitmq::{self, RabbitMqNode, SERIES_PER_QUEUE};
 use promlab::rubyfloat;
 use promlab::strategy::{Stage, Strategy as Optimization, StrategySet};
 use proptest::prelude::*;
@@ -194,7 +194,7 @@ fn rabbitmq_scenario_is_identical_under_every_render_strategy() {
     let queues = 40;
     let mut outputs = Vec::new();
     for set in strategy_sets() {
-        let mut scenario = Scenario::build(queues, true, set).unwrap();
+        let mut scenario = RabbitMqNode::build(queues, true, set).unwrap();
         let mut first = Vec::new();
         scenario.render_per_object(&mut first);
         scenario.advance();
@@ -236,8 +236,8 @@ fn rabbitmq_scenario_is_identical_under_every_render_strategy() {
 
 #[test]
 fn counters_never_decrease_between_scrapes() {
-    let mut scenario = Scenario::build(5, false, StrategySet::NONE).unwrap();
-    let reg_values = |s: &Scenario| -> Vec<(MetricType, Vec<f64>)> {
+    let mut scenario = RabbitMqNode::build(5, false, StrategySet::NONE).unwrap();
+    let reg_values = |s: &RabbitMqNode| -> Vec<(MetricType, Vec<f64>)> {
         let mut out = Vec::new();
         s.render_per_object(&mut out);
         let text = String::from_utf8(out).unwrap();

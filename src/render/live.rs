@@ -21,10 +21,9 @@
 //! Both write the same bytes; `tests/render_live.rs` proves it by proptest over
 //! awkward names and values.
 
-use crate::registry::MetricType;
-use crate::rubyfloat;
+use crate::registry::{self, MetricType};
 use crate::strategy::{Strategy, StrategySet};
-use crate::text::{self, Escape};
+use crate::text::{FamilyEncoder, SampleEncoder};
 use anyhow::{bail, Context, Result};
 use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hasher};
@@ -49,8 +48,16 @@ pub struct SeriesId {
 /// Families of counters and gauges, rendered in registration order.
 pub struct LiveRegistry {
     families: Vec<Family>,
-    prerender: bool,
+    /// The seam, resolved once: every family gets this kind of [`LinePrefixes`].
+    prefixes: PrefixKind,
     hasher: ahash::RandomState,
+}
+
+/// Which [`LinePrefixes`] a family gets ([`Strategy::Prerender`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PrefixKind {
+    PerScrape,
+    Prerendered,
 }
 
 struct Family {
@@ -81,15 +88,14 @@ impl LiveRegistry {
     pub fn new(strategies: StrategySet) -> LiveRegistry {
         LiveRegistry {
             families: Vec::new(),
-            prerender: strategies.contains(Strategy::Prerender),
+            prefixes: if strategies.contains(Strategy::Prerender) {
+                PrefixKind::Prerendered
+            } else {
+                PrefixKind::PerScrape
+            },
             // Fixed keys: the table only holds our own series, and runs stay reproducible.
             hasher: ahash::RandomState::with_seeds(0x9e37, 0x79b9, 0x7f4a, 0x7c15),
         }
-    }
-
-    /// Whether this registry pre-renders line prefixes.
-    pub fn prerenders(&self) -> bool {
-        self.prerender
     }
 
     /// Registers a counter or gauge family with its label names, in order.
@@ -100,7 +106,7 @@ impl LiveRegistry {
         help: &str,
         label_names: &[&str],
     ) -> Result<FamilyId> {
-        if !is_metric_name(name) {
+        if !registry::is_metric_name(name.as_bytes()) {
             bail!("invalid metric name {name:?}");
         }
         if !matches!(kind, MetricType::Counter | MetricType::Gauge) {
@@ -113,9 +119,8 @@ impl LiveRegistry {
             bail!("metric {name} is registered twice");
         }
         for (i, label) in label_names.iter().enumerate() {
-            if !is_label_name(label) {
-                bail!("metric {name}: invalid label name {label:?}");
-            }
+            registry::validate_label_name(label, &[])
+                .with_context(|| format!("metric {name}: invalid label name {label:?}"))?;
             if label_names[..i].contains(label) {
                 bail!("metric {name}: label {label} is declared twice");
             }
@@ -130,13 +135,12 @@ impl LiveRegistry {
             value_ends: Vec::new(),
             values: Vec::new(),
             index: HashTable::new(),
-            prefixes: if self.prerender {
-                LinePrefixes::Prerendered {
+            prefixes: match self.prefixes {
+                PrefixKind::PerScrape => LinePrefixes::PerScrape,
+                PrefixKind::Prerendered => LinePrefixes::Prerendered {
                     bytes: Vec::new(),
                     ends: Vec::new(),
-                }
-            } else {
-                LinePrefixes::PerScrape
+                },
             },
         });
         Ok(id)
@@ -292,58 +296,32 @@ impl Family {
 
     /// `# TYPE`, `# HELP`, then one line per series, as client_ruby prints them.
     fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"# TYPE ");
-        out.extend_from_slice(&self.name);
-        out.push(b' ');
-        out.extend_from_slice(self.kind.name().as_bytes());
-        out.extend_from_slice(b"\n# HELP ");
-        out.extend_from_slice(&self.name);
-        out.push(b' ');
-        text::write_escaped(out, &self.help, Escape::Help);
-        out.push(b'\n');
+        let mut family = FamilyEncoder::new(out, &self.name, self.kind.name(), &self.help);
         match &self.prefixes {
-            LinePrefixes::PerScrape => self.write_lines_per_scrape(out),
+            LinePrefixes::PerScrape => self.write_lines_per_scrape(&mut family),
             LinePrefixes::Prerendered { bytes, ends } => {
-                self.write_lines_prerendered(bytes, ends, out)
+                let mut start = 0;
+                for (&end, &value) in ends.iter().zip(&self.values) {
+                    family
+                        .prerendered(&bytes[start..end as usize])
+                        .ruby_float(value);
+                    start = end as usize;
+                }
             }
         }
     }
 
-    /// Baseline: each line built from the label pairs in a fresh buffer, escaping byte by byte.
-    fn write_lines_per_scrape(&self, out: &mut Vec<u8>) {
+    /// Baseline: each line built from the label pairs in a fresh buffer,
+    /// escaping byte by byte, then copied into the body.
+    fn write_lines_per_scrape(&self, family: &mut FamilyEncoder<'_>) {
         for (series, &value) in self.values.iter().enumerate() {
             let mut line = Vec::new();
-            line.extend_from_slice(&self.name);
-            for (i, (name, value)) in self
-                .label_names
-                .iter()
-                .zip(self.label_values(series))
-                .enumerate()
-            {
-                line.push(if i == 0 { b'{' } else { b',' });
-                line.extend_from_slice(name);
-                line.extend_from_slice(b"=\"");
-                text::write_escaped_bytewise(&mut line, value, Escape::LabelValue);
-                line.push(b'"');
-            }
-            if !self.label_names.is_empty() {
-                line.push(b'}');
-            }
-            line.push(b' ');
-            rubyfloat::write(&mut line, value);
-            line.push(b'\n');
-            out.extend_from_slice(&line);
-        }
-    }
-
-    /// `prerender`: copy each ready prefix, then format the value.
-    fn write_lines_prerendered(&self, prefixes: &[u8], ends: &[u32], out: &mut Vec<u8>) {
-        let mut start = 0;
-        for (&end, &value) in ends.iter().zip(&self.values) {
-            out.extend_from_slice(&prefixes[start..end as usize]);
-            rubyfloat::write(out, value);
-            out.push(b'\n');
-            start = end as usize;
+            let pairs = self.label_names.iter().map(|n| &n[..]);
+            SampleEncoder::new(&mut line, &self.name, b"")
+                .labels_escaped_bytewise(pairs.zip(self.label_values(series)))
+                .value()
+                .ruby_float(value);
+            family.line(&line);
         }
     }
 }
@@ -355,15 +333,10 @@ fn write_prefix_once(
     label_names: &[Box<[u8]>],
     label_values: &[&[u8]],
 ) {
-    out.extend_from_slice(name);
-    text::write_label_block(
-        out,
-        label_names
-            .iter()
-            .map(|n| &n[..])
-            .zip(label_values.iter().copied()),
-    );
-    out.push(b' ');
+    let names = label_names.iter().map(|n| &n[..]);
+    SampleEncoder::new(out, name, b"")
+        .labels(names.zip(label_values.iter().copied()))
+        .end_prefix();
 }
 
 fn values_of<'a>(
@@ -393,20 +366,6 @@ fn hash_values<'a>(hasher: &ahash::RandomState, values: impl Iterator<Item = &'a
         h.write(v);
     }
     h.finish()
-}
-
-fn is_metric_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_' | b':'))
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
-}
-
-/// Prometheus label names; `__` prefixes are reserved.
-fn is_label_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_'))
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        && !name.starts_with("__")
 }
 
 #[cfg(test)]

@@ -7,12 +7,24 @@
 //! Ruby's `Float#to_s`. A histogram prints every declared bucket (cumulative),
 //! then `+Inf`, `_sum`, `_count`; a summary `_sum`, then `_count`.
 //!
-//! [`live`] renders in-memory registries at scale (the `prerender` strategy).
+//! Every line is written by the one exposition encoder, [`crate::text`]'s
+//! [`FamilyEncoder`] chain; the values come from
+//! [`crate::values`], so this module and [`crate::export`] do not import each
+//! other's internals.
+//!
+//! # Seams
+//!
+//! | seam | where | strategy | baseline | with the strategy |
+//! |---|---|---|---|---|
+//! | `LinePrefixes` | [`live`], resolved in [`live::LiveRegistry::new`] | [`Prerender`](crate::strategy::Strategy::Prerender) | `PerScrape`: each line built from its label pairs in a fresh buffer, escaped byte by byte | `Prerendered`: each series' `name{labels} ` encoded once at creation, copied on every scrape |
+//! | [`Group::rendered`] | store exposition (here), filled by the exporter's `Keep` seam | [`Prerender`](crate::strategy::Strategy::Prerender) | `None`: label pairs encoded on every scrape | `Some`: label pairs encoded once per label set, copied |
+//!
+//! No combined variant. [`live`] renders in-memory registries at scale;
+//! [`rabbitmq`] builds RabbitMQ's per-object families on one.
 
-use crate::export::{Group, MetricValues};
 use crate::registry::MetricDef;
-use crate::rubyfloat;
-use crate::text::{self, Escape};
+use crate::text::{FamilyEncoder, SampleEncoder};
+use crate::values::{Group, MetricValues};
 
 pub mod live;
 pub mod rabbitmq;
@@ -20,19 +32,13 @@ pub mod rabbitmq;
 /// Writes one metric family as client_ruby does.
 pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
     let name = def.name.as_bytes();
-    out.extend_from_slice(b"# TYPE ");
-    out.extend_from_slice(name);
-    out.push(b' ');
-    out.extend_from_slice(def.kind.name().as_bytes());
-    out.extend_from_slice(b"\n# HELP ");
-    out.extend_from_slice(name);
-    out.push(b' ');
-    text::write_escaped(out, def.help.as_bytes(), Escape::Help);
-    out.push(b'\n');
+    let mut family = FamilyEncoder::new(out, name, def.kind.name(), def.help.as_bytes());
     match values {
         MetricValues::Scalar(series) => {
             for (labels, value) in series {
-                write_sample(out, name, b"", labels, None, Some(*value));
+                with_labels(family.sample(b""), labels)
+                    .value()
+                    .ruby_float(*value);
             }
         }
         MetricValues::Histogram(groups) => {
@@ -40,56 +46,38 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
                 let declared = def.buckets.iter().map(|b| b.as_bytes()).zip(&group.buckets);
                 let others = group.others.iter().map(|(le, v)| (*le, v));
                 for (le, value) in declared.chain(others) {
-                    write_sample(out, name, b"_bucket", group.labels, Some(le), Some(*value));
+                    with_labels(family.sample(b"_bucket"), group.labels)
+                        .label(b"le", le)
+                        .value()
+                        .ruby_float(*value);
                 }
-                write_sample(out, name, b"_sum", group.labels, None, group.sum);
-                write_sample(out, name, b"_count", group.labels, None, Some(group.count));
+                with_labels(family.sample(b"_sum"), group.labels)
+                    .value()
+                    .ruby_float_or_empty(group.sum);
+                with_labels(family.sample(b"_count"), group.labels)
+                    .value()
+                    .ruby_float(group.count);
             }
         }
         MetricValues::Summary(groups) => {
             for group in groups {
-                write_sample(out, name, b"_sum", group.labels, None, Some(group.sum));
-                write_sample(out, name, b"_count", group.labels, None, Some(group.count));
+                with_labels(family.sample(b"_sum"), group.labels)
+                    .value()
+                    .ruby_float(group.sum);
+                with_labels(family.sample(b"_count"), group.labels)
+                    .value()
+                    .ruby_float(group.count);
             }
         }
     }
 }
 
-/// `name<suffix>{labels[,le="…"]} value\n`; a missing value prints empty, as Ruby's `nil.to_s`.
-fn write_sample(
-    out: &mut Vec<u8>,
-    name: &[u8],
-    suffix: &[u8],
-    labels: &Group,
-    le: Option<&[u8]>,
-    value: Option<f64>,
-) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(suffix);
-    let le = le.map(|le| (&b"le"[..], le));
-    match &labels.rendered {
-        // `prerender`: the label pairs were escaped once, when the set was met.
-        Some(rendered) => {
-            if !rendered.is_empty() || le.is_some() {
-                out.push(b'{');
-                out.extend_from_slice(rendered);
-                if let Some(le) = le {
-                    if !rendered.is_empty() {
-                        out.push(b',');
-                    }
-                    text::write_label_pairs(out, [le]);
-                }
-                out.push(b'}');
-            }
-        }
-        None => {
-            let pairs = labels.labels.iter().map(|(n, v)| (&**n, &**v));
-            text::write_label_block(out, pairs.chain(le));
-        }
+/// A group's label pairs: rendered once with `prerender` (a long-lived
+/// exporter escaped them when it first met the set), else encoded now.
+#[inline]
+fn with_labels<'o>(sample: SampleEncoder<'o>, group: &Group) -> SampleEncoder<'o> {
+    match &group.rendered {
+        Some(rendered) => sample.rendered_labels(rendered),
+        None => sample.labels(group.labels.iter().map(|(n, v)| (&**n, &**v))),
     }
-    out.push(b' ');
-    if let Some(value) = value {
-        rubyfloat::write(out, value);
-    }
-    out.push(b'\n');
 }

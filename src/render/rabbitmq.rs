@@ -197,18 +197,22 @@ impl fmt::Display for UnknownFamily {
 
 impl std::error::Error for UnknownFamily {}
 
-/// The scenario: a live registry of RabbitMQ's per-object families whose values
-/// move on every [`Scenario::advance`].
-pub struct Scenario {
+/// A simulated RabbitMQ node's metrics: a live registry of its per-object families whose values
+/// move on every [`RabbitMqNode::advance`].
+pub struct RabbitMqNode {
     registry: LiveRegistry,
     /// Per group (same order as [`GROUPS`]) its families.
     group_families: Vec<Vec<FamilyId>>,
     rng: SplitMix64,
 }
 
-impl Scenario {
+impl RabbitMqNode {
     /// Builds the scenario at `queues` (all series created, values set once).
-    pub fn build(queues: usize, awkward_names: bool, strategies: StrategySet) -> Result<Scenario> {
+    pub fn build(
+        queues: usize,
+        awkward_names: bool,
+        strategies: StrategySet,
+    ) -> Result<RabbitMqNode> {
         let mut registry = LiveRegistry::new(strategies);
         let mut group_families = Vec::with_capacity(GROUPS.len());
         let mut names = Names::new(awkward_names);
@@ -231,7 +235,7 @@ impl Scenario {
             }
             group_families.push(families);
         }
-        let mut scenario = Scenario {
+        let mut scenario = RabbitMqNode {
             registry,
             group_families,
             rng: SplitMix64(0x5eed_cafe),
@@ -307,7 +311,7 @@ impl Scenario {
 
 /// Builds the scenario and renders it once with `strategies` (for ablation harnesses).
 pub fn render_once(queues: usize, awkward_names: bool, strategies: StrategySet) -> Result<Vec<u8>> {
-    let scenario = Scenario::build(queues, awkward_names, strategies)?;
+    let scenario = RabbitMqNode::build(queues, awkward_names, strategies)?;
     let mut out = Vec::new();
     scenario.render_per_object(&mut out);
     Ok(out)
@@ -468,7 +472,7 @@ mod tests {
 
     #[test]
     fn series_count_matches_the_table() {
-        let s = Scenario::build(3, true, StrategySet::NONE).unwrap();
+        let s = RabbitMqNode::build(3, true, StrategySet::NONE).unwrap();
         assert_eq!(s.series_count(), SERIES_PER_QUEUE * 3);
         let per_group: usize = GROUPS
             .iter()
@@ -479,7 +483,7 @@ mod tests {
 
     #[test]
     fn detailed_selects_groups_and_refuses_unknown() {
-        let s = Scenario::build(2, false, StrategySet::NONE).unwrap();
+        let s = RabbitMqNode::build(2, false, StrategySet::NONE).unwrap();
         assert_eq!(s.select(["queue_coarse_metrics"]).unwrap().len(), 4);
         assert_eq!(
             s.select(["queue_consumer_count", "queue_metrics"])

@@ -6,7 +6,7 @@
 //! ```
 //! One process per strategy set: the high-water mark only ever grows.
 
-use promlab::render::rabbitmq::Scenario;
+use promlab::render::rabbitmq::RabbitMqNode;
 use promlab::strategy::StrategySet;
 use promlab_lab::machine::ProcessStats;
 use std::time::Instant;
@@ -31,7 +31,7 @@ fn main() -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let (hwm0, _) = memory_kib();
     let start = Instant::now();
-    let scenario = Scenario::build(queues, false, strategies)?;
+    let scenario = RabbitMqNode::build(queues, false, strategies)?;
     let built = start.elapsed();
     let (hwm1, rss1) = memory_kib();
     let mut out = Vec::new();

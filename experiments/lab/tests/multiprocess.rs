@@ -75,7 +75,7 @@ fn run(strategies: StrategySet) {
     }
 
     for pid in &pids {
-        let file = promlab::store::file_path(dir.path(), "jobs_total", *pid as u32);
+        let file = promlab::storefile::file_path(dir.path(), "jobs_total", *pid as u32);
         assert!(file.exists(), "child {pid} did not write its own file");
     }
     let text =

@@ -265,7 +265,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     }
     match args.scenario.as_deref() {
         Some("rabbitmq") => {
-            let scenario = promlab::render::rabbitmq::Scenario::build(
+            let scenario = promlab::render::rabbitmq::RabbitMqNode::build(
                 args.queues,
                 args.awkward_names,
                 args.strategies,

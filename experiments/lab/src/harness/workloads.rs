@@ -188,7 +188,7 @@ pub fn store_bytes(dir: &Path) -> Result<Vec<u8>> {
         out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
         let used = i32::from_le_bytes(bytes[..4].try_into()?) as usize;
         let mut region = bytes[..used].to_vec();
-        for entry in promlab::export::entries(&bytes, used) {
+        for entry in promlab::storefile::entries(&bytes, used) {
             let at = entry?.value_offset + 8;
             region[at..at + 8].fill(0);
         }
@@ -234,7 +234,7 @@ impl Workload for LongLabel {
 struct Render {
     queues: usize,
     awkward_names: bool,
-    scenarios: HashMap<StrategySet, promlab::render::rabbitmq::Scenario>,
+    scenarios: HashMap<StrategySet, promlab::render::rabbitmq::RabbitMqNode>,
     body: Vec<u8>,
     lines: u64,
 }
@@ -253,12 +253,15 @@ impl Render {
     fn scenario(
         &mut self,
         strategies: StrategySet,
-    ) -> Result<&promlab::render::rabbitmq::Scenario> {
+    ) -> Result<&promlab::render::rabbitmq::RabbitMqNode> {
         // Only the render stage's strategies change a registry.
         let key = strategies.restrict(Stage::Render);
         if !self.scenarios.contains_key(&key) {
-            let scenario =
-                promlab::render::rabbitmq::Scenario::build(self.queues, self.awkward_names, key)?;
+            let scenario = promlab::render::rabbitmq::RabbitMqNode::build(
+                self.queues,
+                self.awkward_names,
+                key,
+            )?;
             self.scenarios.insert(key, scenario);
         }
         Ok(&self.scenarios[&key])

@@ -22,8 +22,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use promlab::export::Exporter;
+use promlab::render::rabbitmq::RabbitMqNode;
 use promlab::strategy::StrategySet;
-use promlab::render::rabbitmq::Scenario;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,7 +37,7 @@ pub enum Source {
     /// A client_ruby store directory, exported on every scrape.
     Store(Exporter),
     /// The RabbitMQ per-object scenario.
-    Scenario(Scenario),
+    Scenario(RabbitMqNode),
 }
 
 impl Source {
@@ -260,27 +260,13 @@ pub fn families_of_query(query: &str) -> Result<Vec<String>, String> {
     Ok(families)
 }
 
-/// Decodes `application/x-www-form-urlencoded` text (`+` is a space).
+/// Decodes `application/x-www-form-urlencoded` text (`+` is a space), with
+/// the library's component decoder.
 fn percent_decode(s: &str) -> Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok());
-                let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
-                out.push(byte.ok_or_else(|| format!("bad percent-encoding in query: {s:?}\n"))?);
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| format!("query is not UTF-8 after decoding: {s:?}\n"))
+    let decoded = promlab::formenc::decode_component(s.as_bytes())
+        .map_err(|_| format!("bad percent-encoding in query: {s:?}\n"))?;
+    String::from_utf8(decoded.into_owned())
+        .map_err(|_| format!("query is not UTF-8 after decoding: {s:?}\n"))
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::ingest::wire;
 use promlab::strategy::StrategySet;
+use promlab::text::FamilyEncoder;
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -202,125 +203,154 @@ async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
             ingester.footprint(),
         )
     };
-    let mut out = String::new();
-    let mut counter = |name: &str, help: &str, value: u64| {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
-        ));
-    };
-    counter(
-        "promlab_ingest_requests_total",
-        "Write requests applied.",
-        totals.requests,
-    );
-    counter(
-        "promlab_ingest_series_total",
-        "Series in applied write requests.",
-        totals.series,
-    );
-    counter(
-        "promlab_ingest_samples_total",
-        "Samples in applied write requests.",
-        totals.samples,
-    );
-    counter(
-        "promlab_ingest_samples_accepted_total",
-        "(Sample, aggregation) pairs added to a window.",
-        totals.accepted,
-    );
-    counter(
-        "promlab_ingest_samples_late_total",
-        "(Sample, aggregation) pairs dropped because their window had closed.",
-        totals.late,
-    );
-    counter(
-        "promlab_ingest_samples_rejected_total",
-        "Samples rejected for a NaN or infinite value.",
-        totals.rejected,
-    );
-    counter(
-        "promlab_ingest_samples_stale_total",
-        "Stale markers skipped.",
-        totals.stale,
-    );
-    counter(
-        "promlab_ingest_samples_unrouted_total",
-        "Samples of series no aggregation matches.",
-        totals.unrouted,
-    );
-    counter(
-        "promlab_ingest_metadata_total",
-        "Metadata entries received (and dropped).",
-        totals.metadata,
-    );
-    counter(
-        "promlab_series_cache_hits_total",
-        "Series-cache lookups that hit.",
-        cache.hits,
-    );
-    counter(
-        "promlab_series_cache_misses_total",
-        "Series-cache lookups that missed.",
-        cache.misses,
-    );
-    counter(
-        "promlab_series_cache_evicted_total",
-        "Series-cache entries dropped because it was full.",
-        cache.evicted,
-    );
-    counter(
-        "promlab_series_cache_invalidated_total",
-        "Series-cache entries dropped by a plan change.",
-        cache.invalidated,
-    );
-    let mut gauge = |name: &str, help: &str, value: String| {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
-        ));
-    };
-    gauge(
-        "promlab_series_cache_entries",
-        "Series-cache entries.",
-        cache.entries.to_string(),
-    );
-    gauge(
-        "promlab_series_cache_capacity",
-        "Series-cache bound (entries).",
-        cache.capacity.to_string(),
-    );
     let lookups = cache.hits + cache.misses;
     let hit_rate = if lookups == 0 {
         0.0
     } else {
         cache.hits as f64 / lookups as f64
     };
-    gauge(
-        "promlab_series_cache_hit_ratio",
-        "Hits over lookups since start.",
-        hit_rate.to_string(),
+    enum Sample {
+        Integer(u64),
+        Float(f64),
+    }
+    let families = [
+        (
+            "promlab_ingest_requests_total",
+            "counter",
+            "Write requests applied.",
+            Sample::Integer(totals.requests),
+        ),
+        (
+            "promlab_ingest_series_total",
+            "counter",
+            "Series in applied write requests.",
+            Sample::Integer(totals.series),
+        ),
+        (
+            "promlab_ingest_samples_total",
+            "counter",
+            "Samples in applied write requests.",
+            Sample::Integer(totals.samples),
+        ),
+        (
+            "promlab_ingest_samples_accepted_total",
+            "counter",
+            "(Sample, aggregation) pairs added to a window.",
+            Sample::Integer(totals.accepted),
+        ),
+        (
+            "promlab_ingest_samples_late_total",
+            "counter",
+            "(Sample, aggregation) pairs dropped because their window had closed.",
+            Sample::Integer(totals.late),
+        ),
+        (
+            "promlab_ingest_samples_rejected_total",
+            "counter",
+            "Samples rejected for a NaN or infinite value.",
+            Sample::Integer(totals.rejected),
+        ),
+        (
+            "promlab_ingest_samples_stale_total",
+            "counter",
+            "Stale markers skipped.",
+            Sample::Integer(totals.stale),
+        ),
+        (
+            "promlab_ingest_samples_unrouted_total",
+            "counter",
+            "Samples of series no aggregation matches.",
+            Sample::Integer(totals.unrouted),
+        ),
+        (
+            "promlab_ingest_metadata_total",
+            "counter",
+            "Metadata entries received (and dropped).",
+            Sample::Integer(totals.metadata),
+        ),
+        (
+            "promlab_series_cache_hits_total",
+            "counter",
+            "Series-cache lookups that hit.",
+            Sample::Integer(cache.hits),
+        ),
+        (
+            "promlab_series_cache_misses_total",
+            "counter",
+            "Series-cache lookups that missed.",
+            Sample::Integer(cache.misses),
+        ),
+        (
+            "promlab_series_cache_evicted_total",
+            "counter",
+            "Series-cache entries dropped because it was full.",
+            Sample::Integer(cache.evicted),
+        ),
+        (
+            "promlab_series_cache_invalidated_total",
+            "counter",
+            "Series-cache entries dropped by a plan change.",
+            Sample::Integer(cache.invalidated),
+        ),
+        (
+            "promlab_series_cache_entries",
+            "gauge",
+            "Series-cache entries.",
+            Sample::Integer(cache.entries),
+        ),
+        (
+            "promlab_series_cache_capacity",
+            "gauge",
+            "Series-cache bound (entries).",
+            Sample::Integer(cache.capacity),
+        ),
+        (
+            "promlab_series_cache_hit_ratio",
+            "gauge",
+            "Hits over lookups since start.",
+            Sample::Float(hit_rate),
+        ),
+        (
+            "promlab_plan_generation",
+            "gauge",
+            "Plan generation (bumped by every reload).",
+            Sample::Integer(generation),
+        ),
+        (
+            "promlab_sketch_panes",
+            "gauge",
+            "Sketch panes held (open and closed windows).",
+            Sample::Integer(footprint.0 as u64),
+        ),
+        (
+            "promlab_sketch_bins",
+            "gauge",
+            "Sketch bins held.",
+            Sample::Integer(footprint.1 as u64),
+        ),
+    ];
+    // The library's exposition encoder, as every other writer of the format.
+    let mut out = Vec::new();
+    for (name, kind, help, sample) in families {
+        let mut family = FamilyEncoder::new(&mut out, name.as_bytes(), kind, help.as_bytes());
+        let value = family.sample(b"").value();
+        match sample {
+            Sample::Integer(v) => value.integer(v),
+            Sample::Float(v) => value.ruby_float(v),
+        }
+    }
+    let mut family = FamilyEncoder::new(
+        &mut out,
+        b"promlab_http_write_responses_total",
+        "counter",
+        b"Write responses by status.",
     );
-    gauge(
-        "promlab_plan_generation",
-        "Plan generation (bumped by every reload).",
-        generation.to_string(),
-    );
-    gauge(
-        "promlab_sketch_panes",
-        "Sketch panes held (open and closed windows).",
-        footprint.0.to_string(),
-    );
-    gauge(
-        "promlab_sketch_bins",
-        "Sketch bins held.",
-        footprint.1.to_string(),
-    );
-    out.push_str("# HELP promlab_http_write_responses_total Write responses by status.\n");
-    out.push_str("# TYPE promlab_http_write_responses_total counter\n");
     for (status, n) in STATUSES.iter().zip(&rx.status_counts) {
-        out.push_str(&format!(
-            "promlab_http_write_responses_total{{code=\"{status}\"}} {}\n",
-            n.load(Ordering::Relaxed)
-        ));
+        family
+            .sample(b"")
+            .label(b"code", status.to_string().as_bytes())
+            .value()
+            .integer(n.load(Ordering::Relaxed));
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

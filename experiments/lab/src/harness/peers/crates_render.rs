@@ -16,13 +16,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use promlab::registry::MetricType;
 use promlab::render::live::SeriesId;
-use promlab::render::rabbitmq::Scenario;
+use promlab::render::rabbitmq::RabbitMqNode;
 use promlab::strategy::StrategySet;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 /// A series' labels as owned strings (both crates key series by strings).
-fn labels_of(s: &Scenario, id: SeriesId) -> Result<Vec<(String, String)>> {
+fn labels_of(s: &RabbitMqNode, id: SeriesId) -> Result<Vec<(String, String)>> {
     let reg = s.registry();
     reg.label_names(id.family)
         .zip(reg.label_values(id))
@@ -33,12 +33,17 @@ fn labels_of(s: &Scenario, id: SeriesId) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-fn series_of(s: &Scenario, f: promlab::render::live::FamilyId) -> impl Iterator<Item = SeriesId> {
+fn series_of(
+    s: &RabbitMqNode,
+    f: promlab::render::live::FamilyId,
+) -> impl Iterator<Item = SeriesId> {
     (0..s.registry().values(f).len() as u32).map(move |index| SeriesId { family: f, index })
 }
 
 /// The scenario's families in a `prometheus-client` registry, same values.
-pub fn prometheus_client_registry(s: &Scenario) -> Result<prometheus_client::registry::Registry> {
+pub fn prometheus_client_registry(
+    s: &RabbitMqNode,
+) -> Result<prometheus_client::registry::Registry> {
     let mut registry = prometheus_client::registry::Registry::default();
     let reg = s.registry();
     for f in reg.family_ids() {
@@ -70,7 +75,7 @@ pub fn prometheus_client_registry(s: &Scenario) -> Result<prometheus_client::reg
 }
 
 /// The scenario's families in a `prometheus` (rust-prometheus) registry, same values.
-pub fn prometheus_registry(s: &Scenario) -> Result<prometheus::Registry> {
+pub fn prometheus_registry(s: &RabbitMqNode) -> Result<prometheus::Registry> {
     let registry = prometheus::Registry::new();
     let reg = s.registry();
     for f in reg.family_ids() {
@@ -103,7 +108,7 @@ pub fn prometheus_registry(s: &Scenario) -> Result<prometheus::Registry> {
 /// Checks a crate's exposition against the scenario: one sample line per
 /// series, and the same values (their sum, to a relative 1e-9: the crates
 /// print floats their own way). Returns the number of lines.
-pub fn check_exposition(text: &[u8], s: &Scenario, who: &str) -> Result<u64> {
+pub fn check_exposition(text: &[u8], s: &RabbitMqNode, who: &str) -> Result<u64> {
     let text = std::str::from_utf8(text).with_context(|| format!("{who} printed non-UTF-8"))?;
     let (mut samples, mut sum) = (0usize, 0.0f64);
     for line in text
@@ -140,7 +145,7 @@ pub fn check_exposition(text: &[u8], s: &Scenario, who: &str) -> Result<u64> {
 /// Times `encode` (which clears and fills `out`) `repeats` times after one
 /// untimed warm-up; returns the samples and the output's line count, checked.
 fn measure<B: Default + AsRef<[u8]>>(
-    s: &Scenario,
+    s: &RabbitMqNode,
     who: &str,
     repeats: usize,
     mut encode: impl FnMut(&mut B) -> Result<()>,
@@ -159,8 +164,8 @@ fn measure<B: Default + AsRef<[u8]>>(
 }
 
 /// The scenario at the context's size, as our baseline arm holds it.
-fn scenario(cx: &PeerContext<'_>) -> Result<Scenario> {
-    Scenario::build(
+fn scenario(cx: &PeerContext<'_>) -> Result<RabbitMqNode> {
+    RabbitMqNode::build(
         param_usize(cx.size, "queues")?,
         param_bool(cx.size, "awkward_names"),
         StrategySet::NONE,
@@ -252,7 +257,7 @@ mod tests {
 
     #[test]
     fn the_check_accepts_each_crate_and_rejects_a_changed_value() {
-        let s = Scenario::build(3, true, StrategySet::NONE).unwrap();
+        let s = RabbitMqNode::build(3, true, StrategySet::NONE).unwrap();
         let mut text = String::new();
         prometheus_client::encoding::text::encode(
             &mut text,

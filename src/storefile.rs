@@ -1,0 +1,211 @@
+//! The store file format, shared by the writer ([`crate::store`]) and the
+//! exporter ([`crate::export`]): client_ruby's `DirectFileStore` files.
+//!
+//! One file per metric per process, named `metric_<name>___<pid>.bin`: an
+//! `i32` `used` count, 4 bytes of padding, then entries back to back (`i32`
+//! padded length, the form-encoded key padded with spaces so that `4 + len` is
+//! a multiple of 8 — at least one space —, `f64` value, `f64` monotonic
+//! timestamp). Files start at 1 MiB and double when full. Readers and writers
+//! hold an exclusive `flock` on the file while they touch it.
+
+use anyhow::{bail, Result};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// client_ruby's initial file size.
+pub const INITIAL_FILE_SIZE: u64 = 1024 * 1024;
+/// Offset of the first entry.
+pub const HEADER_SIZE: usize = 8;
+
+/// The path of one metric's file for one process.
+pub fn file_path(dir: &Path, metric: &str, pid: u32) -> PathBuf {
+    dir.join(format!("metric_{metric}___{pid}.bin"))
+}
+
+/// Files of one metric: the glob `metric_<name>___*`, sorted by path.
+pub fn metric_files(dir: &Path, metric: &str) -> Result<Vec<PathBuf>> {
+    use anyhow::Context;
+    let prefix = format!("metric_{metric}___");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read store directory {}", dir.display()))?
+    {
+        let entry = entry?;
+        if entry
+            .file_name()
+            .as_encoded_bytes()
+            .starts_with(prefix.as_bytes())
+        {
+            files.push(entry.path());
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Padded key length as client_ruby writes it: `4 + len` a multiple of 8, at least one space.
+pub fn padded_len(key_len: usize) -> usize {
+    key_len + (8 - (key_len + 4) % 8)
+}
+
+/// One entry's bytes as client_ruby appends it: padded length, key, spaces,
+/// then a zero value and timestamp.
+pub fn new_entry(key: &[u8]) -> Vec<u8> {
+    let padded = padded_len(key.len());
+    let mut entry = Vec::with_capacity(4 + padded + 16);
+    entry.extend_from_slice(&(padded as i32).to_le_bytes());
+    entry.extend_from_slice(key);
+    entry.resize(4 + padded, b' ');
+    entry.extend_from_slice(&[0u8; 16]);
+    entry
+}
+
+/// Reads `used` from the header: at least 8, at most the file's size; 0 (a
+/// file created but never written) reads as empty, as client_ruby does.
+pub fn check_used(header: [u8; 4], file_len: u64) -> Result<usize> {
+    let used = i32::from_le_bytes(header);
+    if used == 0 {
+        return Ok(HEADER_SIZE);
+    }
+    if used < HEADER_SIZE as i32 || used as u64 > file_len {
+        bail!("bad used = {used} (file is {file_len} bytes)");
+    }
+    Ok(used as usize)
+}
+
+/// `flock(2)`, retried when a signal interrupts it.
+pub fn flock(fd: std::os::fd::RawFd, op: libc::c_int) -> std::io::Result<()> {
+    loop {
+        // SAFETY: flock on a descriptor this process holds open.
+        if unsafe { libc::flock(fd, op) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// One entry of a store file.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Entry<'a> {
+    /// The form-encoded key as stored, padding included.
+    pub padded_key: &'a [u8],
+    /// The value and the timestamp, as stored.
+    pub value_bytes: &'a [u8; 16],
+    /// File offset of the value.
+    pub value_offset: usize,
+}
+
+impl<'a> Entry<'a> {
+    /// The key without its padding (client_ruby's `unpack("A*")`). Found by
+    /// scanning back from the key's end: callers that can compare padded keys
+    /// skip it, and so skip waiting for that end to come from memory.
+    pub fn key(&self) -> &'a [u8] {
+        strip_padding(self.padded_key)
+    }
+
+    /// The value, read when asked for: a caller that compares the key first
+    /// finds the value's cache line already fetched behind the key.
+    pub fn value(&self) -> f64 {
+        f64::from_le_bytes(self.value_bytes[..8].try_into().expect("8 bytes"))
+    }
+
+    pub fn timestamp(&self) -> f64 {
+        f64::from_le_bytes(self.value_bytes[8..].try_into().expect("8 bytes"))
+    }
+
+    /// File offset of the entry.
+    pub fn offset(&self) -> usize {
+        self.value_offset - self.padded_key.len() - 4
+    }
+}
+
+/// Why an entry could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EntryError {
+    BadLength {
+        at: usize,
+        len: i32,
+    },
+    Truncated {
+        at: usize,
+        needs: usize,
+        used: usize,
+    },
+}
+
+impl fmt::Display for EntryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryError::BadLength { at, len } => {
+                write!(f, "entry at offset {at} has key length {len}")
+            }
+            EntryError::Truncated { at, needs, used } => {
+                write!(
+                    f,
+                    "entry at offset {at} needs {needs} bytes but used ends at {used}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for EntryError {}
+
+/// client_ruby's `unpack("A*")`: the key without trailing spaces and NULs.
+pub fn strip_padding(padded: &[u8]) -> &[u8] {
+    let end = padded
+        .iter()
+        .rposition(|&b| b != b' ' && b != 0)
+        .map_or(0, |i| i + 1);
+    &padded[..end]
+}
+
+/// Walks the entries of a file's bytes from offset 8 up to `used`.
+pub fn entries(region: &[u8], used: usize) -> impl Iterator<Item = Result<Entry<'_>, EntryError>> {
+    let mut pos = HEADER_SIZE;
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed || pos >= used {
+            return None;
+        }
+        let at = pos;
+        let result = entry_at(region, at, used);
+        match &result {
+            Ok((_, next)) => pos = *next,
+            Err(_) => failed = true,
+        }
+        Some(result.map(|(entry, _)| entry))
+    })
+}
+
+fn entry_at(region: &[u8], at: usize, used: usize) -> Result<(Entry<'_>, usize), EntryError> {
+    let truncated = |needs| EntryError::Truncated { at, needs, used };
+    let len_bytes = region
+        .get(at..at + 4)
+        .filter(|_| at + 4 <= used)
+        .ok_or(truncated(4))?;
+    let len = i32::from_le_bytes(len_bytes.try_into().expect("4 bytes"));
+    if len < 0 {
+        return Err(EntryError::BadLength { at, len });
+    }
+    let needs = 4 + len as usize + 16;
+    if at + needs > used || at + needs > region.len() {
+        return Err(truncated(needs));
+    }
+    let padded_key = &region[at + 4..at + 4 + len as usize];
+    let value_offset = at + 4 + len as usize;
+    let value_bytes = region[value_offset..value_offset + 16]
+        .try_into()
+        .expect("16 bytes");
+    Ok((
+        Entry {
+            padded_key,
+            value_bytes,
+            value_offset,
+        },
+        at + needs,
+    ))
+}
