@@ -1,15 +1,17 @@
 //! The research harness: scenarios as data, verified before they are timed.
 //!
-//! A scenario (`experiments/scenarios/*.toml`) names its stage, its generator
-//! and the generator's parameters at two sizes (`quick` for CI and the default
-//! run, `full` for the real figures), each with the SHA-256 of the output every
-//! strategy combination must produce — the way rebar's definitions carry their
-//! expected answer. [`ablate`] then
+//! A scenario (`experiments/scenarios/*.toml`) names its generator and the
+//! generator's typed parameters ([`Generator`], which also decides the stage)
+//! at two sizes (`quick` for CI and the default run, `full` for the real
+//! figures), each with the SHA-256 of the output every strategy combination
+//! must produce — the way rebar's definitions carry their expected answer.
+//! [`ablate`] then
 //! 1. **verifies** every combination of the stage's strategies against that
 //!    digest, stopping with the combination and the first differing line;
-//! 2. **measures** the arms — baseline, each strategy alone, all but one, all —
-//!    interleaved round by round (A B C … A B C …) so drift hits every arm
-//!    alike, and reports medians, spread and the speed-up over the baseline;
+//! 2. **measures** the arms ([`arms`]: baseline, each strategy alone, all but
+//!    one, all) interleaved round by round (A B C … A B C …) so drift hits
+//!    every arm alike, checking what every timed run returned, and reports
+//!    medians, spread and the speed-up over the baseline;
 //! 3. **reports** a terminal table and a CSV per scenario plus `machine.txt`.
 
 pub mod dossier;
@@ -29,10 +31,7 @@ use std::time::{Duration, Instant};
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     pub name: String,
-    pub stage: String,
     pub description: String,
-    /// Which generator builds the workload (see [`workloads::build`]).
-    pub generator: String,
     pub quick: Size,
     pub full: Size,
 }
@@ -41,18 +40,64 @@ pub struct Scenario {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Size {
-    /// Generator parameters (numbers and strings).
-    #[serde(default)]
-    pub params: toml::Table,
+    /// Which generator builds the workload, with its parameters.
+    pub params: Generator,
     /// How many timed rounds (each runs every arm once).
     pub repeats: usize,
     /// SHA-256 (hex) of the output every strategy combination must produce.
     pub expected: String,
 }
 
+/// A workload generator and its parameters (`params = { generator = "asap", groups = 50, … }`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(tag = "generator", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Generator {
+    /// Write: `steps` × (histogram observe + counter increment), 195-character label.
+    LongLabel { steps: usize },
+    /// Export: the slow-export report's repro, written by promlab's writer.
+    SeedRepro { processes: usize, statements: usize },
+    /// Export: the larger case, generated.
+    Large {
+        processes: usize,
+        statements: usize,
+        max_len: usize,
+    },
+    /// Export: a store client_ruby wrote (a fixture case), with Ruby's exposition.
+    RubyStore { case: String },
+    /// Render: RabbitMQ's per-object scrape of `queues` queues.
+    Rabbitmq {
+        queues: usize,
+        #[serde(default)]
+        awkward_names: bool,
+    },
+    /// Ingest: the feeder's workload, `ticks` seconds of it.
+    Asap {
+        groups: u64,
+        series_per_group: u64,
+        ticks: u64,
+    },
+    /// Ingest: the requests a real Prometheus sent, `passes` times over.
+    PrometheusCaptures { passes: usize },
+}
+
+impl Generator {
+    /// The stage whose seam the generated workload runs.
+    pub fn stage(&self) -> Stage {
+        match self {
+            Generator::LongLabel { .. } => Stage::Write,
+            Generator::SeedRepro { .. } | Generator::Large { .. } | Generator::RubyStore { .. } => {
+                Stage::Export
+            }
+            Generator::Rabbitmq { .. } => Stage::Render,
+            Generator::Asap { .. } | Generator::PrometheusCaptures { .. } => Stage::Ingest,
+        }
+    }
+}
+
 impl Scenario {
-    pub fn stage(&self) -> Result<Stage> {
-        self.stage.parse().map_err(anyhow::Error::msg)
+    /// The stage of the scenario's generator (the same at both sizes: [`load_scenario`] checks).
+    pub fn stage(&self) -> Stage {
+        self.quick.params.stage()
     }
 
     pub fn size(&self, quick: bool) -> &Size {
@@ -103,16 +148,43 @@ pub fn load_scenario(name_or_path: &str) -> Result<Scenario> {
             )
         }
     };
-    toml::from_str(&text).with_context(|| format!("scenario {name_or_path} does not parse"))
+    let scenario: Scenario = toml::from_str(&text)
+        .with_context(|| format!("scenario {name_or_path} does not parse"))?;
+    if scenario.quick.params.stage() != scenario.full.params.stage() {
+        bail!(
+            "scenario {name_or_path}: its quick size runs the {} stage but its full size the {}",
+            scenario.quick.params.stage(),
+            scenario.full.params.stage()
+        );
+    }
+    Ok(scenario)
+}
+
+/// What one run produced, as it returns it.
+pub enum Output<'a> {
+    /// Bytes every run of every strategy combination must reproduce
+    /// (exposition, or quantile JSON and counters).
+    Bytes(&'a [u8]),
+    /// A store directory the run wrote into (the write stage's product). Its
+    /// state grows run by run, so it is compared after the same number of runs.
+    Store(&'a Path),
+}
+
+impl Output<'_> {
+    /// The comparable bytes: a store directory is read (timestamps zeroed).
+    pub fn bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
+        Ok(match self {
+            Output::Bytes(bytes) => std::borrow::Cow::Borrowed(bytes),
+            Output::Store(dir) => std::borrow::Cow::Owned(workloads::store_bytes(dir)?),
+        })
+    }
 }
 
 /// A workload ready to run: built once, run many times.
 pub trait Workload {
-    /// The bytes every strategy combination must agree on (exposition, store
-    /// bytes with timestamps zeroed, or quantile JSON).
-    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>>;
-    /// One timed run.
-    fn run(&mut self, strategies: StrategySet) -> Result<()>;
+    /// One timed run, returning what it produced: that is what is verified.
+    /// The first run of a strategy set produces the scenario's expected output.
+    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>>;
     /// How much one run does, and of what (`lines`, `samples`, `ops`).
     fn units(&self) -> (u64, &'static str);
 }
@@ -122,18 +194,46 @@ pub fn digest(bytes: &[u8]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The arms of an ablation over a stage's strategies (restricted to `only`
-/// when given): baseline, each alone, all but one, all — without repeats.
-pub fn arms(stage: Stage, only: Option<StrategySet>) -> Vec<(String, StrategySet)> {
-    let strategies: Vec<Strategy> = stage
-        .strategies()
-        .filter(|s| only.is_none_or(|set| set.contains(*s)))
-        .collect();
+/// The expected answer for a generated workload, computed independently of
+/// the strategies under test — the one place `--print-digests` and the benches
+/// (at sizes without a stored digest) get it from. Ruby's own exposition for
+/// a store client_ruby wrote; otherwise, for now, the baseline run.
+// TODO(reference): compute generated answers with `promlab::reference`.
+pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
+    if let Generator::RubyStore { case } = params {
+        let dir = tempfile::tempdir()?;
+        let case_dir = crate::fixtures::unpack_ruby_case(case, dir.path())?;
+        return Ok(std::fs::read(case_dir.join("expected.prom"))?);
+    }
+    let mut workload = workloads::build(params)?;
+    let answer = workload.run(StrategySet::NONE)?.bytes()?.into_owned();
+    Ok(answer)
+}
+
+/// The strategy set the benches ablate for `stage`: the build's features that
+/// belong to it (`cargo bench --features series-cache,batch-routing`), or all
+/// of the stage's strategies when none does.
+pub fn configured(stage: Stage) -> StrategySet {
+    let set = StrategySet::compiled_default().restrict(stage);
+    if set.is_empty() {
+        StrategySet::all().restrict(stage)
+    } else {
+        set
+    }
+}
+
+/// The arms of an ablation of `set` (its strategies of `stage`): baseline,
+/// each strategy alone, all but one (`all-<strategy>`), all — without
+/// repeats, all last. The one arm list of `promlab ablate`, the criterion
+/// benches and the iai bench.
+pub fn arms(stage: Stage, set: StrategySet) -> Vec<(String, StrategySet)> {
+    let strategies: Vec<Strategy> = set.restrict(stage).iter().collect();
     let all: StrategySet = strategies.iter().copied().collect();
     let mut arms = vec![("baseline".to_string(), StrategySet::NONE)];
     for s in &strategies {
         arms.push((s.name().to_string(), StrategySet::NONE.with(*s)));
     }
+    // With two, "all but one" is the other one alone.
     if strategies.len() > 2 {
         for s in &strategies {
             arms.push((format!("all-{}", s.name()), all.without(*s)));
@@ -145,25 +245,14 @@ pub fn arms(stage: Stage, only: Option<StrategySet>) -> Vec<(String, StrategySet
     arms
 }
 
-/// The arms a criterion bench shows side by side: the baseline, each of the
-/// stage's strategies alone, and the configured set — the build's features
-/// (`cargo bench --features decode-once,single-read`), or all of the stage's
-/// strategies when no feature is on.
-pub fn bench_arms(stage: Stage) -> Vec<(String, StrategySet)> {
-    let mut arms = vec![("baseline".to_string(), StrategySet::NONE)];
-    for s in stage.strategies() {
-        arms.push((s.name().to_string(), StrategySet::NONE.with(s)));
-    }
-    let configured = StrategySet::compiled_default().restrict(stage);
-    let (name, set) = if configured.is_empty() {
-        ("all".to_string(), StrategySet::all().restrict(stage))
+/// A bench's name for an arm: its strategies (`baseline` for none), so a
+/// criterion history never mixes two different sets under one name.
+pub fn bench_id(strategies: StrategySet) -> String {
+    if strategies.is_empty() {
+        "baseline".to_string()
     } else {
-        (format!("configured({configured})"), configured)
-    };
-    if !arms.iter().any(|(_, s)| *s == set) {
-        arms.push((name, set));
+        strategies.to_string()
     }
-    arms
 }
 
 pub use promlab::compare::first_difference;
@@ -253,12 +342,23 @@ pub struct ScenarioResult {
 
 /// Verifies, then measures, one scenario.
 pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<ScenarioResult> {
-    let stage = scenario.stage()?;
+    let stage = scenario.stage();
     let size = scenario.size(options.quick);
-    let mut workload = workloads::build(scenario, size, stage)
+    let mut workload = workloads::build(&size.params)
         .with_context(|| format!("cannot build scenario {}", scenario.name))?;
+    let expected = if options.print_digests {
+        let answer = digest(&expected_answer(&size.params)?);
+        println!(
+            "{} ({}): expected = \"{answer}\"",
+            scenario.name,
+            if options.quick { "quick" } else { "full" }
+        );
+        answer
+    } else {
+        size.expected.clone()
+    };
 
-    // 1. Verify every combination of the stage's strategies.
+    // 1. Verify the first run of every combination of the stage's strategies.
     let combinations = StrategySet::combinations(stage);
     let progress = report::Progress::new(
         options.progress,
@@ -266,49 +366,38 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         combinations.len() as u64,
         "verify",
     );
-    let mut baseline_output = None;
+    let mut baseline_output: Option<Vec<u8>> = None;
     for strategies in &combinations {
-        let output = workload.output(*strategies)?;
-        let got = digest(&output);
-        if options.print_digests {
-            if strategies.is_empty() {
-                println!(
-                    "{} ({}): expected = \"{got}\"",
-                    scenario.name,
-                    if options.quick { "quick" } else { "full" }
-                );
-            }
-        } else if got != size.expected {
+        let output = workload.run(*strategies)?.bytes()?.into_owned();
+        if digest(&output) != expected {
             bail!(mismatch_report(
                 &scenario.name,
                 *strategies,
                 &output,
                 baseline_output.as_deref(),
-                &size.expected
+                &expected
             ));
         }
-        if strategies.is_empty() {
+        if baseline_output.is_none() {
             baseline_output = Some(output);
-        } else if Some(&output) != baseline_output.as_ref() {
-            bail!(mismatch_report(
-                &scenario.name,
-                *strategies,
-                &output,
-                baseline_output.as_deref(),
-                &digest(baseline_output.as_deref().unwrap_or_default())
-            ));
         }
         progress.inc();
     }
     progress.finish();
-    let digest = digest(baseline_output.as_deref().unwrap_or_default());
-    let arms = arms(stage, options.only.map(|s| s.restrict(stage)));
+    let verified = baseline_output.unwrap_or_default();
+    let arms = arms(
+        stage,
+        options
+            .only
+            .unwrap_or_else(|| StrategySet::all())
+            .restrict(stage),
+    );
     let mut result = ScenarioResult {
         scenario: scenario.name.clone(),
         stage,
         size: if options.quick { "quick" } else { "full" },
         units: workload.units(),
-        digest,
+        digest: digest(&verified),
         combinations_verified: combinations.len(),
         arms: Vec::new(),
         peers: Vec::new(),
@@ -318,7 +407,7 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         return Ok(result);
     }
 
-    // 2. Measure the arms, interleaved.
+    // 2. Measure the arms, interleaved; what every timed run returned is checked.
     let repeats = options.repeats.unwrap_or(size.repeats).max(1);
     let mut results: Vec<ArmResult> = arms
         .iter()
@@ -334,19 +423,47 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         (repeats * arms.len()) as u64,
         "measure",
     );
-    // One untimed warm-up round.
-    for (_, s) in &arms {
-        workload.run(*s)?;
-    }
-    for round in 0..repeats {
+    // Digests of the last round's stores: every arm has run as often by then.
+    let mut last_stores: Vec<Option<String>> = vec![None; arms.len()];
+    // One untimed warm-up round (round 0), then the timed ones.
+    for round in 0..=repeats {
         // Rotate the starting arm each round so no arm always runs first.
         for k in 0..arms.len() {
             let i = (k + round) % arms.len();
             let start = Instant::now();
-            workload.run(arms[i].1)?;
-            results[i].samples.push(start.elapsed());
-            progress.inc();
+            let output = workload.run(arms[i].1)?;
+            let elapsed = start.elapsed();
+            match output {
+                Output::Bytes(bytes) if bytes != verified.as_slice() => bail!(
+                    "scenario {}: run {round} of `{}` differs from its verified output {}",
+                    scenario.name,
+                    arms[i].1,
+                    first_difference(&verified, bytes, "verified", &arms[i].1.to_string())
+                ),
+                Output::Bytes(_) => {}
+                store @ Output::Store(_) => {
+                    if round == repeats {
+                        last_stores[i] = Some(digest(&store.bytes()?));
+                    }
+                }
+            }
+            if round > 0 {
+                results[i].samples.push(elapsed);
+                progress.inc();
+            }
         }
+    }
+    if let Some((i, _)) = last_stores
+        .iter()
+        .enumerate()
+        .find(|(_, d)| **d != last_stores[0])
+    {
+        bail!(
+            "scenario {}: after {} runs each, `{}` left a store different from the baseline's",
+            scenario.name,
+            repeats + 2,
+            arms[i].1
+        );
     }
     progress.finish();
     result.arms = results;
