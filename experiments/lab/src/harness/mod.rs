@@ -511,3 +511,155 @@ pub fn ablate(names: &[String], options: &AblateOptions) -> Result<Vec<ScenarioR
     }
     Ok(results)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(names: &str) -> StrategySet {
+        names.parse().unwrap()
+    }
+
+    fn names(arms: &[(String, StrategySet)]) -> Vec<&str> {
+        arms.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn arms_are_baseline_alone_all_but_one_all_without_repeats() {
+        // One strategy: baseline and it.
+        let a = arms(Stage::Ingest, set("series-cache"));
+        assert_eq!(names(&a), ["baseline", "series-cache"]);
+        // Two: "all but one" is the other alone, so it is not repeated.
+        let a = arms(Stage::Ingest, set("series-cache,batch-routing"));
+        assert_eq!(
+            names(&a),
+            ["baseline", "series-cache", "batch-routing", "all"]
+        );
+        assert_eq!(a[3].1, set("series-cache,batch-routing"));
+        // Three: each alone, each left out, all.
+        let a = arms(Stage::Write, StrategySet::all());
+        assert_eq!(a.len(), 8);
+        assert_eq!(a[4], ("all-key-cache".to_string(), set("increment-once,mmap-store")));
+        assert_eq!(a[7].1, StrategySet::all().restrict(Stage::Write));
+        // Strategies of other stages are not arms; prerender is one of export's.
+        let a = arms(Stage::Export, set("key-cache,prerender"));
+        assert_eq!(names(&a), ["baseline", "prerender"]);
+        assert_eq!(arms(Stage::Render, StrategySet::NONE).len(), 1);
+        for stage in Stage::ALL {
+            let a = arms(stage, StrategySet::all());
+            let distinct: std::collections::HashSet<_> = a.iter().map(|(_, s)| *s).collect();
+            assert_eq!(distinct.len(), a.len(), "{stage}");
+        }
+    }
+
+    #[test]
+    fn configured_is_the_features_of_the_stage_or_all_of_it() {
+        for stage in Stage::ALL {
+            let features = StrategySet::compiled_default().restrict(stage);
+            let expected = if features.is_empty() {
+                StrategySet::all().restrict(stage)
+            } else {
+                features
+            };
+            assert_eq!(configured(stage), expected);
+        }
+    }
+
+    #[test]
+    fn built_in_scenarios_are_typed() {
+        let stages: Vec<(Stage, Stage)> = BUILT_IN
+            .iter()
+            .map(|(name, _)| {
+                let s = load_scenario(name).unwrap();
+                (s.stage(), s.full.params.stage())
+            })
+            .collect();
+        use Stage::*;
+        let expected = [Write, Export, Export, Export, Render, Ingest, Ingest];
+        assert_eq!(stages, expected.map(|s| (s, s)));
+        let asap = load_scenario("asap-1e5").unwrap();
+        assert_eq!(
+            asap.quick.params,
+            Generator::Asap {
+                groups: 50,
+                series_per_group: 100,
+                ticks: 65
+            }
+        );
+    }
+
+    #[test]
+    fn bad_scenarios_are_errors() {
+        let scenario = |quick: &str, full: &str| {
+            format!("name = \"x\"\ndescription = \"d\"\n[quick]\nparams = {quick}\nrepeats = 1\nexpected = \"\"\n[full]\nparams = {full}\nrepeats = 1\nexpected = \"\"\n")
+        };
+        let parse = |text: String| toml::from_str::<Scenario>(&text);
+        let ok = "{ generator = \"long-label\", steps = 3 }";
+        assert!(parse(scenario(ok, ok)).is_ok());
+        for bad in [
+            "{ generator = \"long-label\" }",
+            "{ generator = \"long-label\", steps = 3, extra = 1 }",
+            "{ generator = \"long-label\", steps = -3 }",
+            "{ generator = \"nope\", steps = 3 }",
+            "{ steps = 3 }",
+        ] {
+            assert!(parse(scenario(bad, ok)).is_err(), "{bad}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mixed.toml");
+        std::fs::write(
+            &path,
+            scenario(ok, "{ generator = \"prometheus-captures\", passes = 1 }"),
+        )
+        .unwrap();
+        let err = load_scenario(path.to_str().unwrap()).unwrap_err();
+        assert!(err.to_string().contains("stage"), "{err}");
+    }
+
+    /// The write stage's warm writers: verified on their first run, then
+    /// compared after the same number of timed runs.
+    #[test]
+    fn ablate_verifies_the_warm_writers_it_times() {
+        let mut scenario = load_scenario("write-long-label").unwrap();
+        scenario.quick.params = Generator::LongLabel { steps: 200 };
+        scenario.quick.expected = digest(&expected_answer(&scenario.quick.params).unwrap());
+        let options = AblateOptions {
+            quick: true,
+            only: None,
+            out: None,
+            repeats: Some(2),
+            print_digests: false,
+            progress: false,
+            peers: false,
+            with_clickhouse: false,
+        };
+        let result = run_scenario(&scenario, &options).unwrap();
+        assert_eq!(result.arms.len(), 8);
+        assert!(result.arms.iter().all(|a| a.samples.len() == 2));
+        assert_eq!(result.digest, scenario.quick.expected);
+        // A wrong digest stops the run, naming the strategies.
+        scenario.quick.expected = "0".repeat(64);
+        let err = run_scenario(&scenario, &options).unwrap_err();
+        assert!(err.to_string().contains("strategies `none`"), "{err}");
+    }
+
+    #[test]
+    fn ingest_runs_return_their_verified_answer() {
+        let scenario = load_scenario("prometheus-captures").unwrap();
+        let params = Generator::PrometheusCaptures { passes: 1 };
+        let mut workload = workloads::build(&params).unwrap();
+        let first = workload
+            .run(StrategySet::NONE)
+            .unwrap()
+            .bytes()
+            .unwrap()
+            .into_owned();
+        assert!(first.starts_with(b"[") && first.ends_with(b"\n"));
+        let all = StrategySet::all();
+        assert_eq!(&*workload.run(all).unwrap().bytes().unwrap(), &first[..]);
+        // At its quick size the answer is the scenario's digest.
+        let mut quick = workloads::build(&scenario.quick.params).unwrap();
+        let got = digest(&quick.run(all).unwrap().bytes().unwrap());
+        assert_eq!(got, scenario.quick.expected);
+    }
+}
