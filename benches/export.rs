@@ -20,9 +20,15 @@ use promlab_lab::harness;
 fn bench_scenario(c: &mut Criterion, name: &str, samples: usize) {
     let scenario = harness::load_scenario(name).unwrap();
     let size = &scenario.full;
-    arms::bench_workload(c, &format!("export/{name}"), &size.params, &size.expected, |g| {
-        g.sample_size(samples);
-    });
+    arms::bench_workload(
+        c,
+        &format!("export/{name}"),
+        &size.params,
+        &size.expected,
+        |g| {
+            g.sample_size(samples);
+        },
+    );
 }
 
 fn seed_repro(c: &mut Criterion) {

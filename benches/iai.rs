@@ -44,7 +44,10 @@ fn arm_run(scenario: &str, params: Option<Generator>, index: usize) -> Option<Ar
     let scenario = harness::load_scenario(scenario).unwrap();
     let stage = scenario.stage();
     let arms = harness::arms(stage, harness::configured(stage));
-    assert!(arms.len() <= MAX_ARMS, "{stage} has more arms than MAX_ARMS");
+    assert!(
+        arms.len() <= MAX_ARMS,
+        "{stage} has more arms than MAX_ARMS"
+    );
     let (_, strategies) = *arms.get(index)?;
     let (params, expected) = match params {
         Some(params) if params != scenario.quick.params => {

@@ -219,7 +219,11 @@ fn bench_query(c: &mut Criterion<ThreadCpu>) {
         assert_eq!(answer.groups.len() as u64, generator.workload.groups);
         // The reference sketch's answer is what `bulk-sketch` must give.
         let answer = serde_json::to_vec(&answer).unwrap();
-        arms::check(name, &answer, reference_answer.get_or_insert(answer.clone()));
+        arms::check(
+            name,
+            &answer,
+            reference_answer.get_or_insert(answer.clone()),
+        );
         group.bench_function(BenchmarkId::new("all_groups", name), |b| {
             b.iter(|| black_box(ingester.query("data", None)))
         });

@@ -98,7 +98,10 @@ impl Summary {
 
     pub fn print(&self) {
         let medians: Vec<Option<f64>> = self.arms.iter().map(|a| self.median_ns(a)).collect();
-        println!("\n{} — medians of this run, ratio = arm / baseline:", self.group);
+        println!(
+            "\n{} — medians of this run, ratio = arm / baseline:",
+            self.group
+        );
         if std::env::args().any(|a| a == "--test") {
             println!("  (--test: each arm ran once, after its output was verified)\n");
             return;
@@ -108,7 +111,10 @@ impl Summary {
             return;
         }
         let width = self.arms.iter().map(String::len).max().unwrap_or(0).max(3);
-        println!("  {:<width$}  {:>12}  {:>8}  {:>8}", "arm", "median", "ratio", "speed-up");
+        println!(
+            "  {:<width$}  {:>12}  {:>8}  {:>8}",
+            "arm", "median", "ratio", "speed-up"
+        );
         let base = medians.first().copied().flatten();
         for (arm, median) in self.arms.iter().zip(&medians) {
             match (median, base) {

@@ -50,7 +50,8 @@ for feature in "${features[@]}"; do
     fi
     t0=$(date +%s)
     # Every bench (iai included) must build with the feature.
-    cargo bench -p promlab-lab --features "$feature" --no-run
+    cargo bench -p promlab-lab --features "$feature" \
+        --bench write --bench export --bench render --bench ingest --bench iai --no-run
     for stage in $stages; do
         echo "== --features $feature --bench $stage -- --test"
         cargo bench -p promlab-lab --features "$feature" --bench "$stage" -- --test

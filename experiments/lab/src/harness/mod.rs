@@ -148,8 +148,8 @@ pub fn load_scenario(name_or_path: &str) -> Result<Scenario> {
             )
         }
     };
-    let scenario: Scenario = toml::from_str(&text)
-        .with_context(|| format!("scenario {name_or_path} does not parse"))?;
+    let scenario: Scenario =
+        toml::from_str(&text).with_context(|| format!("scenario {name_or_path} does not parse"))?;
     if scenario.quick.params.stage() != scenario.full.params.stage() {
         bail!(
             "scenario {name_or_path}: its quick size runs the {} stage but its full size the {}",
@@ -539,7 +539,13 @@ mod tests {
         // Three: each alone, each left out, all.
         let a = arms(Stage::Write, StrategySet::all());
         assert_eq!(a.len(), 8);
-        assert_eq!(a[4], ("all-key-cache".to_string(), set("increment-once,mmap-store")));
+        assert_eq!(
+            a[4],
+            (
+                "all-key-cache".to_string(),
+                set("increment-once,mmap-store")
+            )
+        );
         assert_eq!(a[7].1, StrategySet::all().restrict(Stage::Write));
         // Strategies of other stages are not arms; prerender is one of export's.
         let a = arms(Stage::Export, set("key-cache,prerender"));
