@@ -389,7 +389,7 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         stage,
         options
             .only
-            .unwrap_or_else(|| StrategySet::all())
+            .unwrap_or_else(StrategySet::all)
             .restrict(stage),
     );
     let mut result = ScenarioResult {
