@@ -180,7 +180,6 @@ struct Render {
     awkward_names: bool,
     scenarios: HashMap<StrategySet, promlab::render::rabbitmq::Scenario>,
     body: Vec<u8>,
-    lines: u64,
 }
 
 impl Render {
@@ -190,7 +189,6 @@ impl Render {
             awkward_names,
             scenarios: HashMap::new(),
             body: Vec::new(),
-            lines: 0,
         }
     }
 
@@ -214,12 +212,13 @@ impl Workload for Render {
         let mut body = std::mem::take(&mut self.body);
         self.scenario(strategies)?.render_per_object(&mut body);
         self.body = body;
-        self.lines = self.body.iter().filter(|&&b| b == b'\n').count() as u64;
         Ok(Output::Bytes(&self.body))
     }
 
+    /// The lines of the last scrape (every scrape has as many).
     fn units(&self) -> (u64, &'static str) {
-        (self.lines, "lines")
+        let lines = self.body.iter().filter(|&&b| b == b'\n').count();
+        (lines as u64, "lines")
     }
 }
 
