@@ -20,6 +20,10 @@
 //! the expected answer (the scenario's digest at its own size,
 //! `harness::expected_answer` at a smaller one) before the counted run.
 //!
+//! iai-callgrind names them `<function> arm_<i>:<setup>(<i>)`; with no
+//! feature, `write_long_label arm_8` and `arm_9` (write has 8 arms) and
+//! render's `arm_2`..`arm_9` are such empty benchmarks (20 instructions).
+//!
 //! Run with `cargo bench --features S --bench iai` (needs valgrind and
 //! `iai-callgrind-runner` 0.16.1 on the PATH); build without
 //! `target-cpu=native`, since valgrind cannot run AVX-512 code.
