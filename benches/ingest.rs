@@ -1,20 +1,27 @@
-//! Ingest benchmarks on the seed's workload: 1,000 groups × 100 series, one
-//! sample per series per second, 50,000 rows per request (the feeder's
-//! generator, in process). Side by side in one run:
-//! - `ingest_handle`: `Ingester::handle` on ticks 1..=3 (300,000 samples, six
-//!   request bodies as sent) after tick 0 warmed the ingester, for the
-//!   baseline, each strategy alone, and all four (throughput in samples/s, one core);
-//! - `ingest_decode`: snappy alone, then snappy + owned (prost) vs borrowed decode;
-//! - `ingest_query`: the quantiles of all 1,000 groups of a closed window.
+//! Ingest benchmarks, side by side in one run:
+//! - `ingest/asap-1e5`: the ablation's own run (`harness::workloads`) of the
+//!   `asap-1e5` scenario at its quick size — the feeder's requests (50 groups ×
+//!   100 series, one sample per series per second, 65 ticks: 325,000 samples in
+//!   50,000-row requests) into a fresh ingester, the flush, and the query of
+//!   every group — per arm (see `support/arms.rs`; throughput in samples/s, one core);
+//! - `ingest/prometheus-captures`: the same for the 27 requests a real
+//!   Prometheus 2.42 sent, 4 passes;
+//! - `ingest_decode` (when `borrowed-decode` is an arm): snappy alone, then
+//!   snappy + owned (prost) vs borrowed decode, on the seed's 1,000 groups;
+//! - `ingest_query` (when `bulk-sketch` is an arm): the quantiles of all
+//!   1,000 groups of a closed window, reference vs `bulk-sketch`.
 //!
-//! Times are this thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time:
-//! the machine is shared, and CPU per sample on one core is what the targets are about.
+//! Each arm's answer (quantiles and counters) must match the scenario's digest
+//! before it is timed. Times are this thread's CPU time
+//! (`CLOCK_THREAD_CPUTIME_ID`), not wall time: the machine is shared, and CPU
+//! per sample on one core is what the targets are about.
 //!
-//! `PROMLAB_BENCH_GROUPS` changes the number of groups (e.g. 100 for a quick look).
+//! `PROMLAB_BENCH_GROUPS` changes the number of groups of `ingest/asap-1e5`
+//! (its answer then comes from `harness::expected_answer`) and of the others.
 //!
 //! ```text
-//! cargo bench --bench ingest
-//! cargo bench --bench ingest -- 'ingest_handle/(baseline|all)' --profile-time 10   # flamegraphs
+//! cargo bench --features series-cache,batch-routing --bench ingest
+//! cargo bench --bench ingest -- 'ingest/asap-1e5/(baseline|borrowed)' --profile-time 10   # flamegraphs
 //! ```
 
 use criterion::measurement::{Measurement, ValueFormatter};
@@ -24,33 +31,28 @@ use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::ingest::wire::{self, WriteRequest};
 use promlab::strategy::{Stage, Strategy, StrategySet};
+use promlab_lab::harness::{self, Generator};
 use std::hint::black_box;
 use std::time::Duration;
 
 const START_MS: i64 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000;
 
-fn workload() -> Workload {
-    let groups = std::env::var("PROMLAB_BENCH_GROUPS")
+fn bench_groups() -> Option<u64> {
+    std::env::var("PROMLAB_BENCH_GROUPS")
         .ok()
         .and_then(|g| g.parse().ok())
-        .unwrap_or(1000);
+}
+
+fn workload() -> Workload {
     Workload {
-        groups,
+        groups: bench_groups().unwrap_or(1000),
         ..Workload::seed(START_MS)
     }
 }
 
-/// The sets compared: baseline, each strategy alone, all.
-fn sets() -> Vec<(String, StrategySet)> {
-    let mut sets = vec![("baseline".to_string(), StrategySet::NONE)];
-    for s in Stage::Ingest.strategies() {
-        sets.push((s.name().to_string(), StrategySet::NONE.with(s)));
-    }
-    sets.push((
-        "all".to_string(),
-        StrategySet::all().restrict(Stage::Ingest),
-    ));
-    sets
+/// Whether the build's ingest arms include `strategy`.
+fn ablated(strategy: Strategy) -> bool {
+    harness::configured(Stage::Ingest).contains(strategy)
 }
 
 /// CPU time of the calling thread, in nanoseconds.
@@ -129,33 +131,34 @@ impl ValueFormatter for CpuFormatter {
     }
 }
 
-fn bench_handle(c: &mut Criterion<ThreadCpu>) {
-    let generator = workload().generator();
-    let warm = generator.tick_bodies(0);
-    let bodies: Vec<Vec<u8>> = (1..=3).flat_map(|t| generator.tick_bodies(t)).collect();
-    let samples = 3 * generator.workload.samples_per_tick();
-    let mut group = c.benchmark_group("ingest_handle");
-    group.throughput(Throughput::Elements(samples));
-    group.sample_size(10);
-    group.warm_up_time(Duration::from_secs(1));
-    group.measurement_time(Duration::from_secs(8));
-    for (name, set) in sets() {
-        let mut ingester = Ingester::new(Plan::default(), set);
-        for body in &warm {
-            ingester.handle(body).unwrap();
-        }
-        group.bench_function(BenchmarkId::from_parameter(&name), |b| {
-            b.iter(|| {
-                for body in &bodies {
-                    black_box(ingester.handle(body).unwrap());
-                }
-            })
-        });
+fn bench_scenarios(c: &mut Criterion<ThreadCpu>) {
+    let asap = harness::load_scenario("asap-1e5").unwrap();
+    let (mut params, mut expected) = (asap.quick.params.clone(), asap.quick.expected.clone());
+    if let (Some(n), Generator::Asap { groups, .. }) = (bench_groups(), &mut params) {
+        *groups = n;
+        expected = harness::digest(&harness::expected_answer(&params).unwrap());
     }
-    group.finish();
+    arms::bench_workload(c, "ingest/asap-1e5", &params, &expected, |g| {
+        g.sample_size(10)
+            .warm_up_time(Duration::from_secs(1))
+            .measurement_time(Duration::from_secs(8));
+    });
+    let captures = harness::load_scenario("prometheus-captures").unwrap();
+    arms::bench_workload(
+        c,
+        "ingest/prometheus-captures",
+        &captures.quick.params,
+        &captures.quick.expected,
+        |g| {
+            g.sample_size(20);
+        },
+    );
 }
 
 fn bench_decode(c: &mut Criterion<ThreadCpu>) {
+    if !ablated(Strategy::BorrowedDecode) {
+        return;
+    }
     let generator = workload().generator();
     let bodies = generator.tick_bodies(1);
     let samples = generator.workload.samples_per_tick();
@@ -192,8 +195,12 @@ fn bench_decode(c: &mut Criterion<ThreadCpu>) {
 }
 
 fn bench_query(c: &mut Criterion<ThreadCpu>) {
+    if !ablated(Strategy::BulkSketch) {
+        return;
+    }
     let generator = workload().generator();
     let mut group = c.benchmark_group("ingest_query");
+    let mut reference_answer = None;
     for (name, set) in [
         ("reference", StrategySet::NONE),
         ("bulk-sketch", StrategySet::NONE.with(Strategy::BulkSketch)),
@@ -208,9 +215,14 @@ fn bench_query(c: &mut Criterion<ThreadCpu>) {
             }
         }
         ingester.flush();
-        assert_eq!(
-            ingester.query("data", None).unwrap().groups.len() as u64,
-            generator.workload.groups
+        let answer = ingester.query("data", None).unwrap();
+        assert_eq!(answer.groups.len() as u64, generator.workload.groups);
+        // The reference sketch's answer is what `bulk-sketch` must give.
+        let answer = serde_json::to_vec(&answer).unwrap();
+        arms::check(
+            name,
+            &answer,
+            reference_answer.get_or_insert(answer.clone()),
         );
         group.bench_function(BenchmarkId::new("all_groups", name), |b| {
             b.iter(|| black_box(ingester.query("data", None)))
@@ -219,12 +231,14 @@ fn bench_query(c: &mut Criterion<ThreadCpu>) {
     group.finish();
 }
 
+#[path = "support/arms.rs"]
+mod arms;
 #[path = "support/profiler.rs"]
 mod profiler;
 
 criterion_group! {
     name = benches;
     config = profiler::criterion().with_measurement(ThreadCpu);
-    targets = bench_handle, bench_decode, bench_query
+    targets = bench_scenarios, bench_decode, bench_query
 }
 criterion_main!(benches);

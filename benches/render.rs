@@ -1,9 +1,13 @@
 //! Render benchmarks on RabbitMQ's per-object scenario at N = 10,000 queues
 //! (630,000 series), side by side in one run:
-//! - `render_630k`: the baseline vs `prerender`, and the `prometheus-client`
-//!   and `prometheus` crates rendering the same families (throughput in lines/s);
+//! - `render_630k`: the arms (see `support/arms.rs`: baseline and `prerender`
+//!   unless the features say otherwise), and the `prometheus-client` and
+//!   `prometheus` crates rendering the same families (throughput in lines/s);
 //! - `scrape_http_630k`: time to last byte of a full scrape from `promlab`'s
-//!   server over loopback, plain and gzip, baseline and `prerender`.
+//!   server over loopback, plain and gzip, per arm.
+//!
+//! Every arm's registry must render the expected exposition
+//! (`harness::expected_answer`) before it is timed or served.
 //!
 //! `PROMLAB_BENCH_QUEUES` changes the scale (e.g. 1000 for a quick look).
 //!
@@ -14,8 +18,9 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use prometheus_client::encoding::text::encode;
 use promlab::render::rabbitmq::RabbitMqNode;
-use promlab::strategy::{Strategy, StrategySet};
+use promlab::strategy::Stage;
 use promlab_lab::harness::peers::crates_render::{prometheus_client_registry, prometheus_registry};
+use promlab_lab::harness::{self, Generator};
 use promlab_lab::http_client::Client;
 use promlab_lab::serve::metrics::{app, Source};
 use std::hint::black_box;
@@ -29,37 +34,51 @@ fn queues() -> usize {
         .unwrap_or(10_000)
 }
 
-fn prerender() -> StrategySet {
-    StrategySet::NONE.with(Strategy::Prerender)
+/// Each arm's registry, checked against the expected exposition.
+fn verified_scenarios(n: usize) -> Vec<(String, RabbitMqNode)> {
+    let expected = harness::expected_answer(&Generator::Rabbitmq {
+        queues: n,
+        awkward_names: false,
+    })
+    .unwrap();
+    let mut out = Vec::new();
+    arms::arms(Stage::Render)
+        .into_iter()
+        .map(|(arm, set)| {
+            let scenario = RabbitMqNode::build(n, false, set).unwrap();
+            scenario.render_per_object(&mut out);
+            arms::check(&arm, &out, &expected);
+            (arm, scenario)
+        })
+        .collect()
 }
 
 fn render(c: &mut Criterion) {
     let n = queues();
-    let baseline = RabbitMqNode::build(n, false, StrategySet::NONE).unwrap();
-    let fast = RabbitMqNode::build(n, false, prerender()).unwrap();
+    let scenarios = verified_scenarios(n);
+    let baseline = &scenarios[0].1;
     let lines = baseline.series_count() as u64;
 
-    let mut group = c.benchmark_group(format!("render_{}k", lines / 1000));
+    let group_name = format!("render_{}k", lines / 1000);
+    let mut summary = arms::Summary::new(&group_name);
+    let mut group = c.benchmark_group(&group_name);
     group.throughput(Throughput::Elements(lines));
     group
         .sample_size(10)
         .warm_up_time(Duration::from_secs(2))
         .measurement_time(Duration::from_secs(8));
     let mut out = Vec::new();
-    group.bench_function("baseline", |b| {
-        b.iter(|| {
-            baseline.render_per_object(&mut out);
-            black_box(out.len())
-        })
-    });
-    group.bench_function("prerender", |b| {
-        b.iter(|| {
-            fast.render_per_object(&mut out);
-            black_box(out.len())
-        })
-    });
+    for (arm, scenario) in &scenarios {
+        group.bench_function(arm.as_str(), |b| {
+            b.iter(|| {
+                scenario.render_per_object(&mut out);
+                black_box(out.len())
+            })
+        });
+        summary.arm(arm);
+    }
 
-    let client = prometheus_client_registry(&baseline).unwrap();
+    let client = prometheus_client_registry(baseline).unwrap();
     let mut text = String::new();
     group.bench_function("prometheus-client", |b| {
         b.iter(|| {
@@ -69,8 +88,9 @@ fn render(c: &mut Criterion) {
         })
     });
     drop(client);
+    summary.arm("prometheus-client");
 
-    let rust_prometheus = prometheus_registry(&baseline).unwrap();
+    let rust_prometheus = prometheus_registry(baseline).unwrap();
     let encoder = prometheus::TextEncoder::new();
     group.bench_function("prometheus", |b| {
         b.iter(|| {
@@ -79,7 +99,9 @@ fn render(c: &mut Criterion) {
             black_box(out.len())
         })
     });
+    summary.arm("prometheus");
     group.finish();
+    summary.print();
 
     // The same seam without the two families of full-precision ratios, whose
     // Ruby-exact formatting (a slow exact fallback in `rubyfloat`) costs as
@@ -93,33 +115,37 @@ fn render(c: &mut Criterion) {
             })
             .collect()
     };
-    let (baseline_families, fast_families) = (integral(&baseline), integral(&fast));
-    let integral_lines: usize = baseline_families
+    let families: Vec<_> = scenarios.iter().map(|(_, s)| integral(s)).collect();
+    let integral_lines: usize = families[0]
         .iter()
         .map(|&f| baseline.registry().values(f).len())
         .sum();
-    let mut group = c.benchmark_group(format!("render_{}k_integral_values", integral_lines / 1000));
+    // No independent answer for this subset: every arm must render the baseline's.
+    let mut expected = Vec::new();
+    baseline
+        .registry()
+        .render_families_into(&families[0], &mut expected);
+    let group_name = format!("render_{}k_integral_values", integral_lines / 1000);
+    let mut summary = arms::Summary::new(&group_name);
+    let mut group = c.benchmark_group(&group_name);
     group.throughput(Throughput::Elements(integral_lines as u64));
     group
         .sample_size(10)
         .warm_up_time(Duration::from_secs(2))
         .measurement_time(Duration::from_secs(8));
-    group.bench_function("baseline", |b| {
-        b.iter(|| {
-            baseline
-                .registry()
-                .render_families_into(&baseline_families, &mut out);
-            black_box(out.len())
-        })
-    });
-    group.bench_function("prerender", |b| {
-        b.iter(|| {
-            fast.registry()
-                .render_families_into(&fast_families, &mut out);
-            black_box(out.len())
-        })
-    });
+    for ((arm, scenario), families) in scenarios.iter().zip(&families) {
+        scenario.registry().render_families_into(families, &mut out);
+        arms::check(arm, &out, &expected);
+        group.bench_function(arm.as_str(), |b| {
+            b.iter(|| {
+                scenario.registry().render_families_into(families, &mut out);
+                black_box(out.len())
+            })
+        });
+        summary.arm(arm);
+    }
     group.finish();
+    summary.print();
 }
 
 /// One scrape on a fresh connection (`Connection: close`): request sent → last
@@ -144,8 +170,7 @@ fn scrape_http(c: &mut Criterion) {
         .build()
         .unwrap();
     let mut servers = Vec::new();
-    for (name, set) in [("baseline", StrategySet::NONE), ("prerender", prerender())] {
-        let scenario = RabbitMqNode::build(n, false, set).unwrap();
+    for (name, scenario) in verified_scenarios(n) {
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
@@ -154,18 +179,22 @@ fn scrape_http(c: &mut Criterion) {
         servers.push((name, addr));
     }
 
-    let mut group = c.benchmark_group(format!("scrape_http_{}k", n * 63 / 1000));
+    let group_name = format!("scrape_http_{}k", n * 63 / 1000);
+    let mut summary = arms::Summary::new(&group_name);
+    let mut group = c.benchmark_group(&group_name);
     group
         .sample_size(10)
         .warm_up_time(Duration::from_secs(2))
         .measurement_time(Duration::from_secs(8));
     let client = Client::new(None, 1);
     let mut body = Vec::new();
-    for &(name, addr) in &servers {
+    for (name, addr) in &servers {
+        let (name, addr) = (name.as_str(), *addr);
         for gzip in [false, true] {
             let bytes = scrape(&client, addr, gzip, &mut body);
             eprintln!("{name} gzip={gzip}: {bytes} body bytes");
             let id = BenchmarkId::new(name, if gzip { "gzip" } else { "plain" });
+            summary.arm(&format!("{name}/{}", if gzip { "gzip" } else { "plain" }));
             group.bench_function(id, |b| {
                 b.iter_custom(|iters| {
                     let start = Instant::now();
@@ -178,8 +207,12 @@ fn scrape_http(c: &mut Criterion) {
         }
     }
     group.finish();
+    summary.print();
     drop(runtime);
 }
+
+#[path = "support/arms.rs"]
+mod arms;
 
 criterion_group!(benches, render, scrape_http);
 criterion_main!(benches);

@@ -1,15 +1,20 @@
 //! The strategy switchboard.
 //!
-//! A *strategy* is one optimization that swaps one seam of the pipeline. Every
-//! strategy's code is always compiled; a cargo feature only decides whether the
-//! strategy is on by *default* in that build. What actually runs is a
-//! [`StrategySet`], chosen at run time (`--strategies key-cache,decode-once`,
-//! `none`, `all`, or `default`), so one binary can walk the whole ablation
-//! matrix. This file is the only place that reads the strategy features.
+//! A *strategy* is one optimization that swaps one seam of the pipeline. What
+//! actually runs is a [`StrategySet`], chosen at run time (`--strategies
+//! key-cache,decode-once`, `none`, `all`, or `default`), so one binary can
+//! walk the whole ablation matrix, interleaving the arms round by round.
 //!
-//! `default` is the set the build's features name, and every strategy when
-//! they name none: a plain build serves the fastest verified configuration,
-//! and the baseline is opt-in (`--strategies none`).
+//! **What a cargo feature means.** Every strategy's code is always compiled;
+//! a feature (`--features series-cache`) only turns its strategy on *by
+//! default* in that build: it is in [`StrategySet::compiled_default`], which
+//! `--strategies default` (every subcommand's default) resolves to, and which
+//! the benches ablate (`cargo bench --features S --bench STAGE`: baseline,
+//! each strategy of S alone, S minus each, S). A build that names no feature
+//! defaults to every strategy: a plain build serves the fastest verified
+//! configuration, and the baseline is opt-in (`--strategies none`). A feature
+//! never removes or adds code, so any build can still run and verify every
+//! combination. This file is the only place that reads the strategy features.
 
 use std::fmt;
 use std::str::FromStr;

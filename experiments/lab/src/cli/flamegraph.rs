@@ -42,7 +42,7 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<()> {
     }
     let duration = Duration::from_secs_f64(args.seconds);
     let scenario = crate::harness::load_scenario(&args.scenario)?;
-    let stage = scenario.stage()?;
+    let stage = scenario.stage();
     // Only the scenario's own stage has strategies that change its runs.
     let strategies = args.strategies.restrict(stage);
     if strategies.is_empty() && !args.strategies.is_empty() {
@@ -81,9 +81,9 @@ fn profile(
     strategies: StrategySet,
     duration: Duration,
 ) -> Result<(Vec<u8>, String)> {
-    let stage = scenario.stage()?;
+    let stage = scenario.stage();
     let size = scenario.size(args.quick);
-    let mut workload = crate::harness::workloads::build(scenario, size, stage)
+    let mut workload = crate::harness::workloads::build(&size.params)
         .with_context(|| format!("cannot build scenario {}", scenario.name))?;
     workload.run(strategies)?;
 

@@ -1,15 +1,17 @@
 //! The research harness: scenarios as data, verified before they are timed.
 //!
-//! A scenario (`experiments/scenarios/*.toml`) names its stage, its generator
-//! and the generator's parameters at two sizes (`quick` for CI and the default
-//! run, `full` for the real figures), each with the SHA-256 of the output every
-//! strategy combination must produce — the way rebar's definitions carry their
-//! expected answer. [`ablate`] then
+//! A scenario (`experiments/scenarios/*.toml`) names its generator and the
+//! generator's typed parameters ([`Generator`], which also decides the stage)
+//! at two sizes (`quick` for CI and the default run, `full` for the real
+//! figures), each with the SHA-256 of the output every strategy combination
+//! must produce — the way rebar's definitions carry their expected answer.
+//! [`ablate`] then
 //! 1. **verifies** every combination of the stage's strategies against that
 //!    digest, stopping with the combination and the first differing line;
-//! 2. **measures** the arms — baseline, each strategy alone, all but one, all —
-//!    interleaved round by round (A B C … A B C …) so drift hits every arm
-//!    alike, and reports medians, spread and the speed-up over the baseline;
+//! 2. **measures** the arms ([`arms`]: baseline, each strategy alone, all but
+//!    one, all) interleaved round by round (A B C … A B C …) so drift hits
+//!    every arm alike, checking what every timed run returned, and reports
+//!    medians, spread and the speed-up over the baseline;
 //! 3. **reports** a terminal table and a CSV per scenario plus `machine.txt`.
 
 pub mod dossier;
@@ -29,10 +31,7 @@ use std::time::{Duration, Instant};
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     pub name: String,
-    pub stage: String,
     pub description: String,
-    /// Which generator builds the workload (see [`workloads::build`]).
-    pub generator: String,
     pub quick: Size,
     pub full: Size,
 }
@@ -41,18 +40,64 @@ pub struct Scenario {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Size {
-    /// Generator parameters (numbers and strings).
-    #[serde(default)]
-    pub params: toml::Table,
+    /// Which generator builds the workload, with its parameters.
+    pub params: Generator,
     /// How many timed rounds (each runs every arm once).
     pub repeats: usize,
     /// SHA-256 (hex) of the output every strategy combination must produce.
     pub expected: String,
 }
 
+/// A workload generator and its parameters (`params = { generator = "asap", groups = 50, … }`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(tag = "generator", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Generator {
+    /// Write: `steps` × (histogram observe + counter increment), 195-character label.
+    LongLabel { steps: usize },
+    /// Export: the slow-export report's repro, written by promlab's writer.
+    SeedRepro { processes: usize, statements: usize },
+    /// Export: the larger case, generated.
+    Large {
+        processes: usize,
+        statements: usize,
+        max_len: usize,
+    },
+    /// Export: a store client_ruby wrote (a fixture case), with Ruby's exposition.
+    RubyStore { case: String },
+    /// Render: RabbitMQ's per-object scrape of `queues` queues.
+    Rabbitmq {
+        queues: usize,
+        #[serde(default)]
+        awkward_names: bool,
+    },
+    /// Ingest: the feeder's workload, `ticks` seconds of it.
+    Asap {
+        groups: u64,
+        series_per_group: u64,
+        ticks: u64,
+    },
+    /// Ingest: the requests a real Prometheus sent, `passes` times over.
+    PrometheusCaptures { passes: usize },
+}
+
+impl Generator {
+    /// The stage whose seam the generated workload runs.
+    pub fn stage(&self) -> Stage {
+        match self {
+            Generator::LongLabel { .. } => Stage::Write,
+            Generator::SeedRepro { .. } | Generator::Large { .. } | Generator::RubyStore { .. } => {
+                Stage::Export
+            }
+            Generator::Rabbitmq { .. } => Stage::Render,
+            Generator::Asap { .. } | Generator::PrometheusCaptures { .. } => Stage::Ingest,
+        }
+    }
+}
+
 impl Scenario {
-    pub fn stage(&self) -> Result<Stage> {
-        self.stage.parse().map_err(anyhow::Error::msg)
+    /// The stage of the scenario's generator (the same at both sizes: [`load_scenario`] checks).
+    pub fn stage(&self) -> Stage {
+        self.quick.params.stage()
     }
 
     pub fn size(&self, quick: bool) -> &Size {
@@ -103,16 +148,43 @@ pub fn load_scenario(name_or_path: &str) -> Result<Scenario> {
             )
         }
     };
-    toml::from_str(&text).with_context(|| format!("scenario {name_or_path} does not parse"))
+    let scenario: Scenario =
+        toml::from_str(&text).with_context(|| format!("scenario {name_or_path} does not parse"))?;
+    if scenario.quick.params.stage() != scenario.full.params.stage() {
+        bail!(
+            "scenario {name_or_path}: its quick size runs the {} stage but its full size the {}",
+            scenario.quick.params.stage(),
+            scenario.full.params.stage()
+        );
+    }
+    Ok(scenario)
+}
+
+/// What one run produced, as it returns it.
+pub enum Output<'a> {
+    /// Bytes every run of every strategy combination must reproduce
+    /// (exposition, or quantile JSON and counters).
+    Bytes(&'a [u8]),
+    /// A store directory the run wrote into (the write stage's product). Its
+    /// state grows run by run, so it is compared after the same number of runs.
+    Store(&'a Path),
+}
+
+impl Output<'_> {
+    /// The comparable bytes: a store directory is read (timestamps zeroed).
+    pub fn bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
+        Ok(match self {
+            Output::Bytes(bytes) => std::borrow::Cow::Borrowed(bytes),
+            Output::Store(dir) => std::borrow::Cow::Owned(workloads::store_bytes(dir)?),
+        })
+    }
 }
 
 /// A workload ready to run: built once, run many times.
 pub trait Workload {
-    /// The bytes every strategy combination must agree on (exposition, store
-    /// bytes with timestamps zeroed, or quantile JSON).
-    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>>;
-    /// One timed run.
-    fn run(&mut self, strategies: StrategySet) -> Result<()>;
+    /// One timed run, returning what it produced: that is what is verified.
+    /// The first run of a strategy set produces the scenario's expected output.
+    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>>;
     /// How much one run does, and of what (`lines`, `samples`, `ops`).
     fn units(&self) -> (u64, &'static str);
 }
@@ -122,18 +194,46 @@ pub fn digest(bytes: &[u8]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The arms of an ablation over a stage's strategies (restricted to `only`
-/// when given): baseline, each alone, all but one, all — without repeats.
-pub fn arms(stage: Stage, only: Option<StrategySet>) -> Vec<(String, StrategySet)> {
-    let strategies: Vec<Strategy> = stage
-        .strategies()
-        .filter(|s| only.is_none_or(|set| set.contains(*s)))
-        .collect();
+/// The expected answer for a generated workload, computed independently of
+/// the strategies under test — the one place `--print-digests` and the benches
+/// (at sizes without a stored digest) get it from. Ruby's own exposition for
+/// a store client_ruby wrote; otherwise, for now, the baseline run.
+// TODO(reference): compute generated answers with `promlab::reference`.
+pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
+    if let Generator::RubyStore { case } = params {
+        let dir = tempfile::tempdir()?;
+        let case_dir = crate::fixtures::unpack_ruby_case(case, dir.path())?;
+        return Ok(std::fs::read(case_dir.join("expected.prom"))?);
+    }
+    let mut workload = workloads::build(params)?;
+    let answer = workload.run(StrategySet::NONE)?.bytes()?.into_owned();
+    Ok(answer)
+}
+
+/// The strategy set the benches ablate for `stage`: the build's features that
+/// belong to it (`cargo bench --features series-cache,batch-routing`), or all
+/// of the stage's strategies when none does.
+pub fn configured(stage: Stage) -> StrategySet {
+    let set = StrategySet::compiled_default().restrict(stage);
+    if set.is_empty() {
+        StrategySet::all().restrict(stage)
+    } else {
+        set
+    }
+}
+
+/// The arms of an ablation of `set` (its strategies of `stage`): baseline,
+/// each strategy alone, all but one (`all-<strategy>`), all — without
+/// repeats, all last. The one arm list of `promlab ablate`, the criterion
+/// benches and the iai bench.
+pub fn arms(stage: Stage, set: StrategySet) -> Vec<(String, StrategySet)> {
+    let strategies: Vec<Strategy> = set.restrict(stage).iter().collect();
     let all: StrategySet = strategies.iter().copied().collect();
     let mut arms = vec![("baseline".to_string(), StrategySet::NONE)];
     for s in &strategies {
         arms.push((s.name().to_string(), StrategySet::NONE.with(*s)));
     }
+    // With two, "all but one" is the other one alone.
     if strategies.len() > 2 {
         for s in &strategies {
             arms.push((format!("all-{}", s.name()), all.without(*s)));
@@ -145,25 +245,14 @@ pub fn arms(stage: Stage, only: Option<StrategySet>) -> Vec<(String, StrategySet
     arms
 }
 
-/// The arms a criterion bench shows side by side: the baseline, each of the
-/// stage's strategies alone, and the configured set — the build's features
-/// (`cargo bench --features decode-once,single-read`), or all of the stage's
-/// strategies when no feature is on.
-pub fn bench_arms(stage: Stage) -> Vec<(String, StrategySet)> {
-    let mut arms = vec![("baseline".to_string(), StrategySet::NONE)];
-    for s in stage.strategies() {
-        arms.push((s.name().to_string(), StrategySet::NONE.with(s)));
-    }
-    let configured = StrategySet::compiled_default().restrict(stage);
-    let (name, set) = if configured.is_empty() {
-        ("all".to_string(), StrategySet::all().restrict(stage))
+/// A bench's name for an arm: its strategies (`baseline` for none), so a
+/// criterion history never mixes two different sets under one name.
+pub fn bench_id(strategies: StrategySet) -> String {
+    if strategies.is_empty() {
+        "baseline".to_string()
     } else {
-        (format!("configured({configured})"), configured)
-    };
-    if !arms.iter().any(|(_, s)| *s == set) {
-        arms.push((name, set));
+        strategies.to_string()
     }
-    arms
 }
 
 pub use promlab::compare::first_difference;
@@ -253,12 +342,23 @@ pub struct ScenarioResult {
 
 /// Verifies, then measures, one scenario.
 pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<ScenarioResult> {
-    let stage = scenario.stage()?;
+    let stage = scenario.stage();
     let size = scenario.size(options.quick);
-    let mut workload = workloads::build(scenario, size, stage)
+    let mut workload = workloads::build(&size.params)
         .with_context(|| format!("cannot build scenario {}", scenario.name))?;
+    let expected = if options.print_digests {
+        let answer = digest(&expected_answer(&size.params)?);
+        println!(
+            "{} ({}): expected = \"{answer}\"",
+            scenario.name,
+            if options.quick { "quick" } else { "full" }
+        );
+        answer
+    } else {
+        size.expected.clone()
+    };
 
-    // 1. Verify every combination of the stage's strategies.
+    // 1. Verify the first run of every combination of the stage's strategies.
     let combinations = StrategySet::combinations(stage);
     let progress = report::Progress::new(
         options.progress,
@@ -266,49 +366,38 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         combinations.len() as u64,
         "verify",
     );
-    let mut baseline_output = None;
+    let mut baseline_output: Option<Vec<u8>> = None;
     for strategies in &combinations {
-        let output = workload.output(*strategies)?;
-        let got = digest(&output);
-        if options.print_digests {
-            if strategies.is_empty() {
-                println!(
-                    "{} ({}): expected = \"{got}\"",
-                    scenario.name,
-                    if options.quick { "quick" } else { "full" }
-                );
-            }
-        } else if got != size.expected {
+        let output = workload.run(*strategies)?.bytes()?.into_owned();
+        if digest(&output) != expected {
             bail!(mismatch_report(
                 &scenario.name,
                 *strategies,
                 &output,
                 baseline_output.as_deref(),
-                &size.expected
+                &expected
             ));
         }
-        if strategies.is_empty() {
+        if baseline_output.is_none() {
             baseline_output = Some(output);
-        } else if Some(&output) != baseline_output.as_ref() {
-            bail!(mismatch_report(
-                &scenario.name,
-                *strategies,
-                &output,
-                baseline_output.as_deref(),
-                &digest(baseline_output.as_deref().unwrap_or_default())
-            ));
         }
         progress.inc();
     }
     progress.finish();
-    let digest = digest(baseline_output.as_deref().unwrap_or_default());
-    let arms = arms(stage, options.only.map(|s| s.restrict(stage)));
+    let verified = baseline_output.unwrap_or_default();
+    let arms = arms(
+        stage,
+        options
+            .only
+            .unwrap_or_else(StrategySet::all)
+            .restrict(stage),
+    );
     let mut result = ScenarioResult {
         scenario: scenario.name.clone(),
         stage,
         size: if options.quick { "quick" } else { "full" },
         units: workload.units(),
-        digest,
+        digest: digest(&verified),
         combinations_verified: combinations.len(),
         arms: Vec::new(),
         peers: Vec::new(),
@@ -318,7 +407,7 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         return Ok(result);
     }
 
-    // 2. Measure the arms, interleaved.
+    // 2. Measure the arms, interleaved; what every timed run returned is checked.
     let repeats = options.repeats.unwrap_or(size.repeats).max(1);
     let mut results: Vec<ArmResult> = arms
         .iter()
@@ -334,19 +423,47 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         (repeats * arms.len()) as u64,
         "measure",
     );
-    // One untimed warm-up round.
-    for (_, s) in &arms {
-        workload.run(*s)?;
-    }
-    for round in 0..repeats {
+    // Digests of the last round's stores: every arm has run as often by then.
+    let mut last_stores: Vec<Option<String>> = vec![None; arms.len()];
+    // One untimed warm-up round (round 0), then the timed ones.
+    for round in 0..=repeats {
         // Rotate the starting arm each round so no arm always runs first.
         for k in 0..arms.len() {
             let i = (k + round) % arms.len();
             let start = Instant::now();
-            workload.run(arms[i].1)?;
-            results[i].samples.push(start.elapsed());
-            progress.inc();
+            let output = workload.run(arms[i].1)?;
+            let elapsed = start.elapsed();
+            match output {
+                Output::Bytes(bytes) if bytes != verified.as_slice() => bail!(
+                    "scenario {}: run {round} of `{}` differs from its verified output {}",
+                    scenario.name,
+                    arms[i].1,
+                    first_difference(&verified, bytes, "verified", &arms[i].1.to_string())
+                ),
+                Output::Bytes(_) => {}
+                store @ Output::Store(_) => {
+                    if round == repeats {
+                        last_stores[i] = Some(digest(&store.bytes()?));
+                    }
+                }
+            }
+            if round > 0 {
+                results[i].samples.push(elapsed);
+                progress.inc();
+            }
         }
+    }
+    if let Some((i, _)) = last_stores
+        .iter()
+        .enumerate()
+        .find(|(_, d)| **d != last_stores[0])
+    {
+        bail!(
+            "scenario {}: after {} runs each, `{}` left a store different from the baseline's",
+            scenario.name,
+            repeats + 2,
+            arms[i].1
+        );
     }
     progress.finish();
     result.arms = results;
@@ -394,4 +511,162 @@ pub fn ablate(names: &[String], options: &AblateOptions) -> Result<Vec<ScenarioR
         println!("results: {}", out_dir.display());
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(names: &str) -> StrategySet {
+        names.parse().unwrap()
+    }
+
+    fn names(arms: &[(String, StrategySet)]) -> Vec<&str> {
+        arms.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn arms_are_baseline_alone_all_but_one_all_without_repeats() {
+        // One strategy: baseline and it.
+        let a = arms(Stage::Ingest, set("series-cache"));
+        assert_eq!(names(&a), ["baseline", "series-cache"]);
+        // Two: "all but one" is the other alone, so it is not repeated.
+        let a = arms(Stage::Ingest, set("series-cache,batch-routing"));
+        assert_eq!(
+            names(&a),
+            ["baseline", "series-cache", "batch-routing", "all"]
+        );
+        assert_eq!(a[3].1, set("series-cache,batch-routing"));
+        // Three: each alone, each left out, all.
+        let a = arms(Stage::Write, StrategySet::all());
+        assert_eq!(a.len(), 8);
+        assert_eq!(
+            a[4],
+            (
+                "all-key-cache".to_string(),
+                set("increment-once,mmap-store")
+            )
+        );
+        assert_eq!(a[7].1, StrategySet::all().restrict(Stage::Write));
+        // Strategies of other stages are not arms; prerender is one of export's.
+        let a = arms(Stage::Export, set("key-cache,prerender"));
+        assert_eq!(names(&a), ["baseline", "prerender"]);
+        assert_eq!(arms(Stage::Render, StrategySet::NONE).len(), 1);
+        for stage in Stage::ALL {
+            let a = arms(stage, StrategySet::all());
+            let distinct: std::collections::HashSet<_> = a.iter().map(|(_, s)| *s).collect();
+            assert_eq!(distinct.len(), a.len(), "{stage}");
+        }
+    }
+
+    #[test]
+    fn configured_is_the_features_of_the_stage_or_all_of_it() {
+        for stage in Stage::ALL {
+            let features = StrategySet::compiled_default().restrict(stage);
+            let expected = if features.is_empty() {
+                StrategySet::all().restrict(stage)
+            } else {
+                features
+            };
+            assert_eq!(configured(stage), expected);
+        }
+    }
+
+    #[test]
+    fn built_in_scenarios_are_typed() {
+        let stages: Vec<(Stage, Stage)> = BUILT_IN
+            .iter()
+            .map(|(name, _)| {
+                let s = load_scenario(name).unwrap();
+                (s.stage(), s.full.params.stage())
+            })
+            .collect();
+        use Stage::*;
+        let expected = [Write, Export, Export, Export, Render, Ingest, Ingest];
+        assert_eq!(stages, expected.map(|s| (s, s)));
+        let asap = load_scenario("asap-1e5").unwrap();
+        assert_eq!(
+            asap.quick.params,
+            Generator::Asap {
+                groups: 50,
+                series_per_group: 100,
+                ticks: 65
+            }
+        );
+    }
+
+    #[test]
+    fn bad_scenarios_are_errors() {
+        let scenario = |quick: &str, full: &str| {
+            format!("name = \"x\"\ndescription = \"d\"\n[quick]\nparams = {quick}\nrepeats = 1\nexpected = \"\"\n[full]\nparams = {full}\nrepeats = 1\nexpected = \"\"\n")
+        };
+        let parse = |text: String| toml::from_str::<Scenario>(&text);
+        let ok = "{ generator = \"long-label\", steps = 3 }";
+        assert!(parse(scenario(ok, ok)).is_ok());
+        for bad in [
+            "{ generator = \"long-label\" }",
+            "{ generator = \"long-label\", steps = 3, extra = 1 }",
+            "{ generator = \"long-label\", steps = -3 }",
+            "{ generator = \"nope\", steps = 3 }",
+            "{ steps = 3 }",
+        ] {
+            assert!(parse(scenario(bad, ok)).is_err(), "{bad}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mixed.toml");
+        std::fs::write(
+            &path,
+            scenario(ok, "{ generator = \"prometheus-captures\", passes = 1 }"),
+        )
+        .unwrap();
+        let err = load_scenario(path.to_str().unwrap()).unwrap_err();
+        assert!(err.to_string().contains("stage"), "{err}");
+    }
+
+    /// The write stage's warm writers: verified on their first run, then
+    /// compared after the same number of timed runs.
+    #[test]
+    fn ablate_verifies_the_warm_writers_it_times() {
+        let mut scenario = load_scenario("write-long-label").unwrap();
+        scenario.quick.params = Generator::LongLabel { steps: 200 };
+        scenario.quick.expected = digest(&expected_answer(&scenario.quick.params).unwrap());
+        let options = AblateOptions {
+            quick: true,
+            only: None,
+            out: None,
+            repeats: Some(2),
+            print_digests: false,
+            progress: false,
+            peers: false,
+            with_clickhouse: false,
+        };
+        let result = run_scenario(&scenario, &options).unwrap();
+        assert_eq!(result.arms.len(), 8);
+        assert!(result.arms.iter().all(|a| a.samples.len() == 2));
+        assert_eq!(result.digest, scenario.quick.expected);
+        // A wrong digest stops the run, naming the strategies.
+        scenario.quick.expected = "0".repeat(64);
+        let err = run_scenario(&scenario, &options).unwrap_err();
+        assert!(err.to_string().contains("strategies `none`"), "{err}");
+    }
+
+    #[test]
+    fn ingest_runs_return_their_verified_answer() {
+        let scenario = load_scenario("prometheus-captures").unwrap();
+        let params = Generator::PrometheusCaptures { passes: 1 };
+        let mut workload = workloads::build(&params).unwrap();
+        let first = workload
+            .run(StrategySet::NONE)
+            .unwrap()
+            .bytes()
+            .unwrap()
+            .into_owned();
+        assert!(first.starts_with(b"[") && first.ends_with(b"\n"));
+        let all = StrategySet::all();
+        assert_eq!(&*workload.run(all).unwrap().bytes().unwrap(), &first[..]);
+        // At its quick size the answer is the scenario's digest.
+        let mut quick = workloads::build(&scenario.quick.params).unwrap();
+        let got = digest(&quick.run(all).unwrap().bytes().unwrap());
+        assert_eq!(got, scenario.quick.expected);
+    }
 }

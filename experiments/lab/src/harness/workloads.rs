@@ -1,77 +1,42 @@
 //! Scenario generators → runnable [`Workload`]s, one per pipeline stage seam.
 
-use super::{Scenario, Size, Workload};
-use anyhow::{bail, Context, Result};
+use super::{Generator, Output, Workload};
+use anyhow::Result;
 use promlab::strategy::{Stage, StrategySet};
 use promlab::workload::{self, LongLabelWriter, StoreWorkload};
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::Path;
 
-/// Reads an integer parameter.
-pub fn param_usize(size: &Size, name: &str) -> Result<usize> {
-    size.params
-        .get(name)
-        .and_then(|v| v.as_integer())
-        .and_then(|v| usize::try_from(v).ok())
-        .with_context(|| format!("scenario parameter `{name}` (a non-negative integer) is missing"))
-}
-
-/// Reads a string parameter.
-pub fn param_str(size: &Size, name: &str) -> Result<String> {
-    size.params
-        .get(name)
-        .and_then(|v| v.as_str())
-        .map(str::to_string)
-        .with_context(|| format!("scenario parameter `{name}` (a string) is missing"))
-}
-
-/// Reads a boolean parameter (false when absent).
-pub fn param_bool(size: &Size, name: &str) -> bool {
-    size.params
-        .get(name)
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false)
-}
-
-/// Builds the workload a scenario names.
-pub fn build(scenario: &Scenario, size: &Size, stage: Stage) -> Result<Box<dyn Workload>> {
-    let workload: Box<dyn Workload> = match scenario.generator.as_str() {
-        "long-label" => Box::new(LongLabel::new(param_usize(size, "steps")?)?),
-        "seed-repro" => Box::new(Export::new(workload::seed_repro(
-            param_usize(size, "processes")?,
-            param_usize(size, "statements")?,
+/// Builds the workload a generator describes.
+pub fn build(params: &Generator) -> Result<Box<dyn Workload>> {
+    Ok(match params {
+        Generator::LongLabel { steps } => Box::new(LongLabel::new(*steps)),
+        Generator::SeedRepro {
+            processes,
+            statements,
+        } => Box::new(Export::new(workload::seed_repro(*processes, *statements))?),
+        Generator::Large {
+            processes,
+            statements,
+            max_len,
+        } => Box::new(Export::new(workload::large(
+            *processes,
+            *statements,
+            *max_len,
         ))?),
-        "large" => Box::new(Export::new(workload::large(
-            param_usize(size, "processes")?,
-            param_usize(size, "statements")?,
-            param_usize(size, "max_len")?,
-        ))?),
-        "ruby-store" => Box::new(Export::ruby_fixture(&param_str(size, "case")?)?),
-        "rabbitmq" => Box::new(Render::new(
-            param_usize(size, "queues")?,
-            param_bool(size, "awkward_names"),
-        )),
-        "asap" => Box::new(Ingest::feeder(
-            param_usize(size, "groups")? as u64,
-            param_usize(size, "series_per_group")? as u64,
-            param_usize(size, "ticks")? as u64,
-        )?),
-        "prometheus-captures" => Box::new(Ingest::captures(param_usize(size, "passes")?)?),
-        other => bail!("unknown generator `{other}`"),
-    };
-    let expected_stage = match scenario.generator.as_str() {
-        "long-label" => Stage::Write,
-        "rabbitmq" => Stage::Render,
-        "asap" | "prometheus-captures" => Stage::Ingest,
-        _ => Stage::Export,
-    };
-    if stage != expected_stage {
-        bail!(
-            "generator `{}` belongs to the {expected_stage} stage, not {stage}",
-            scenario.generator
-        );
-    }
-    Ok(workload)
+        Generator::RubyStore { case } => Box::new(Export::ruby_fixture(case)?),
+        Generator::Rabbitmq {
+            queues,
+            awkward_names,
+        } => Box::new(Render::new(*queues, *awkward_names)),
+        Generator::Asap {
+            groups,
+            series_per_group,
+            ticks,
+        } => Box::new(Ingest::feeder(*groups, *series_per_group, *ticks)?),
+        Generator::PrometheusCaptures { passes } => Box::new(Ingest::captures(*passes)?),
+    })
 }
 
 /// Export: a store written once by promlab's writer, scraped per run by one
@@ -129,23 +94,10 @@ impl Export {
 }
 
 impl Workload for Export {
-    /// The second scrape of a fresh exporter, checked against its first, so
-    /// what a long-lived exporter keeps is verified too.
-    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>> {
-        self.exporters.remove(&strategies);
-        let first = self.scrape(strategies)?.to_vec();
-        let second = self.scrape(strategies)?;
-        if first != second {
-            bail!(
-                "strategies `{strategies}`: the second scrape differs from the first {}",
-                super::first_difference(&first, second, "first", "second")
-            );
-        }
-        Ok(first)
-    }
-
-    fn run(&mut self, strategies: StrategySet) -> Result<()> {
-        self.scrape(strategies).map(drop)
+    /// One scrape by the set's long-lived exporter (its first run is a fresh
+    /// exporter's first scrape; later runs check what it keeps in between).
+    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
+        Ok(Output::Bytes(self.scrape(strategies)?))
     }
 
     fn units(&self) -> (u64, &'static str) {
@@ -161,11 +113,11 @@ struct LongLabel {
 }
 
 impl LongLabel {
-    fn new(steps: usize) -> Result<LongLabel> {
-        Ok(LongLabel {
+    fn new(steps: usize) -> LongLabel {
+        LongLabel {
             steps,
             writers: HashMap::new(),
-        })
+        }
     }
 
     fn value(i: usize) -> f64 {
@@ -198,18 +150,10 @@ pub fn store_bytes(dir: &Path) -> Result<Vec<u8>> {
 }
 
 impl Workload for LongLabel {
-    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>> {
-        let dir = tempfile::tempdir()?;
-        let mut writer = LongLabelWriter::new(dir.path(), strategies)?;
-        for i in 0..self.steps {
-            writer.step(Self::value(i))?;
-        }
-        drop(writer);
-        store_bytes(dir.path())
-    }
-
-    fn run(&mut self, strategies: StrategySet) -> Result<()> {
-        let (_, writer) = match self.writers.entry(strategies) {
+    /// `steps` steps of the set's warm writer (the first run starts from an
+    /// empty directory); returns the directory it writes.
+    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
+        let (dir, writer) = match self.writers.entry(strategies) {
             std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
             std::collections::hash_map::Entry::Vacant(slot) => {
                 let dir = tempfile::tempdir()?;
@@ -220,7 +164,7 @@ impl Workload for LongLabel {
         for i in 0..self.steps {
             writer.step(Self::value(i))?;
         }
-        Ok(())
+        Ok(Output::Store(dir.path()))
     }
 
     fn units(&self) -> (u64, &'static str) {
@@ -236,7 +180,6 @@ struct Render {
     awkward_names: bool,
     scenarios: HashMap<StrategySet, promlab::render::rabbitmq::RabbitMqNode>,
     body: Vec<u8>,
-    lines: u64,
 }
 
 impl Render {
@@ -246,7 +189,6 @@ impl Render {
             awkward_names,
             scenarios: HashMap::new(),
             body: Vec::new(),
-            lines: 0,
         }
     }
 
@@ -269,22 +211,17 @@ impl Render {
 }
 
 impl Workload for Render {
-    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        self.scenario(strategies)?.render_per_object(&mut out);
-        self.lines = out.iter().filter(|&&b| b == b'\n').count() as u64;
-        Ok(out)
-    }
-
-    fn run(&mut self, strategies: StrategySet) -> Result<()> {
+    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
         let mut body = std::mem::take(&mut self.body);
         self.scenario(strategies)?.render_per_object(&mut body);
         self.body = body;
-        Ok(())
+        Ok(Output::Bytes(&self.body))
     }
 
+    /// The lines of the last scrape (every scrape has as many).
     fn units(&self) -> (u64, &'static str) {
-        (self.lines, "lines")
+        let lines = self.body.iter().filter(|&&b| b == b'\n').count();
+        (lines as u64, "lines")
     }
 }
 
@@ -295,6 +232,8 @@ struct Ingest {
     plan: promlab::ingest::plan::Plan,
     bodies: Vec<Vec<u8>>,
     samples: u64,
+    /// The last run's answer.
+    out: Vec<u8>,
 }
 
 /// The plan for Prometheus's own self-scrape: GC pause quantiles by `quantile`, 5 s windows.
@@ -315,6 +254,7 @@ impl Ingest {
             plan: promlab::ingest::plan::Plan::default(),
             bodies,
             samples: workload.samples_per_tick() * ticks,
+            out: Vec::new(),
         })
     }
 
@@ -333,36 +273,29 @@ impl Ingest {
             plan,
             bodies,
             samples: probe.totals().samples,
+            out: Vec::new(),
         })
-    }
-
-    fn ingest(&self, strategies: StrategySet) -> Result<promlab::ingest::pipeline::Ingester> {
-        let mut ingester = promlab::ingest::pipeline::Ingester::new(self.plan.clone(), strategies);
-        for body in &self.bodies {
-            ingester.handle(body)?;
-        }
-        Ok(ingester)
     }
 }
 
 impl Workload for Ingest {
-    fn output(&mut self, strategies: StrategySet) -> Result<Vec<u8>> {
-        let mut ingester = self.ingest(strategies)?;
+    /// Every request into a fresh ingester, the flush, and the query of every
+    /// aggregation (as JSON, with the counters).
+    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
+        let mut ingester = promlab::ingest::pipeline::Ingester::new(self.plan.clone(), strategies);
+        for body in &self.bodies {
+            ingester.handle(body)?;
+        }
         ingester.flush();
         let totals = ingester.totals();
-        let mut out = serde_json::to_vec(&ingester.query_all())?;
-        out.extend_from_slice(
-            format!(
-                "\naccepted={} late={} stale={} rejected={} unrouted={}\n",
-                totals.accepted, totals.late, totals.stale, totals.rejected, totals.unrouted
-            )
-            .as_bytes(),
-        );
-        Ok(out)
-    }
-
-    fn run(&mut self, strategies: StrategySet) -> Result<()> {
-        self.ingest(strategies).map(drop)
+        self.out.clear();
+        serde_json::to_writer(&mut self.out, &ingester.query_all())?;
+        write!(
+            self.out,
+            "\naccepted={} late={} stale={} rejected={} unrouted={}\n",
+            totals.accepted, totals.late, totals.stale, totals.rejected, totals.unrouted
+        )?;
+        Ok(Output::Bytes(&self.out))
     }
 
     fn units(&self) -> (u64, &'static str) {

@@ -9,7 +9,7 @@
 //! construction serves `benches/render.rs`.
 
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
-use crate::harness::workloads::{param_bool, param_usize};
+use crate::harness::Generator;
 use anyhow::{bail, Context, Result};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -165,11 +165,14 @@ fn measure<B: Default + AsRef<[u8]>>(
 
 /// The scenario at the context's size, as our baseline arm holds it.
 fn scenario(cx: &PeerContext<'_>) -> Result<RabbitMqNode> {
-    RabbitMqNode::build(
-        param_usize(cx.size, "queues")?,
-        param_bool(cx.size, "awkward_names"),
-        StrategySet::NONE,
-    )
+    let Generator::Rabbitmq {
+        queues,
+        awkward_names,
+    } = cx.size.params
+    else {
+        anyhow::bail!("generator {:?} is not rabbitmq", cx.size.params);
+    };
+    RabbitMqNode::build(queues, awkward_names, StrategySet::NONE)
 }
 
 const RENDER_SCENARIO: &str = "rabbitmq-per-object";

@@ -10,7 +10,7 @@
 //! every sample against ours. See `experiments/peers/README.md`.
 
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
-use crate::harness::workloads::param_usize;
+use crate::harness::Generator;
 use anyhow::{bail, Context, Result};
 use promlab::strategy::StrategySet;
 use promlab::workload::{self, StoreWorkload};
@@ -65,18 +65,17 @@ pub fn prometheus_client_installed() -> bool {
 
 /// The scenario's workload, as our export arms have it.
 fn store_workload(cx: &PeerContext<'_>) -> Result<StoreWorkload> {
-    let size = cx.size;
-    Ok(match cx.scenario.generator.as_str() {
-        "seed-repro" => workload::seed_repro(
-            param_usize(size, "processes")?,
-            param_usize(size, "statements")?,
-        ),
-        "large" => workload::large(
-            param_usize(size, "processes")?,
-            param_usize(size, "statements")?,
-            param_usize(size, "max_len")?,
-        ),
-        other => bail!("generator `{other}` has no mapping to prometheus_client"),
+    Ok(match &cx.size.params {
+        Generator::SeedRepro {
+            processes,
+            statements,
+        } => workload::seed_repro(*processes, *statements),
+        Generator::Large {
+            processes,
+            statements,
+            max_len,
+        } => workload::large(*processes, *statements, *max_len),
+        other => bail!("generator {other:?} has no mapping to prometheus_client"),
     })
 }
 
