@@ -5,7 +5,8 @@
 //!   blank lines skipped; label values unescape `\\`, `\"`, `\n`; values parse
 //!   as Go's `ParseFloat` does, `Infinity`/`NaN` included);
 //! - [`requests`]: every sample of a sequence of scrapes stamped with its
-//!   scrape's timestamp and given the target labels (`job`, `instance`), as one
+//!   scrape's timestamp and given the target labels (`job`, `instance`; an
+//!   exposed label of the same name becomes `exported_<name>`), as one
 //!   one-sample series each (labels sorted by name, empty-valued labels dropped,
 //!   as Prometheus stores them), cut into requests of at most
 //!   `max_samples_per_send` samples in scrape order, as its remote-write queue sends them;
@@ -132,12 +133,23 @@ pub fn requests(
     let mut current = WriteRequest::default();
     for (timestamp, samples) in scrapes {
         for s in samples {
-            let mut labels: Vec<Label> = std::iter::once(("__name__", s.name.as_str()))
-                .chain(s.labels.iter().map(|(n, v)| (n.as_str(), v.as_str())))
-                .chain(target.iter().copied())
+            // `honor_labels: false`: an exposed label that a target label
+            // also names is kept as `exported_<name>`.
+            let exposed = s.labels.iter().map(|(n, v)| {
+                let clashes = target.iter().any(|(t, _)| t == n);
+                let name = if clashes {
+                    format!("exported_{n}")
+                } else {
+                    n.clone()
+                };
+                (name, v.as_str())
+            });
+            let mut labels: Vec<Label> = std::iter::once(("__name__".to_string(), s.name.as_str()))
+                .chain(exposed)
+                .chain(target.iter().map(|(n, v)| (n.to_string(), *v)))
                 .filter(|(_, v)| !v.is_empty())
-                .map(|(n, v)| Label {
-                    name: n.to_string(),
+                .map(|(name, v)| Label {
+                    name,
                     value: v.to_string(),
                 })
                 .collect();

@@ -154,32 +154,36 @@ fn metric_entries(dir: &Path, name: &str) -> Result<Vec<(Labels, f64, f64)>> {
 /// The label sets of one metric with their values aggregated across processes,
 /// in order of first appearance.
 fn aggregate(entries: Vec<(Labels, f64, f64)>, mode: Aggregation) -> Vec<(Labels, f64)> {
-    // (labels, value, timestamp), searched linearly.
+    // (labels, value, timestamp) in order of first appearance, found through a BTreeMap.
     let mut series: Vec<(Labels, f64, f64)> = Vec::new();
+    let mut index: std::collections::BTreeMap<Labels, usize> = std::collections::BTreeMap::new();
     for (labels, value, ts) in entries {
-        match series.iter_mut().find(|s| s.0 == labels) {
-            None => series.push((labels, value, ts)),
-            Some(s) => match mode {
-                Aggregation::Sum => s.1 += value,
-                // Ruby keeps the first of equals; a NaN never replaces (Ruby would raise).
-                Aggregation::Max => {
-                    if value > s.1 {
-                        s.1 = value
-                    }
+        let Some(&i) = index.get(&labels) else {
+            index.insert(labels.clone(), series.len());
+            series.push((labels, value, ts));
+            continue;
+        };
+        let s = &mut series[i];
+        match mode {
+            Aggregation::Sum => s.1 += value,
+            // Ruby keeps the first of equals; a NaN never replaces (Ruby would raise).
+            Aggregation::Max => {
+                if value > s.1 {
+                    s.1 = value
                 }
-                Aggregation::Min => {
-                    if value < s.1 {
-                        s.1 = value
-                    }
+            }
+            Aggregation::Min => {
+                if value < s.1 {
+                    s.1 = value
                 }
-                Aggregation::MostRecent => {
-                    if ts > s.2 {
-                        s.1 = value;
-                        s.2 = ts;
-                    }
+            }
+            Aggregation::MostRecent => {
+                if ts > s.2 {
+                    s.1 = value;
+                    s.2 = ts;
                 }
-                Aggregation::All => {}
-            },
+            }
+            Aggregation::All => {}
         }
     }
     series.into_iter().map(|(l, v, _)| (l, v)).collect()
@@ -229,6 +233,7 @@ type SlotGroups = Vec<(Labels, Vec<(Vec<u8>, f64)>)>;
 
 fn group_by_slot(series: Vec<(Labels, f64)>, slot_name: &[u8]) -> SlotGroups {
     let mut groups: SlotGroups = Vec::new();
+    let mut index: std::collections::BTreeMap<Labels, usize> = std::collections::BTreeMap::new();
     for (labels, value) in series {
         let mut rest = Labels::new();
         let mut slot = Vec::new(); // a missing slot label is Ruby's `nil.to_s`, ""
@@ -239,9 +244,12 @@ fn group_by_slot(series: Vec<(Labels, f64)>, slot_name: &[u8]) -> SlotGroups {
                 rest.push((n, v));
             }
         }
-        match groups.iter_mut().find(|g| g.0 == rest) {
-            Some(g) => g.1.push((slot, value)),
-            None => groups.push((rest, vec![(slot, value)])),
+        match index.get(&rest) {
+            Some(&i) => groups[i].1.push((slot, value)),
+            None => {
+                index.insert(rest.clone(), groups.len());
+                groups.push((rest, vec![(slot, value)]));
+            }
         }
     }
     groups

@@ -88,7 +88,13 @@ fn apply(
         (MetricType::Counter | MetricType::Gauge, OpKind::Inc) => {
             add(file, key(labels, dialect), |x| x + v)
         }
-        (MetricType::Gauge, OpKind::Dec) => add(file, key(labels, dialect), |x| x + -v),
+        // Ruby negates, then adds (`increment(by: -by)`). black_box keeps the
+        // negation from being folded into a subtraction, which would give a
+        // NaN the other sign bit than the one Ruby (and promlab) store.
+        (MetricType::Gauge, OpKind::Dec) => {
+            let by = std::hint::black_box(-v);
+            add(file, key(labels, dialect), |x| x + by)
+        }
         (MetricType::Gauge, OpKind::Set) => add(file, key(labels, dialect), |_| v),
         (MetricType::Counter | MetricType::Gauge, OpKind::Init) => {
             add(file, key(labels, dialect), |_| 0.0)

@@ -8,3 +8,4 @@ pub mod feed;
 pub mod fixtures;
 pub mod harness;
 pub mod serve;
+pub mod verify;
