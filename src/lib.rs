@@ -9,6 +9,9 @@
 //!   (**aggregate & query**).
 //!
 //! [`strategy`] is the switchboard that decides which strategies run.
+//! [`reference`] holds the naive references every strategy combination is
+//! checked against; [`scrape`] turns an exposition into remote-write requests,
+//! so the chain runs end to end (`promlab verify`).
 
 pub mod compare;
 pub mod export;

@@ -290,9 +290,9 @@ fn write_metric(out: &mut Vec<u8>, def: &MetricDef, series: Vec<(Labels, f64)>) 
                 }
                 // accumulate_buckets: cumulative over the declared buckets, the rest to +Inf.
                 let mut acc = 0.0;
-                for i in 0..def.buckets.len() {
-                    let own = hash[i].1;
-                    hash[i].1 += acc;
+                for (_, value) in hash.iter_mut().take(def.buckets.len()) {
+                    let own = *value;
+                    *value += acc;
                     acc += own;
                 }
                 match hash.iter_mut().find(|(k, _)| k == b"+Inf") {

@@ -204,7 +204,7 @@ pub fn case(seed: u64, size: Size) -> Case {
                     0 => f64::INFINITY,
                     1 => f64::NEG_INFINITY,
                     2 => f64::NAN,
-                    3 | 4 | 5 => -v,
+                    3..=5 => -v,
                     _ => v,
                 };
                 let pick = Pick {
