@@ -253,6 +253,32 @@ proptest! {
     }
 }
 
+/// A difference fails the check and names the set: here every write subset's
+/// writer refuses an op (a counter decreased) that the reference writer takes.
+#[test]
+fn a_difference_names_the_first_set_that_hits_it() {
+    let mut case = generate::case(
+        7,
+        generate::Size {
+            processes: 2,
+            ops_per_process: 10,
+            extra_values: 0,
+        },
+    );
+    let bad = promlab::ops::Op {
+        pid: case.processes[1].1.pid,
+        metric: "requests_total".into(),
+        op: promlab::ops::OpKind::Inc,
+        value: promlab::ops::OpValue::new(-1.0),
+        labels: vec![("path".into(), "x".into()), ("code".into(), "200".into())],
+    };
+    case.processes[1].1.ops.push(bad);
+    let tmp = tempfile::tempdir().unwrap();
+    let err = verify::check_case(&case, &verify::every_set(), tmp.path()).unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("strategy set `none` fails at write"), "{msg}");
+}
+
 #[test]
 fn promlab_verify_quick_exits_zero() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_promlab"))
