@@ -49,6 +49,21 @@ impl SketchParams {
     }
 }
 
+/// Whether a sketch fed `values` merges bins: more distinct bin indexes of
+/// one sign than the bin limit.
+pub fn merges_bins(values: &[f64], p: SketchParams) -> bool {
+    [true, false].into_iter().any(|positive| {
+        let indexes = values
+            .iter()
+            .filter(|v| v.abs() > p.min_value && (**v > 0.0) == positive)
+            .map(|v| p.index(v.abs()));
+        match (indexes.clone().min(), indexes.max()) {
+            (Some(lo), Some(hi)) => hi - lo + 1 > p.max_bins as i64,
+            _ => false,
+        }
+    })
+}
+
 /// Checks one answer of a sketch fed `sorted` (ascending, finite) at `q`.
 /// `Err` says why the answer breaks the guarantee.
 pub fn check(sorted: &[f64], q: f64, answer: f64, p: SketchParams) -> Result<(), String> {
@@ -151,5 +166,7 @@ mod tests {
             }
         }
         assert!(check(&[1.0, 2.0, 3.0], 0.5, 2.1, p).is_err());
+        assert!(merges_bins(&[1e-8, 1e20], p));
+        assert!(!merges_bins(&[1e-8, 1e8, -1e-8, -1e8], p));
     }
 }

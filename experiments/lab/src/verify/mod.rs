@@ -103,6 +103,8 @@ pub struct CaseReport {
     pub requests: usize,
     pub samples: usize,
     pub panes: usize,
+    /// Panes whose values span more bins than the sketch keeps (it merges the lowest).
+    pub merged_panes: usize,
     pub quantiles: usize,
     pub ruby: bool,
 }
@@ -475,6 +477,11 @@ pub fn check_case(case: &Case, sets: &[StrategySet], tmp: &Path) -> Result<CaseR
         report.requests = input.bodies.len();
         report.samples = input.samples;
         report.panes = want.len();
+        let params = reference::quantile::SketchParams::ingest(ALPHA);
+        report.merged_panes = want
+            .values()
+            .filter(|v| reference::quantile::merges_bins(v, params))
+            .count();
         report.quantiles = want.len() * QUANTILES.len();
         for &i in &ingests {
             let result = ingest_and_check(&input, &want, i).map(|panes| {
@@ -696,7 +703,7 @@ pub fn run(args: VerifyArgs) -> Result<()> {
         ruby_inputs += usize::from(report.ruby);
         println!(
             "  {:<20} {} sets ok: {} writers, {} ops, {} store files; {} scrape(s) of the store (last {} bytes){}; \
-             {} requests, {} samples; {} panes, {} quantiles  ({:.1} s)",
+             {} requests, {} samples; {} panes ({} with merged bins), {} quantiles  ({:.1} s)",
             case.name,
             report.sets,
             report.writers,
@@ -708,6 +715,7 @@ pub fn run(args: VerifyArgs) -> Result<()> {
             thousands(report.requests),
             thousands(report.samples),
             thousands(report.panes),
+            thousands(report.merged_panes),
             thousands(report.quantiles),
             case_started.elapsed().as_secs_f64()
         );
