@@ -15,15 +15,21 @@
 //!
 //! [`strategy`] is the switchboard that decides which strategies run; each
 //! stage resolves it once, at construction, into its seam values.
+//!
+//! [`reference`] holds the naive references every strategy combination is
+//! checked against; [`scrape`] turns an exposition into remote-write requests,
+//! so the chain runs end to end (`promlab verify`).
 
 pub mod compare;
 pub mod export;
 pub mod formenc;
 pub mod ingest;
 pub mod ops;
+pub mod reference;
 pub mod registry;
 pub mod render;
 pub mod rubyfloat;
+pub mod scrape;
 pub mod store;
 pub mod storefile;
 pub mod strategy;

@@ -10,3 +10,4 @@ pub mod harness;
 pub mod http_client;
 pub mod machine;
 pub mod serve;
+pub mod verify;

@@ -37,6 +37,8 @@ enum Command {
     Flamegraph(promlab_lab::cli::FlamegraphArgs),
     /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
     Serve(promlab_lab::cli::ServeArgs),
+    /// Check the whole pipeline end to end under every strategy set against the naive references.
+    Verify(promlab_lab::verify::VerifyArgs),
     /// Replay remote-write request bodies offline and print the quantiles.
     Ingest(promlab_lab::cli::ingest::IngestArgs),
     /// The paced remote-write feeder.
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Some(Command::Report(args)) => promlab_lab::cli::report(args),
         Some(Command::Flamegraph(args)) => promlab_lab::cli::flamegraph(args),
         Some(Command::Serve(args)) => promlab_lab::cli::serve(args),
+        Some(Command::Verify(args)) => promlab_lab::verify::run(args),
         Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),
         Some(Command::Feed(args)) => promlab_lab::cli::ingest::feed(args),
     };

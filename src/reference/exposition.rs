@@ -1,0 +1,352 @@
+//! The naive exporter and renderer: a client_ruby store directory and its
+//! registry in, the text exposition out, byte for byte what client_ruby's
+//! `Formats::Text.marshal` prints.
+//!
+//! Written from the format description alone (store layout, form-encoded keys,
+//! aggregation modes, exposition layout), with none of the production code:
+//! each file is read whole and walked entry by entry with plain slicing, each
+//! key decoded with a straightforward `%XX`/`+` decoder, values aggregated in
+//! `Vec`s searched linearly, and lines printed with plain loops. Floats print
+//! through [`crate::rubyfloat::write_reference`]: the slow, obviously-correct
+//! `Float#to_s` (shortest round-trip digits from `{:e}`), which
+//! `tests/ruby_float.rs` checks against all 10,119 lines Ruby printed in
+//! `tests/fixtures/ruby-float/to_s.tsv`; reusing it here is therefore reusing
+//! an independently verified oracle, not the code under test.
+
+use crate::registry::{ProcessAggregation, MetricDef, MetricType, Registry};
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+
+/// A decoded label set, in key order.
+pub type Labels = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// One entry of a store file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RawEntry {
+    /// The key without its padding.
+    pub key: Vec<u8>,
+    pub value: f64,
+    pub timestamp: f64,
+}
+
+/// Every entry of one store file's bytes, in file order.
+pub fn read_entries(bytes: &[u8]) -> Result<Vec<RawEntry>> {
+    if bytes.len() < 8 {
+        bail!("a store file is at least 8 bytes, this one {}", bytes.len());
+    }
+    let used = i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    if used < 8 || used as usize > bytes.len() {
+        bail!("used = {used} but the file has {} bytes", bytes.len());
+    }
+    let used = used as usize;
+    let mut entries = Vec::new();
+    let mut pos = 8;
+    while pos < used {
+        if pos + 4 > used {
+            bail!("entry at {pos} is cut off");
+        }
+        let len = i32::from_le_bytes([bytes[pos], bytes[pos + 1], bytes[pos + 2], bytes[pos + 3]]);
+        if len < 0 {
+            bail!("entry at {pos} has key length {len}");
+        }
+        let key_end = pos + 4 + len as usize;
+        if key_end + 16 > used {
+            bail!("entry at {pos} runs past used ({used})");
+        }
+        let padded = &bytes[pos + 4..key_end];
+        // Ruby's `unpack("A*")`: drop trailing spaces and NULs.
+        let mut end = padded.len();
+        while end > 0 && (padded[end - 1] == b' ' || padded[end - 1] == 0) {
+            end -= 1;
+        }
+        let f = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[at..at + 8]);
+            f64::from_le_bytes(b)
+        };
+        entries.push(RawEntry {
+            key: padded[..end].to_vec(),
+            value: f(key_end),
+            timestamp: f(key_end + 8),
+        });
+        pos = key_end + 16;
+    }
+    Ok(entries)
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Form-decodes one component: `+` is a space, `%XX` a byte.
+pub fn decode_component(s: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b'%' => {
+                let hi = s.get(i + 1).copied().and_then(hex);
+                let lo = s.get(i + 2).copied().and_then(hex);
+                match (hi, lo) {
+                    (Some(hi), Some(lo)) => out.push(hi * 16 + lo),
+                    _ => bail!("bad escape at {i} in {:?}", String::from_utf8_lossy(s)),
+                }
+                i += 3;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes a store key (`a=1&b=x+y`) into its label pairs, in key order.
+pub fn decode_key(key: &[u8]) -> Result<Labels> {
+    let mut labels = Vec::new();
+    if key.is_empty() {
+        return Ok(labels);
+    }
+    for pair in key.split(|&b| b == b'&') {
+        let Some(eq) = pair.iter().position(|&b| b == b'=') else {
+            bail!("pair {:?} has no `=`", String::from_utf8_lossy(pair));
+        };
+        labels.push((
+            decode_component(&pair[..eq])?,
+            decode_component(&pair[eq + 1..])?,
+        ));
+    }
+    Ok(labels)
+}
+
+/// Every (label set, value, timestamp) of one metric, in sorted file order.
+fn metric_entries(dir: &Path, name: &str) -> Result<Vec<(Labels, f64, f64)>> {
+    let prefix = format!("metric_{name}___");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let file_name = entry?.file_name();
+        if file_name.as_encoded_bytes().starts_with(prefix.as_bytes()) {
+            files.push(file_name);
+        }
+    }
+    files.sort_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));
+    let mut out = Vec::new();
+    for file_name in files {
+        let path = dir.join(file_name);
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        for e in read_entries(&bytes).with_context(|| format!("{}", path.display()))? {
+            out.push((decode_key(&e.key)?, e.value, e.timestamp));
+        }
+    }
+    Ok(out)
+}
+
+/// The label sets of one metric with their values aggregated across processes,
+/// in order of first appearance.
+fn aggregate(entries: Vec<(Labels, f64, f64)>, mode: ProcessAggregation) -> Vec<(Labels, f64)> {
+    // (labels, value, timestamp) in order of first appearance, found through a BTreeMap.
+    let mut series: Vec<(Labels, f64, f64)> = Vec::new();
+    let mut index: std::collections::BTreeMap<Labels, usize> = std::collections::BTreeMap::new();
+    for (labels, value, ts) in entries {
+        let Some(&i) = index.get(&labels) else {
+            index.insert(labels.clone(), series.len());
+            series.push((labels, value, ts));
+            continue;
+        };
+        let s = &mut series[i];
+        match mode {
+            ProcessAggregation::Sum => s.1 += value,
+            // Ruby keeps the first of equals; a NaN never replaces (Ruby would raise).
+            ProcessAggregation::Max => {
+                if value > s.1 {
+                    s.1 = value
+                }
+            }
+            ProcessAggregation::Min => {
+                if value < s.1 {
+                    s.1 = value
+                }
+            }
+            ProcessAggregation::MostRecent => {
+                if ts > s.2 {
+                    s.1 = value;
+                    s.2 = ts;
+                }
+            }
+            ProcessAggregation::All => {}
+        }
+    }
+    series.into_iter().map(|(l, v, _)| (l, v)).collect()
+}
+
+fn escape(out: &mut Vec<u8>, s: &[u8], quote: bool) {
+    for &b in s {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'"' if quote => out.extend_from_slice(b"\\\""),
+            b => out.push(b),
+        }
+    }
+}
+
+/// `name{a="x",b="y"} value\n` (no braces without labels; `None` prints empty).
+fn line(out: &mut Vec<u8>, name: &str, labels: &[(&[u8], &[u8])], value: Option<f64>) {
+    out.extend_from_slice(name.as_bytes());
+    if !labels.is_empty() {
+        out.push(b'{');
+        for (i, (n, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(n);
+            out.extend_from_slice(b"=\"");
+            escape(out, v, true);
+            out.push(b'"');
+        }
+        out.push(b'}');
+    }
+    out.push(b' ');
+    if let Some(v) = value {
+        crate::rubyfloat::write_reference(out, v);
+    }
+    out.push(b'\n');
+}
+
+fn pairs(labels: &Labels) -> Vec<(&[u8], &[u8])> {
+    labels.iter().map(|(n, v)| (&n[..], &v[..])).collect()
+}
+
+/// A histogram or summary: the label sets without `slot_name`, in order of
+/// first appearance, each with its (slot value, value) pairs in order.
+type SlotGroups = Vec<(Labels, Vec<(Vec<u8>, f64)>)>;
+
+fn group_by_slot(series: Vec<(Labels, f64)>, slot_name: &[u8]) -> SlotGroups {
+    let mut groups: SlotGroups = Vec::new();
+    let mut index: std::collections::BTreeMap<Labels, usize> = std::collections::BTreeMap::new();
+    for (labels, value) in series {
+        let mut rest = Labels::new();
+        let mut slot = Vec::new(); // a missing slot label is Ruby's `nil.to_s`, ""
+        for (n, v) in labels {
+            if n == slot_name {
+                slot = v;
+            } else {
+                rest.push((n, v));
+            }
+        }
+        match index.get(&rest) {
+            Some(&i) => groups[i].1.push((slot, value)),
+            None => {
+                index.insert(rest.clone(), groups.len());
+                groups.push((rest, vec![(slot, value)]));
+            }
+        }
+    }
+    groups
+}
+
+fn write_metric(out: &mut Vec<u8>, def: &MetricDef, series: Vec<(Labels, f64)>) {
+    out.extend_from_slice(
+        format!(
+            "# TYPE {} {}\n# HELP {} ",
+            def.name,
+            def.kind.name(),
+            def.name
+        )
+        .as_bytes(),
+    );
+    escape(out, def.help.as_bytes(), false);
+    out.push(b'\n');
+    match def.kind {
+        MetricType::Counter | MetricType::Gauge => {
+            for (labels, value) in &series {
+                line(out, &def.name, &pairs(labels), Some(*value));
+            }
+        }
+        MetricType::Histogram => {
+            for (labels, slots) in group_by_slot(series, b"le") {
+                // Ruby's hash: declared buckets first (0.0), then other `le`s
+                // as they appear; a later entry for the same `le` replaces.
+                let mut hash: Vec<(Vec<u8>, f64)> = def
+                    .buckets
+                    .iter()
+                    .map(|b| (b.as_bytes().to_vec(), 0.0))
+                    .collect();
+                for (le, v) in slots {
+                    match hash.iter_mut().find(|(k, _)| *k == le) {
+                        Some(slot) => slot.1 = v,
+                        None => hash.push((le, v)),
+                    }
+                }
+                // accumulate_buckets: cumulative over the declared buckets, the rest to +Inf.
+                let mut acc = 0.0;
+                for (_, value) in hash.iter_mut().take(def.buckets.len()) {
+                    let own = *value;
+                    *value += acc;
+                    acc += own;
+                }
+                match hash.iter_mut().find(|(k, _)| k == b"+Inf") {
+                    Some(inf) => inf.1 += acc,
+                    None => hash.push((b"+Inf".to_vec(), acc)),
+                }
+                let bucket_name = format!("{}_bucket", def.name);
+                let base = pairs(&labels);
+                let mut sum = None;
+                let mut count = 0.0;
+                for (le, v) in &hash {
+                    if le == b"sum" {
+                        sum = Some(*v);
+                        continue;
+                    }
+                    if le == b"+Inf" {
+                        count = *v;
+                    }
+                    let mut with_le = base.clone();
+                    with_le.push((b"le", le));
+                    line(out, &bucket_name, &with_le, Some(*v));
+                }
+                line(out, &format!("{}_sum", def.name), &base, sum);
+                line(out, &format!("{}_count", def.name), &base, Some(count));
+            }
+        }
+        MetricType::Summary => {
+            for (labels, slots) in group_by_slot(series, b"quantile") {
+                let (mut sum, mut count) = (0.0, 0.0);
+                for (q, v) in slots {
+                    match &q[..] {
+                        b"sum" => sum = v,
+                        b"count" => count = v,
+                        _ => {}
+                    }
+                }
+                let base = pairs(&labels);
+                line(out, &format!("{}_sum", def.name), &base, Some(sum));
+                line(out, &format!("{}_count", def.name), &base, Some(count));
+            }
+        }
+    }
+}
+
+/// The exposition client_ruby prints for the store in `dir`.
+pub fn export(dir: &Path, registry: &Registry) -> Result<Vec<u8>> {
+    if !dir.is_dir() {
+        bail!("store directory {} does not exist", dir.display());
+    }
+    let mut out = Vec::new();
+    for def in &registry.metrics {
+        let entries =
+            metric_entries(dir, &def.name).with_context(|| format!("metric {}", def.name))?;
+        write_metric(&mut out, def, aggregate(entries, def.aggregation()));
+    }
+    Ok(out)
+}
