@@ -37,6 +37,11 @@ fi
 
 # Smaller render and ingest scales: --test runs each arm once; the verification is the point.
 export PROMLAB_BENCH_QUEUES="${PROMLAB_BENCH_QUEUES:-1000}"
+# A feature set rebuilds only the two workspace crates and the benches; at opt-level 1 that
+# takes a fraction of a full optimisation (the dependencies stay as the release build made them).
+# Timings mean nothing here: --test runs each arm once, to verify it.
+opt=(--config 'profile.bench.package.promlab.opt-level=1'
+     --config 'profile.bench.package."promlab-lab".opt-level=1')
 
 start=$(date +%s)
 for feature in "${features[@]}"; do
@@ -50,11 +55,11 @@ for feature in "${features[@]}"; do
     fi
     t0=$(date +%s)
     # Every bench (iai included) must build with the feature.
-    cargo bench -p promlab-lab --features "$feature" \
+    cargo bench "${opt[@]}" -p promlab-lab --features "$feature" \
         --bench write --bench export --bench render --bench ingest --bench iai --no-run
     for stage in $stages; do
         echo "== --features $feature --bench $stage -- --test"
-        cargo bench -p promlab-lab --features "$feature" --bench "$stage" -- --test
+        cargo bench "${opt[@]}" -p promlab-lab --features "$feature" --bench "$stage" -- --test
     done
     echo "== $feature: $(($(date +%s) - t0)) s"
 done
