@@ -12,6 +12,7 @@
 //! values first, then zeros (`|v| <= min_value`), then positive; `q = 0` and
 //! `q = 1` give the exact min and max.
 
+use super::seams::SketchUpdate;
 use sketches_ddsketch::{Config, DDSketch};
 
 /// A pane's sketch: the crate's (reference) or ours (`bulk-sketch`).
@@ -22,11 +23,10 @@ pub enum PaneSketch {
 }
 
 impl PaneSketch {
-    pub fn new(config: Config, bulk: bool) -> Self {
-        if bulk {
-            PaneSketch::Bulk(BulkSketch::new(config))
-        } else {
-            PaneSketch::Reference(Box::new(DDSketch::new(config)))
+    pub fn new(config: Config, sketch: SketchUpdate) -> Self {
+        match sketch {
+            SketchUpdate::Runs => PaneSketch::Bulk(BulkSketch::new(config)),
+            SketchUpdate::PerSample => PaneSketch::Reference(Box::new(DDSketch::new(config))),
         }
     }
 
