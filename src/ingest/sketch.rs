@@ -2,9 +2,11 @@
 //!
 //! The reference is `sketches_ddsketch::DDSketch`, fed one `add` per sample.
 //! The `bulk-sketch` strategy is [`BulkSketch`]: it takes a slice of values and
-//! keeps the same bins the crate would. It calls the crate's own
-//! `Config::key`/`Config::value`, so keys and bin values are computed by the same
-//! code, and mirrors the crate's `CollapsingLowestDenseStore`: with a bin limit
+//! keeps the same bins the crate would. Bin values come from the crate's own
+//! `Config::value`; keys from `BulkSketch::key`, the operations of the crate's
+//! `Config::key` with the floor done inline (the `key_equals_the_crates`
+//! property test holds it to the crate's for any positive value). It mirrors the
+//! crate's `CollapsingLowestDenseStore`: with a bin limit
 //! `L`, keys are exact while `max_key - min_key + 1 <= L`; beyond that every key
 //! below `max_key - L + 1` is counted in that lowest bin (which is what the
 //! crate's store ends with for any order of adds). The quantile is the crate's:
