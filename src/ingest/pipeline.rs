@@ -62,6 +62,7 @@ pub struct CacheStats {
 pub const DEFAULT_CACHE_CAPACITY: usize = 1 << 18;
 
 pub struct Ingester {
+    /// What it was built with: reported, never consulted (the seams are).
     strategies: StrategySet,
     seams: Seams,
     plan: PlanGeneration,
