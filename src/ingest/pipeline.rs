@@ -538,7 +538,7 @@ enum Resolved {
 impl Resolved {
     /// Series `i`'s (aggregation, group key, series key) per destination, built
     /// as upstream builds them for every routed sample.
-    #[inline]
+    #[inline(always)]
     fn for_each_routed_key(
         &self,
         i: usize,
@@ -871,16 +871,20 @@ impl SeriesCache {
         let id = if (guess as usize) < self.entries.len() && self.raw_of(guess) == raw {
             guess
         } else {
-            let hash = self.hasher.hash_one(raw);
-            let (entries, arena) = (&self.entries, &self.arena);
-            let &(_, id) = self.index.find(hash, |&(h, id)| {
-                let (at, len) = entries[id as usize].raw;
-                h == hash && &arena[at as usize..(at + len) as usize] == raw
-            })?;
-            id
+            self.find(raw)?
         };
         self.hits += 1;
         self.next_guess = id + 1;
+        Some(id)
+    }
+
+    /// The hash index, for when the sender's order changed (out of line: the guess is the hot path).
+    #[inline(never)]
+    fn find(&self, raw: &[u8]) -> Option<u32> {
+        let hash = self.hasher.hash_one(raw);
+        let &(_, id) = self
+            .index
+            .find(hash, |&(h, id)| h == hash && self.raw_of(id) == raw)?;
         Some(id)
     }
 
