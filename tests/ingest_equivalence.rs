@@ -133,6 +133,56 @@ fn scenario(finite_only: bool, keep: BoxedStrategy<usize>) -> impl Strategy<Valu
         })
 }
 
+/// Series in the wide scenario's pool.
+const WIDE_POOL: usize = 400;
+
+/// Hundreds of label sets: `b` differs per series (so grouping by it gives
+/// hundreds of groups), `a` and `c` cycle through a few values or are absent.
+fn wide_pool() -> Vec<Vec<(String, String)>> {
+    let few = ["x", "y\"", "", "café"];
+    (0..WIDE_POOL)
+        .map(|i| {
+            let mut labels = vec![("__name__".to_string(), format!("m{}", i % 3))];
+            if i % 4 != 0 {
+                labels.push(("a".to_string(), few[i % 3].to_string()));
+            }
+            labels.push(("b".to_string(), format!("s{i}")));
+            if i % 5 != 0 {
+                labels.push(("c".to_string(), few[(i / 3) % 4].to_string()));
+            }
+            labels
+        })
+        .collect()
+}
+
+/// Requests of 50–300 series out of hundreds, one sample per series mostly (as
+/// real senders send them), some values spread over 600 decades so that panes
+/// collapse their lowest bins: batches, misses, evictions and collapses.
+fn wide_scenario() -> impl Strategy<Value = Scenario> {
+    let value = prop_oneof![
+        6 => value(false),
+        2 => (-300.0f64..300.0).prop_map(|e| 10f64.powf(e)),
+        1 => (-300.0f64..300.0).prop_map(|e| -(10f64.powf(e))),
+    ];
+    let sample = (-4_000i64..9_000, value);
+    let samples = prop_oneof![
+        8 => prop::collection::vec(sample.clone(), 1..2),
+        1 => prop::collection::vec(sample, 2..4),
+    ];
+    let request = prop::collection::vec((0usize..WIDE_POOL, samples), 50..300);
+    (
+        plan((1usize..4).boxed()),
+        prop::collection::vec(request, 2..8),
+        prop::collection::vec(prop::bool::weighted(0.15), 8),
+    )
+        .prop_map(|(plan, requests, corrupt)| Scenario {
+            plan,
+            pool: wide_pool(),
+            requests,
+            corrupt,
+        })
+}
+
 fn encode(s: &Scenario, r: usize, corrupt: bool) -> Vec<u8> {
     let base = 1_700_000_000_000i64 + r as i64 * 3_000;
     let mut req = WriteRequest::default();
@@ -173,7 +223,16 @@ type Outcome = (
 );
 
 fn run(s: &Scenario, set: StrategySet, with_corruption: bool) -> Outcome {
-    let mut ingester = Ingester::new(s.plan.clone(), set).with_cache_capacity(4);
+    run_with_cache(s, set, with_corruption, 4)
+}
+
+fn run_with_cache(
+    s: &Scenario,
+    set: StrategySet,
+    with_corruption: bool,
+    cache_capacity: usize,
+) -> Outcome {
+    let mut ingester = Ingester::new(s.plan.clone(), set).with_cache_capacity(cache_capacity);
     let results = (0..s.requests.len())
         .map(|r| {
             let corrupt = with_corruption && s.corrupt[r] && !s.requests[r].is_empty();
@@ -225,6 +284,28 @@ proptest! {
                     let bound = alpha * exact.abs() * (1.0 + 1e-9);
                     prop_assert!((estimate - exact).abs() <= bound, "q={} estimate {} exact {} (alpha {})", q, estimate, exact, alpha);
                 }
+            }
+        }
+    }
+}
+
+proptest! {
+    // Each case replays up to seven requests of up to 300 series through 32 ingesters.
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Hundreds of series and groups per request, the series cache warm (and,
+    /// with room for 100 entries, emptied between requests): all 16 combinations agree.
+    #[test]
+    fn all_strategy_combinations_agree_on_wide_requests(s in wide_scenario()) {
+        let combos = StrategySet::combinations(Stage::Ingest);
+        for capacity in [1 << 18, 100] {
+            let reference = run_with_cache(&s, StrategySet::NONE, true, capacity);
+            for &set in &combos[1..] {
+                let got = run_with_cache(&s, set, true, capacity);
+                prop_assert_eq!(&got.0, &reference.0, "request results differ for {}", set);
+                prop_assert_eq!(&got.1, &reference.1, "panes differ for {}", set);
+                prop_assert_eq!(&got.2, &reference.2, "panes after flush differ for {}", set);
+                prop_assert_eq!(&got.3, &reference.3, "query JSON differs for {}", set);
             }
         }
     }

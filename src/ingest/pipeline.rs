@@ -1,7 +1,8 @@
 //! The ingester: one remote-write request in, windows and sketches updated.
 //!
-//! A request goes through four seams, each a local swap chosen by the
-//! [`StrategySet`]:
+//! A request goes through four seams, each resolved once, when the ingester is
+//! built, from its [`StrategySet`] into a [`Seams`] value (the table of
+//! variants is in [`super::seams`]):
 //!
 //! | seam | reference (the upstream per-sample shape) | strategy |
 //! | --- | --- | --- |
@@ -14,12 +15,12 @@
 //! before any sample is applied, so a 400 changes no window.
 
 use super::plan::{Plan, PlanGeneration};
+use super::seams::{Canonicalize, Route, Seams};
 use super::window::{write_group_key, Accumulator, PaneReport, QueryResult, Stats, STALE_NAN_BITS};
 use super::wire::{self, Batch, WireError, WriteRequest};
-use crate::strategy::{Strategy, StrategySet};
+use crate::strategy::StrategySet;
 use crate::text::{write_escaped, Escape};
 use std::collections::{BTreeMap, HashMap};
-use std::hash::BuildHasherDefault;
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,7 +62,9 @@ pub struct CacheStats {
 pub const DEFAULT_CACHE_CAPACITY: usize = 1 << 18;
 
 pub struct Ingester {
+    /// What it was built with: reported, never consulted (the seams are).
     strategies: StrategySet,
+    seams: Seams,
     plan: PlanGeneration,
     accumulators: Vec<Accumulator>,
     /// Global destination id → (aggregation, group id).
@@ -81,6 +84,7 @@ impl Ingester {
     pub fn new(plan: Plan, strategies: StrategySet) -> Self {
         let mut ingester = Ingester {
             strategies,
+            seams: Seams::new(strategies),
             plan: PlanGeneration {
                 plan: Plan {
                     aggregations: vec![],
@@ -117,6 +121,11 @@ impl Ingester {
         self.strategies
     }
 
+    /// The seams the strategies resolved to.
+    pub fn seams(&self) -> Seams {
+        self.seams
+    }
+
     pub fn plan(&self) -> &PlanGeneration {
         &self.plan
     }
@@ -124,7 +133,6 @@ impl Ingester {
     /// Installs a plan and bumps the generation. Aggregations whose definition
     /// did not change keep their windows; the others start empty.
     pub fn set_plan(&mut self, plan: Plan) {
-        let bulk = self.strategies.contains(Strategy::BulkSketch);
         let mut old: HashMap<String, Accumulator> = self
             .accumulators
             .drain(..)
@@ -136,7 +144,7 @@ impl Ingester {
             .iter()
             .map(|agg| match old.remove(&agg.id) {
                 Some(acc) if acc.agg == *agg && keep_all => acc,
-                _ => Accumulator::new(agg.clone(), plan.keep_windows, bulk),
+                _ => Accumulator::new(agg.clone(), plan.keep_windows, self.seams.sketch),
             })
             .collect();
         // Destination ids are renumbered from the surviving groups.
@@ -177,16 +185,7 @@ impl Ingester {
         holder: &'a mut WriteRequest,
         batch: &mut Batch<'a>,
     ) -> Result<Stats, IngestError> {
-        if self.strategies.contains(Strategy::BorrowedDecode) {
-            if self.strategies.contains(Strategy::SeriesCache) {
-                // The cache keys on raw label bytes; labels are parsed on a miss only.
-                wire::decode_borrowed_deferred_into(raw, batch)?;
-            } else {
-                wire::decode_borrowed_into(raw, batch)?;
-            }
-        } else {
-            wire::decode_owned_into(raw, holder, batch)?;
-        }
+        self.seams.decode.decode_into(raw, holder, batch)?;
         let resolved = self.resolve(batch)?;
         let mut stats = Stats {
             requests: 1,
@@ -195,10 +194,9 @@ impl Ingester {
             metadata: batch.metadata as u64,
             ..Stats::default()
         };
-        let newest = if self.strategies.contains(Strategy::BatchRouting) {
-            self.route_batched(batch, &resolved, &mut stats)
-        } else {
-            self.route_per_sample(batch, &resolved, &mut stats)
+        let newest = match self.seams.route {
+            Route::Batched => self.route_batched(batch, &resolved, &mut stats),
+            Route::PerSample => self.route_per_sample(batch, &resolved, &mut stats),
         };
         if let Resolved::Cached(ids) = resolved {
             self.spare_ids = ids;
@@ -279,13 +277,13 @@ impl Ingester {
     /// Canonicalize seam: every series of the request, validated, before anything is applied.
     #[inline(never)] // one call per request; kept apart so profiles show the seam
     fn resolve(&mut self, batch: &Batch<'_>) -> Result<Resolved, IngestError> {
-        if !self.strategies.contains(Strategy::SeriesCache) {
+        if self.seams.canonicalize == Canonicalize::PerRequest {
             let series = batch
                 .series
                 .iter()
                 .map(|s| BaselineSeries::canonicalize(batch.series_labels(s), &self.plan.plan))
                 .collect::<Result<_, _>>()?;
-            return Ok(Resolved::Baseline(series));
+            return Ok(Resolved::PerRequest(series));
         }
         self.cache.check_generation(self.plan.generation);
         let mut ids = std::mem::take(&mut self.spare_ids);
@@ -356,34 +354,19 @@ impl Ingester {
                     continue;
                 }
                 let mut matched = false;
-                let mut push = |agg: u16, group: String, series: String| {
-                    matched = true;
-                    routed.entry((agg, group)).or_default().push(RoutedSample {
-                        series,
-                        timestamp: sample.timestamp,
-                        value: sample.value,
-                    });
-                };
-                match resolved {
-                    Resolved::Baseline(all) => {
-                        let s = &all[i];
-                        for &agg in &s.aggs {
-                            let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
-                            let labels = parse_series_key(&s.series_key);
-                            push(
-                                agg,
-                                group_key_of(&labels, group_by),
-                                s.series_key.to_string(),
-                            );
-                        }
-                    }
-                    Resolved::Cached(ids) => {
-                        let entry = &self.cache.entries[ids[i] as usize];
-                        for (agg, group_key) in self.cache.dest_keys(entry) {
-                            push(*agg, group_key.to_string(), entry.series_key.to_string());
-                        }
-                    }
-                }
+                resolved.for_each_routed_key(
+                    i,
+                    &self.plan.plan,
+                    &self.cache,
+                    |agg, group, series| {
+                        matched = true;
+                        routed.entry((agg, group)).or_default().push(RoutedSample {
+                            series,
+                            timestamp: sample.timestamp,
+                            value: sample.value,
+                        });
+                    },
+                );
                 if matched {
                     newest = newest.max(Some(sample.timestamp));
                 } else {
@@ -408,7 +391,10 @@ impl Ingester {
     }
 
     /// `batch-routing`: destinations once per series, then a stable counting sort
-    /// of the request's samples into one contiguous run per destination.
+    /// of the routed series' samples into one contiguous run per destination.
+    ///
+    /// Real senders put one sample per series in a request and most series feed
+    /// no aggregation, so the scatter walks only the series that were routed.
     #[inline(never)] // one call per request; kept apart so profiles show the seam
     fn route_batched(
         &mut self,
@@ -417,89 +403,102 @@ impl Ingester {
         stats: &mut Stats,
     ) -> Option<i64> {
         let mut sc = std::mem::take(&mut self.scratch);
-        sc.series_dests.clear();
+        // Per series its range of destination ids in `dest_ids`: a slice of the
+        // series cache, or (without it) ids re-derived once per series here.
+        let mut derived = std::mem::take(&mut sc.series_dests);
+        derived.clear();
         sc.dest_ranges.clear();
-        // Destinations of each series (flat), and how many valid samples each destination gets.
-        let mut newest: Option<i64> = None;
-        for (i, span) in batch.series.iter().enumerate() {
-            let d0 = sc.series_dests.len();
-            match resolved {
-                Resolved::Baseline(all) => {
-                    let s = &all[i];
+        let dest_ids: &[u32] = match resolved {
+            Resolved::PerRequest(all) => {
+                for s in all {
+                    let d0 = derived.len() as u32;
                     if !s.aggs.is_empty() {
                         let labels = parse_series_key(&s.series_key);
                         for &agg in &s.aggs {
                             let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
                             let (_, dest) =
                                 self.intern(agg, group_key_of(&labels, group_by).as_bytes());
-                            sc.series_dests.push(dest);
+                            derived.push(dest);
                         }
                     }
+                    sc.dest_ranges.push((d0, derived.len() as u32));
                 }
-                Resolved::Cached(ids) => {
-                    let entry = &self.cache.entries[ids[i] as usize];
-                    sc.series_dests
-                        .extend_from_slice(self.cache.dest_ids(entry));
-                }
+                &derived
             }
-            let d1 = sc.series_dests.len();
-            sc.dest_ranges.push((d0 as u32, d1 as u32));
-            let mut valid = 0u32;
-            for sample in batch.series_samples(span) {
-                if classify(sample.value, stats) {
-                    if d0 == d1 {
+            Resolved::Cached(ids) => {
+                sc.dest_ranges.extend(ids.iter().map(|&id| {
+                    let (first, n) = self.cache.entries[id as usize].dests;
+                    (first, first + n)
+                }));
+                &self.cache.dest_ids
+            }
+        };
+        // Classify every sample; count the valid ones per destination of routed series.
+        let mut newest: Option<i64> = None;
+        sc.routed.clear();
+        for (i, span) in batch.series.iter().enumerate() {
+            let (d0, d1) = sc.dest_ranges[i];
+            let samples = batch.series_samples(span);
+            if d0 == d1 {
+                for sample in samples {
+                    if classify(sample.value, stats) {
                         stats.unrouted += 1;
-                    } else {
-                        valid += 1;
-                        newest = newest.max(Some(sample.timestamp));
                     }
+                }
+                continue;
+            }
+            let mut valid = 0u32;
+            for sample in samples {
+                if classify(sample.value, stats) {
+                    valid += 1;
+                    newest = newest.max(Some(sample.timestamp));
                 }
             }
             if valid > 0 {
-                for k in d0..d1 {
-                    let d = sc.series_dests[k];
+                for &d in &dest_ids[d0 as usize..d1 as usize] {
                     sc.count(d, valid);
                 }
+                sc.routed.push(i as u32);
             }
         }
-        // Offsets in first-touch order, then scatter.
-        let total = sc.offsets_from_counts();
-        sc.ts.resize(total, 0);
-        sc.values.resize(total, 0.0);
-        for (i, span) in batch.series.iter().enumerate() {
-            let (d0, d1) = sc.dest_ranges[i];
-            if d0 == d1 {
-                continue;
-            }
-            for sample in batch.series_samples(span) {
-                if !is_finite_sample(sample.value) {
-                    continue;
+        if !sc.routed.is_empty() {
+            // Offsets in first-touch order, then scatter.
+            let total = sc.offsets_from_counts();
+            sc.ts.resize(total, 0);
+            sc.values.resize(total, 0.0);
+            for &i in &sc.routed {
+                let (d0, d1) = sc.dest_ranges[i as usize];
+                let dests = &dest_ids[d0 as usize..d1 as usize];
+                for sample in batch.series_samples(&batch.series[i as usize]) {
+                    if !sample.value.is_finite() {
+                        continue;
+                    }
+                    for &d in dests {
+                        let at = sc.cursor[d as usize] as usize;
+                        sc.ts[at] = sample.timestamp;
+                        sc.values[at] = sample.value;
+                        sc.cursor[d as usize] += 1;
+                    }
                 }
-                for k in d0..d1 {
-                    let d = sc.series_dests[k as usize] as usize;
-                    let at = sc.cursor[d] as usize;
-                    sc.ts[at] = sample.timestamp;
-                    sc.values[at] = sample.value;
-                    sc.cursor[d] += 1;
-                }
             }
-        }
-        let watermark = self.watermark;
-        for &d in &sc.touched {
-            let (agg, gid) = self.dests[d as usize];
-            let (a, b) = (
-                sc.start[d as usize] as usize,
-                sc.cursor[d as usize] as usize,
-            );
-            self.accumulators[agg as usize].add(
-                gid,
-                &sc.ts[a..b],
-                &sc.values[a..b],
-                watermark,
-                stats,
-            );
+            let watermark = self.watermark;
+            for &d in &sc.touched {
+                let (agg, gid) = self.dests[d as usize];
+                let (a, b) = (
+                    sc.start[d as usize] as usize,
+                    sc.cursor[d as usize] as usize,
+                );
+                self.accumulators[agg as usize].add(
+                    gid,
+                    &sc.ts[a..b],
+                    &sc.values[a..b],
+                    watermark,
+                    stats,
+                );
+            }
         }
         sc.reset();
+        sc.series_dests = derived;
         self.scratch = sc;
         newest
     }
@@ -519,11 +518,6 @@ fn classify(v: f64, stats: &mut Stats) -> bool {
     false
 }
 
-#[inline]
-fn is_finite_sample(v: f64) -> bool {
-    v.is_finite()
-}
-
 /// A sample on its way to an accumulator, as upstream carries it.
 struct RoutedSample {
     series: String,
@@ -531,12 +525,48 @@ struct RoutedSample {
     value: f64,
 }
 
-/// What canonicalization produced for a request's series.
+/// What the canonicalize seam produced for a request's series, read by either
+/// router: the per-sample one through [`Resolved::for_each_routed_key`], the
+/// batched one through the series' destination ids.
 enum Resolved {
     /// Reference: per series, computed for this request.
-    Baseline(Vec<BaselineSeries>),
+    PerRequest(Vec<BaselineSeries>),
     /// `series-cache`: per series, an entry id in the cache.
     Cached(Vec<u32>),
+}
+
+impl Resolved {
+    /// Series `i`'s (aggregation, group key, series key) per destination, built
+    /// as upstream builds them for every routed sample.
+    #[inline(always)]
+    fn for_each_routed_key(
+        &self,
+        i: usize,
+        plan: &Plan,
+        cache: &SeriesCache,
+        mut f: impl FnMut(u16, String, String),
+    ) {
+        match self {
+            Resolved::PerRequest(all) => {
+                let s = &all[i];
+                for &agg in &s.aggs {
+                    let group_by = &plan.aggregations[agg as usize].group_by;
+                    let labels = parse_series_key(&s.series_key);
+                    f(
+                        agg,
+                        group_key_of(&labels, group_by),
+                        s.series_key.to_string(),
+                    );
+                }
+            }
+            Resolved::Cached(ids) => {
+                let entry = &cache.entries[ids[i] as usize];
+                for (agg, group_key) in cache.dest_keys(entry) {
+                    f(*agg, group_key.to_string(), entry.series_key.to_string());
+                }
+            }
+        }
+    }
 }
 
 /// The reference canonical form of a series, rebuilt for every request.
@@ -699,8 +729,12 @@ fn group_key_of(labels: &HashMap<String, String>, group_by: &[String]) -> String
 /// Scratch space of the batched router, reused across requests.
 #[derive(Default)]
 struct RouteScratch {
+    /// Destination ids re-derived per request (without the series cache).
     series_dests: Vec<u32>,
+    /// Per series, its range of destination ids.
     dest_ranges: Vec<(u32, u32)>,
+    /// The series with a destination and a valid sample, in request order.
+    routed: Vec<u32>,
     counts: Vec<u32>,
     start: Vec<u32>,
     cursor: Vec<u32>,
@@ -751,7 +785,8 @@ impl RouteScratch {
 /// tried first (one sequential compare); the hash index is the fallback.
 struct SeriesCache {
     hasher: ahash::RandomState,
-    index: HashMap<u64, u32, BuildHasherDefault<PassThroughHasher>>,
+    /// (hash of the raw label bytes, entry id).
+    index: hashbrown::HashTable<(u64, u32)>,
     entries: Vec<CacheEntry>,
     /// The raw label bytes of every entry, back to back.
     arena: Vec<u8>,
@@ -779,7 +814,7 @@ impl SeriesCache {
     fn new(capacity: usize) -> Self {
         SeriesCache {
             hasher: ahash::RandomState::with_seeds(0x5eed, 0x1e55, 0xcafe, 0xf00d),
-            index: HashMap::default(),
+            index: hashbrown::HashTable::new(),
             entries: Vec::new(),
             arena: Vec::new(),
             dest_ids: Vec::new(),
@@ -826,10 +861,6 @@ impl SeriesCache {
         &self.arena[at as usize..(at + len) as usize]
     }
 
-    fn dest_ids(&self, entry: &CacheEntry) -> &[u32] {
-        &self.dest_ids[entry.dests.0 as usize..(entry.dests.0 + entry.dests.1) as usize]
-    }
-
     fn dest_keys(&self, entry: &CacheEntry) -> &[(u16, Box<str>)] {
         &self.dest_keys[entry.dests.0 as usize..(entry.dests.0 + entry.dests.1) as usize]
     }
@@ -840,14 +871,20 @@ impl SeriesCache {
         let id = if (guess as usize) < self.entries.len() && self.raw_of(guess) == raw {
             guess
         } else {
-            let &id = self.index.get(&self.hasher.hash_one(raw))?;
-            if self.raw_of(id) != raw {
-                return None;
-            }
-            id
+            self.find(raw)?
         };
         self.hits += 1;
         self.next_guess = id + 1;
+        Some(id)
+    }
+
+    /// The hash index, for when the sender's order changed (out of line: the guess is the hot path).
+    #[inline(never)]
+    fn find(&self, raw: &[u8]) -> Option<u32> {
+        let hash = self.hasher.hash_one(raw);
+        let &(_, id) = self
+            .index
+            .find(hash, |&(h, id)| h == hash && self.raw_of(id) == raw)?;
         Some(id)
     }
 
@@ -871,28 +908,10 @@ impl SeriesCache {
             dests: (first_dest, self.dest_ids.len() as u32 - first_dest),
             series_key,
         });
-        // A hash collision replaces the older entry in the index.
-        self.index.insert(self.hasher.hash_one(raw), id);
+        let hash = self.hasher.hash_one(raw);
+        self.index.insert_unique(hash, (hash, id), |&(h, _)| h);
         self.next_guess = id + 1;
         id
-    }
-}
-
-/// The cache's keys are already hashes.
-#[derive(Default)]
-struct PassThroughHasher(u64);
-
-impl std::hash::Hasher for PassThroughHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
     }
 }
 

@@ -2,9 +2,11 @@
 //!
 //! The reference is `sketches_ddsketch::DDSketch`, fed one `add` per sample.
 //! The `bulk-sketch` strategy is [`BulkSketch`]: it takes a slice of values and
-//! keeps the same bins the crate would. It calls the crate's own
-//! `Config::key`/`Config::value`, so keys and bin values are computed by the same
-//! code, and mirrors the crate's `CollapsingLowestDenseStore`: with a bin limit
+//! keeps the same bins the crate would. Bin values come from the crate's own
+//! `Config::value`; keys from `BulkSketch::key`, the operations of the crate's
+//! `Config::key` with the floor done inline (the `key_equals_the_crates`
+//! property test holds it to the crate's for any positive value). It mirrors the
+//! crate's `CollapsingLowestDenseStore`: with a bin limit
 //! `L`, keys are exact while `max_key - min_key + 1 <= L`; beyond that every key
 //! below `max_key - L + 1` is counted in that lowest bin (which is what the
 //! crate's store ends with for any order of adds). The quantile is the crate's:
@@ -12,6 +14,7 @@
 //! values first, then zeros (`|v| <= min_value`), then positive; `q = 0` and
 //! `q = 1` give the exact min and max.
 
+use super::seams::SketchUpdate;
 use sketches_ddsketch::{Config, DDSketch};
 
 /// A pane's sketch: the crate's (reference) or ours (`bulk-sketch`).
@@ -22,11 +25,10 @@ pub enum PaneSketch {
 }
 
 impl PaneSketch {
-    pub fn new(config: Config, bulk: bool) -> Self {
-        if bulk {
-            PaneSketch::Bulk(BulkSketch::new(config))
-        } else {
-            PaneSketch::Reference(Box::new(DDSketch::new(config)))
+    pub fn new(config: Config, sketch: SketchUpdate) -> Self {
+        match sketch {
+            SketchUpdate::Runs => PaneSketch::Bulk(BulkSketch::new(config)),
+            SketchUpdate::PerSample => PaneSketch::Reference(Box::new(DDSketch::new(config))),
         }
     }
 

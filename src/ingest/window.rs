@@ -9,6 +9,7 @@
 //! closed windows of each aggregation are kept for queries.
 
 use super::plan::Aggregation;
+use super::seams::SketchUpdate;
 use super::sketch::PaneSketch;
 use crate::text::{write_escaped, Escape};
 use serde::ser::{SerializeMap, Serializer};
@@ -92,8 +93,9 @@ pub struct Accumulator {
     window_ms: i64,
     config: sketches_ddsketch::Config,
     keep: usize,
-    /// The `bulk-sketch` strategy: panes are [`super::sketch::BulkSketch`]es fed by runs.
-    bulk: bool,
+    /// The sketch-update seam: per sample into `DDSketch`es, or (`bulk-sketch`)
+    /// per run into [`super::sketch::BulkSketch`]es.
+    sketch: SketchUpdate,
     /// Per group id: its labels (present ones, group-by order) and global destination id.
     groups: Vec<(Vec<(String, String)>, u32)>,
     group_ids: HashMap<Box<[u8]>, u32>,
@@ -104,13 +106,13 @@ pub struct Accumulator {
 }
 
 impl Accumulator {
-    pub fn new(agg: Aggregation, keep: usize, bulk: bool) -> Self {
+    pub fn new(agg: Aggregation, keep: usize, sketch: SketchUpdate) -> Self {
         Accumulator {
             window_ms: agg.window_ms(),
             config: agg.sketch_config(),
             agg,
             keep,
-            bulk,
+            sketch,
             groups: Vec::new(),
             group_ids: HashMap::new(),
             open: BTreeMap::new(),
@@ -170,17 +172,16 @@ impl Accumulator {
         if panes.len() <= gid {
             panes.resize_with(gid + 1, || None);
         }
-        let (config, bulk) = (self.config, self.bulk);
-        panes[gid].get_or_insert_with(|| PaneSketch::new(config, bulk))
+        let (config, sketch) = (self.config, self.sketch);
+        panes[gid].get_or_insert_with(|| PaneSketch::new(config, sketch))
     }
 
     /// The sketch-update seam: one group's samples (finite values), in order.
     #[inline(never)] // one call per (group, request); kept apart so profiles show the seam
     pub fn add(&mut self, gid: u32, ts: &[i64], values: &[f64], watermark: i64, stats: &mut Stats) {
-        if self.bulk {
-            self.add_runs(gid, ts, values, watermark, stats)
-        } else {
-            self.add_each(gid, ts, values, watermark, stats)
+        match self.sketch {
+            SketchUpdate::Runs => self.add_runs(gid, ts, values, watermark, stats),
+            SketchUpdate::PerSample => self.add_each(gid, ts, values, watermark, stats),
         }
     }
 
@@ -391,7 +392,7 @@ mod tests {
         let mut acc = Accumulator::new(
             super::super::plan::Plan::default().aggregations[0].clone(),
             2,
-            false,
+            SketchUpdate::PerSample,
         );
         let mut next = 0;
         let g = acc.intern(b"\"g0\"", &mut next);

@@ -11,6 +11,7 @@
 //!   checked later, at canonicalization, where the series cache can skip it for
 //!   bytes it has already validated.
 
+use super::seams::Decode;
 use std::ops::Range;
 
 /// `prometheus.WriteRequest` (only the fields remote write 1.0 uses; others are skipped).
@@ -206,6 +207,23 @@ pub fn decode_owned_into<'a>(
         });
     }
     Ok(())
+}
+
+impl Decode {
+    /// The decode seam: `raw` into a (cleared) batch whose buffers are reused;
+    /// `holder` keeps the owned decoder's strings.
+    pub fn decode_into<'a>(
+        self,
+        raw: &'a [u8],
+        holder: &'a mut WriteRequest,
+        batch: &mut Batch<'a>,
+    ) -> Result<(), WireError> {
+        match self {
+            Decode::Owned => decode_owned_into(raw, holder, batch),
+            Decode::Borrowed => decode_borrowed_into(raw, batch),
+            Decode::BorrowedDeferred => decode_borrowed_deferred_into(raw, batch),
+        }
+    }
 }
 
 // Protobuf wire types.
