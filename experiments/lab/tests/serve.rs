@@ -53,7 +53,9 @@ fn serve(args: &[&str]) -> (Reaped, SocketAddr) {
                 .filter(|_| line.contains(" on http://"))
             {
                 let _ = tx.send(
-                    addr.trim()
+                    addr.split_whitespace()
+                        .next()
+                        .unwrap_or_default()
                         .parse::<SocketAddr>()
                         .expect("address in the serving line"),
                 );
