@@ -196,14 +196,45 @@ pub fn digest(bytes: &[u8]) -> String {
 
 /// The expected answer for a generated workload, computed independently of
 /// the strategies under test — the one place `--print-digests` and the benches
-/// (at sizes without a stored digest) get it from. Ruby's own exposition for
-/// a store client_ruby wrote; otherwise, for now, the baseline run.
-// TODO(reference): compute generated answers with `promlab::reference`.
+/// (at sizes without a stored digest) get it from:
+/// - a store client_ruby wrote: Ruby's own exposition (`expected.prom`);
+/// - a generated store (`seed-repro`, `large`): the naive references — the
+///   reference writer's files from the op logs, exported by the reference
+///   exporter ([`promlab::reference`]), none of it the code under test;
+/// - write, render and ingest: the baseline run. Their independent checks are
+///   `promlab verify`'s (store bytes against the reference writer, quantiles
+///   within α of the exact ones); a quantile JSON cannot come bit for bit from
+///   anything but a DDSketch, and the write digest holds file sizes, a writer
+///   detail the reference does not model.
 pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
-    if let Generator::RubyStore { case } = params {
+    let generated = match params {
+        Generator::RubyStore { case } => {
+            let dir = tempfile::tempdir()?;
+            let case_dir = crate::fixtures::unpack_ruby_case(case, dir.path())?;
+            return Ok(std::fs::read(case_dir.join("expected.prom"))?);
+        }
+        Generator::SeedRepro {
+            processes,
+            statements,
+        } => Some(promlab::workload::seed_repro(*processes, *statements)),
+        Generator::Large {
+            processes,
+            statements,
+            max_len,
+        } => Some(promlab::workload::large(*processes, *statements, *max_len)),
+        _ => None,
+    };
+    if let Some(store) = generated {
         let dir = tempfile::tempdir()?;
-        let case_dir = crate::fixtures::unpack_ruby_case(case, dir.path())?;
-        return Ok(std::fs::read(case_dir.join("expected.prom"))?);
+        let logs: Vec<_> = store
+            .logs
+            .iter()
+            .map(|log| (promlab::formenc::Dialect::Uri, log.clone()))
+            .collect();
+        for (name, bytes) in promlab::reference::store::files(&store.registry, &logs)? {
+            std::fs::write(dir.path().join(name), bytes)?;
+        }
+        return promlab::reference::exposition::export(dir.path(), &store.registry);
     }
     let mut workload = workloads::build(params)?;
     let answer = workload.run(StrategySet::NONE)?.bytes()?.into_owned();
@@ -569,6 +600,18 @@ mod tests {
                 features
             };
             assert_eq!(configured(stage), expected);
+        }
+    }
+
+    #[test]
+    fn generated_export_digests_come_from_the_references() {
+        // seed-repro at its full size (the same as quick) and large at its quick size:
+        // the stored digest is the naive reference writer + exporter's answer.
+        for (name, quick) in [("seed-repro", false), ("large", true)] {
+            let scenario = load_scenario(name).unwrap();
+            let size = scenario.size(quick);
+            let answer = expected_answer(&size.params).unwrap();
+            assert_eq!(digest(&answer), size.expected, "{name}");
         }
     }
 
