@@ -28,7 +28,8 @@ fn long_label(c: &mut Criterion) {
     });
     // The lock pair alone, on a real store file, as `Client::observe` takes it.
     let dir = tempfile::tempdir().unwrap();
-    let mut file = StoreFile::open(&dir.path().join("metric_lock___4242.bin"), StoreIo::Mapped).unwrap();
+    let mut file =
+        StoreFile::open(&dir.path().join("metric_lock___4242.bin"), StoreIo::Mapped).unwrap();
     let mut group = c.benchmark_group(format!("{group}/floor"));
     group.sample_size(20);
     group.bench_function("flock-pair", |b| {

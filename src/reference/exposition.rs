@@ -13,7 +13,7 @@
 //! `tests/fixtures/ruby-float/to_s.tsv`; reusing it here is therefore reusing
 //! an independently verified oracle, not the code under test.
 
-use crate::registry::{ProcessAggregation, MetricDef, MetricType, Registry};
+use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 

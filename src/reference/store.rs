@@ -15,7 +15,7 @@
 
 use crate::formenc::Dialect;
 use crate::ops::{Op, OpKind, OpLog};
-use crate::registry::{ProcessAggregation, MetricType, Registry};
+use crate::registry::{MetricType, ProcessAggregation, Registry};
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 

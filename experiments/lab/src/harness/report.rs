@@ -11,12 +11,21 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A progress bar on stderr, or nothing.
-pub struct Progress(Option<indicatif::ProgressBar>);
+pub struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    /// Without a terminal, a line when a phase starts and one when it ends.
+    plain: Option<(String, std::time::Instant)>,
+}
 
 impl Progress {
     pub fn new(enabled: bool, scenario: &str, total: u64, phase: &str) -> Progress {
         if !enabled {
-            return Progress(None);
+            let label = format!("{scenario}: {phase}");
+            eprintln!("{label}: {total} runs…");
+            return Progress {
+                bar: None,
+                plain: Some((label, std::time::Instant::now())),
+            };
         }
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
@@ -28,18 +37,24 @@ impl Progress {
         );
         bar.set_prefix(scenario.to_string());
         bar.set_message(phase.to_string());
-        Progress(Some(bar))
+        Progress {
+            bar: Some(bar),
+            plain: None,
+        }
     }
 
     pub fn inc(&self) {
-        if let Some(bar) = &self.0 {
+        if let Some(bar) = &self.bar {
             bar.inc(1);
         }
     }
 
     pub fn finish(&self) {
-        if let Some(bar) = &self.0 {
+        if let Some(bar) = &self.bar {
             bar.finish_and_clear();
+        }
+        if let Some((label, started)) = &self.plain {
+            eprintln!("{label}: done in {:.1} s", started.elapsed().as_secs_f64());
         }
     }
 }
@@ -84,13 +99,15 @@ pub fn table(result: &ScenarioResult) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n{} ({}, {} size): {} {unit} per run; {} combinations verified, digest {}…",
+        "\n{} ({}, {} size): {} {unit} per run; all {} combinations matched the scenario's \
+         expected digest {}…; {} timed rounds after a warm-up",
         result.scenario,
         result.stage,
         result.size,
         units,
         result.combinations_verified,
-        &result.digest[..12]
+        &result.digest[..12],
+        result.arms.first().map_or(0, |arm| arm.samples.len())
     );
     let _ = writeln!(
         out,
