@@ -141,7 +141,7 @@ pub fn op(pid: u32, pick: Pick, pool: &[String]) -> Op {
         ),
         8 => op("tiny_seconds", OpKind::Observe, finite * 1e-3, vec![]),
         _ => {
-            let kind = if c % 6 == 0 {
+            let kind = if c.is_multiple_of(6) {
                 OpKind::Init
             } else {
                 OpKind::Observe
