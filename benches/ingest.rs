@@ -26,7 +26,7 @@
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use promlab::ingest::feed::Workload;
+use promlab::ingest::feed::FeedWorkload;
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::ingest::wire::{self, WriteRequest};
@@ -43,10 +43,10 @@ fn bench_groups() -> Option<u64> {
         .and_then(|g| g.parse().ok())
 }
 
-fn workload() -> Workload {
-    Workload {
+fn workload() -> FeedWorkload {
+    FeedWorkload {
         groups: bench_groups().unwrap_or(1000),
-        ..Workload::seed(START_MS)
+        ..FeedWorkload::seed(START_MS)
     }
 }
 

@@ -25,7 +25,7 @@ pub fn splitmix64(x: u64) -> u64 {
 
 /// What the feeder generates.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Workload {
+pub struct FeedWorkload {
     pub groups: u64,
     pub series_per_group: u64,
     pub samples_per_sec: u64,
@@ -36,10 +36,10 @@ pub struct Workload {
     pub batch_rows: usize,
 }
 
-impl Workload {
+impl FeedWorkload {
     /// The seed's benchmark workload: 1,000 groups × 100 series, 1 sample/s each.
     pub fn seed(start_ms: i64) -> Self {
-        Workload {
+        FeedWorkload {
             groups: 1000,
             series_per_group: 100,
             samples_per_sec: 1,
@@ -91,7 +91,7 @@ impl Workload {
 
 /// A workload with every series' label bytes encoded once.
 pub struct Generator {
-    pub workload: Workload,
+    pub workload: FeedWorkload,
     labels: Vec<Vec<u8>>,
 }
 
@@ -138,7 +138,7 @@ pub struct FeedReport {
 }
 
 /// Writes `ticks` as files `DIR/TTTTTT-RRRR.bin` (name order = send order).
-pub fn write_bodies(workload: &Workload, ticks: Range<u64>, dir: &Path) -> Result<FeedReport> {
+pub fn write_bodies(workload: &FeedWorkload, ticks: Range<u64>, dir: &Path) -> Result<FeedReport> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let generator = workload.generator();
     let mut report = FeedReport::default();
@@ -167,12 +167,12 @@ mod tests {
 
     #[test]
     fn ticks_split_into_batches_and_values_regenerate() {
-        let w = Workload {
+        let w = FeedWorkload {
             groups: 3,
             series_per_group: 2,
             samples_per_sec: 2,
             batch_rows: 5,
-            ..Workload::seed(1_000)
+            ..FeedWorkload::seed(1_000)
         };
         let g = w.generator();
         let raw = g.tick_raw(1);

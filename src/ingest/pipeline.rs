@@ -595,7 +595,7 @@ impl BaselineSeries {
                 std::str::from_utf8(name).map_err(|_| invalid("a label name is not UTF-8"))?;
             let value_str = std::str::from_utf8(value)
                 .map_err(|_| invalid(format!("the value of label `{name_str}` is not UTF-8")))?;
-            if !is_valid_label_name(name) {
+            if !crate::registry::is_label_name(name) {
                 return Err(invalid(format!(
                     "invalid label name `{}`",
                     name_str.escape_debug()
@@ -662,17 +662,6 @@ impl BaselineSeries {
     /// The group key for one aggregation (re-parsing the series key, upstream-style).
     pub fn group_key(&self, group_by: &[String]) -> String {
         group_key_of(&parse_series_key(&self.series_key), group_by)
-    }
-}
-
-/// `[a-zA-Z_][a-zA-Z0-9_]*`: Prometheus label names.
-pub fn is_valid_label_name(name: &[u8]) -> bool {
-    match name.split_first() {
-        Some((first, rest)) => {
-            (first.is_ascii_alphabetic() || *first == b'_')
-                && rest.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
-        }
-        None => false,
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::http_client::Client;
 use anyhow::{bail, Result};
-use promlab::ingest::feed::{FeedReport, Workload};
+use promlab::ingest::feed::{FeedReport, FeedWorkload};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ const REMOTE_WRITE_HEADERS: [(&str, &str); 4] = [
 /// requests in flight. A feed split over several runs (`--first-tick`) sends
 /// the same samples as one run would.
 pub fn send(
-    workload: &Workload,
+    workload: &FeedWorkload,
     ticks: Range<u64>,
     url: &str,
     concurrency: usize,

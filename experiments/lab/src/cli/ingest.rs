@@ -1,7 +1,7 @@
 //! `promlab ingest` and `promlab feed`.
 
 use anyhow::{Context, Result};
-use promlab::ingest::feed::{self, Workload};
+use promlab::ingest::feed::{self, FeedWorkload};
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::ingest::wire;
@@ -193,7 +193,7 @@ pub fn feed(args: FeedArgs) -> Result<()> {
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis() as i64,
     };
-    let workload = Workload {
+    let workload = FeedWorkload {
         groups: args.groups,
         series_per_group: args.series_per_group,
         samples_per_sec: args.samples_per_sec.max(1),

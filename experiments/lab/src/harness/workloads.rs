@@ -243,10 +243,10 @@ impl Ingest {
     /// The seed's feeder workload: `groups` × `series_per_group` series, one sample
     /// per series per tick, `ticks` ticks (seconds), in 50,000-row requests.
     fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Ingest> {
-        let workload = promlab::ingest::feed::Workload {
+        let workload = promlab::ingest::feed::FeedWorkload {
             groups,
             series_per_group,
-            ..promlab::ingest::feed::Workload::seed(1_700_000_000_000)
+            ..promlab::ingest::feed::FeedWorkload::seed(1_700_000_000_000)
         };
         let generator = workload.generator();
         let bodies: Vec<Vec<u8>> = (0..ticks).flat_map(|t| generator.tick_bodies(t)).collect();

@@ -10,7 +10,7 @@ use super::remote_write::{
 };
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use anyhow::{bail, Context, Result};
-use promlab::ingest::feed::Workload;
+use promlab::ingest::feed::FeedWorkload;
 use promlab::ingest::plan::Plan;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -51,7 +51,7 @@ struct GroupAnswerJson {
 
 /// The minute's samples in feed order (tick, then series) as RowBinary files
 /// of `label_0 String, instance String, ts DateTime64(3), value Float64` rows.
-fn write_batches(workload: &Workload, ticks: &[u64], dir: &Path) -> Result<Vec<PathBuf>> {
+fn write_batches(workload: &FeedWorkload, ticks: &[u64], dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     let mut rows = 0;
     let mut out = Vec::new();
@@ -124,10 +124,10 @@ impl Peer for Chdb {
         let plan = self
             .plan
             .unwrap_or_else(|| FeedPlan::for_size(cx.quick, cx.repeats));
-        let workload = Workload {
+        let workload = FeedWorkload {
             groups: plan.groups,
             series_per_group: super::remote_write::SERIES_PER_GROUP,
-            ..Workload::seed(MINUTE_MS)
+            ..FeedWorkload::seed(MINUTE_MS)
         };
         // One minute: ticks 0..60 from a minute boundary.
         let ticks: Vec<u64> = (0..(WINDOW_MS / 1000) as u64).collect();

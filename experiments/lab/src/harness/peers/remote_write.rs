@@ -27,7 +27,7 @@ use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use crate::http_client::{self, Client};
 use crate::machine::ProcessStats;
 use anyhow::{bail, Context, Result};
-use promlab::ingest::feed::Workload;
+use promlab::ingest::feed::FeedWorkload;
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::strategy::StrategySet;
@@ -440,7 +440,7 @@ pub fn measure(cx: &PeerContext<'_>, spec: &ReceiverSpec, plan: FeedPlan) -> Res
 
 /// Per group `0..groups`, the exact answer for the samples of `ticks`,
 /// regenerated from the feed's formula.
-pub(super) fn fed_answers(workload: &Workload, ticks: &[u64]) -> Vec<GroupAnswer> {
+pub(super) fn fed_answers(workload: &FeedWorkload, ticks: &[u64]) -> Vec<GroupAnswer> {
     let per_group = workload.series_per_group;
     (0..workload.groups)
         .map(|g| {
@@ -456,7 +456,7 @@ pub(super) fn fed_answers(workload: &Workload, ticks: &[u64]) -> Vec<GroupAnswer
 /// of `ticks` (an in-process ingester with every strategy; a group it lacks
 /// has count 0).
 pub(super) fn promlab_answers(
-    workload: &Workload,
+    workload: &FeedWorkload,
     ticks: &[u64],
     w: i64,
 ) -> Result<Vec<GroupAnswer>> {
@@ -500,10 +500,10 @@ fn compare(
     start_ms: i64,
     w: i64,
 ) -> Result<String> {
-    let workload = Workload {
+    let workload = FeedWorkload {
         groups: plan.groups,
         series_per_group: SERIES_PER_GROUP,
-        ..Workload::seed(start_ms)
+        ..FeedWorkload::seed(start_ms)
     };
     let fed_ticks = plan.warmup_ticks + plan.measured_ticks();
     let window_ticks: Vec<u64> = (0..fed_ticks)
