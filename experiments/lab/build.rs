@@ -1,8 +1,10 @@
 //! Records what built the binary, so `machine.txt` names the code and the
 //! compiler that were measured rather than whatever is checked out, or first
 //! on `PATH`, when a long run ends: the git revision, and the `rustc` cargo ran
-//! (`RUSTC`), the target triple and the profile. Without `rerun-if-changed`
-//! lines, cargo runs this again whenever a file of the package changes.
+//! (`RUSTC`), the target triple and the profile. It runs again when the
+//! checkout's HEAD or index moves (a commit, a checkout, `git add`) or any
+//! source of the workspace changes — the library's too, which cargo would not
+//! watch for this package by itself.
 use std::process::Command;
 
 fn output(program: &str, args: &[&str]) -> Option<String> {
@@ -15,6 +17,17 @@ fn output(program: &str, args: &[&str]) -> Option<String> {
 }
 
 fn main() {
+    for watched in [
+        "../../.git/HEAD",
+        "../../.git/index",
+        "../../src",
+        "../../benches",
+        "../../Cargo.toml",
+        "src",
+        "Cargo.toml",
+    ] {
+        println!("cargo:rerun-if-changed={watched}");
+    }
     let revision = output("git", &["describe", "--always", "--dirty", "--abbrev=7"]);
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
     let version = output(&rustc, &["--version"]);
