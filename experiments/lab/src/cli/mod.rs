@@ -75,6 +75,11 @@ pub fn export(args: ExportArgs) -> Result<()> {
 }
 
 pub fn replay(args: ReplayArgs) -> Result<()> {
+    eprintln!(
+        "promlab replay: strategies {}, {} op logs, one process each",
+        args.strategies,
+        args.ops.len()
+    );
     Registry::load(&args.registry)?;
     let exe = std::env::current_exe().context("cannot find the promlab executable")?;
     let children: Vec<(PathBuf, std::process::Child)> = args
