@@ -43,6 +43,8 @@ enum Command {
     Ingest(promlab_lab::cli::ingest::IngestArgs),
     /// The paced remote-write feeder.
     Feed(promlab_lab::cli::ingest::FeedArgs),
+    /// The reliability suite: hostile cases and an overload run against the real binary.
+    Soak(promlab_lab::cli::SoakArgs),
     /// Internal: replay one op log in this process (used by `replay`).
     #[command(hide = true)]
     ReplayOne(promlab_lab::cli::ReplayOneArgs),
@@ -62,6 +64,7 @@ fn main() -> ExitCode {
         Some(Command::Verify(args)) => promlab_lab::verify::run(args),
         Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),
         Some(Command::Feed(args)) => promlab_lab::cli::ingest::feed(args),
+        Some(Command::Soak(args)) => promlab_lab::cli::soak(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

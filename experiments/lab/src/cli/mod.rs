@@ -1,8 +1,10 @@
 //! Subcommands of the first half (store, export, ablation, serving).
 mod flamegraph;
 pub mod ingest;
+mod soak;
 
 pub use flamegraph::{flamegraph, FlamegraphArgs};
+pub use soak::{soak, SoakArgs};
 
 use anyhow::{bail, Context, Result};
 use promlab::formenc::Dialect;
