@@ -29,7 +29,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -221,6 +221,7 @@ pub fn soak(args: SoakArgs) -> Result<()> {
         sidecar: sidecar_end,
         writers: writers.summary(),
         final_scrape,
+        fifo_stuck: churn.fifo_stuck.load(Ordering::Relaxed),
         churn: churn.notes.into_inner().unwrap(),
         slow: slow.summary(),
         feed_ticks: feed_ticks.into_inner(),
@@ -991,6 +992,25 @@ fn slow_clients(run: &Run, rx: &Server, tallies: &Tallies, slow: &SlowState) {
     }
     let began = Instant::now();
     slow.active.store(true, Ordering::Relaxed);
+    let window_end = run.at(0.8);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while Instant::now() < window_end && !run.over() {
+                // A fresh connection every time: what a new legitimate client gets.
+                let client = Client::new(Some(REQUEST_TIMEOUT), 1);
+                let (result, elapsed) = timed(|| client.get(&rx.url("/metrics"), &[]));
+                tallies.record(PROBE, &Outcome::of(&result), elapsed, 0);
+                run.sleep(Duration::from_millis(500));
+            }
+        });
+        hold_slow_connections(run, rx, slow, window_end);
+    });
+    *slow.held_secs.lock().unwrap() = began.elapsed().as_secs_f64();
+    slow.active.store(false, Ordering::Relaxed);
+}
+
+/// Opens the slow connections and sends each a byte a second until `until`.
+fn hold_slow_connections(run: &Run, rx: &Server, slow: &SlowState, until: Instant) {
     let addr: Option<SocketAddr> = rx
         .url("")
         .strip_prefix("http://")
@@ -998,7 +1018,7 @@ fn slow_clients(run: &Run, rx: &Server, tallies: &Tallies, slow: &SlowState) {
     let mut conns: Vec<Option<TcpStream>> = Vec::new();
     if let Some(addr) = addr {
         for _ in 0..SLOW_CLIENTS {
-            if Instant::now() >= run.at(0.8) || run.over() {
+            if Instant::now() >= until || run.over() {
                 break;
             }
             match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
@@ -1015,8 +1035,7 @@ fn slow_clients(run: &Run, rx: &Server, tallies: &Tallies, slow: &SlowState) {
         }
     }
     let mut next_byte = Instant::now();
-    let mut next_probe = Instant::now();
-    while Instant::now() < run.at(0.8) && !run.over() {
+    while Instant::now() < until && !run.over() {
         if Instant::now() >= next_byte {
             for conn in conns.iter_mut() {
                 if let Some(s) = conn {
@@ -1028,18 +1047,8 @@ fn slow_clients(run: &Run, rx: &Server, tallies: &Tallies, slow: &SlowState) {
             }
             next_byte += Duration::from_secs(1);
         }
-        if Instant::now() >= next_probe {
-            // A fresh connection every time: what a new legitimate client gets.
-            let client = Client::new(Some(REQUEST_TIMEOUT), 1);
-            let (result, elapsed) = timed(|| client.get(&rx.url("/metrics"), &[]));
-            tallies.record(PROBE, &Outcome::of(&result), elapsed, 0);
-            next_probe = Instant::now() + Duration::from_millis(500);
-        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    *slow.held_secs.lock().unwrap() = began.elapsed().as_secs_f64();
-    drop(conns);
-    slow.active.store(false, Ordering::Relaxed);
 }
 
 /// What the receiver counted, from its own /metrics, against what the clients saw.
@@ -1195,6 +1204,8 @@ impl Drop for Reaped {
 #[derive(Default)]
 struct ChurnState {
     phase: AtomicUsize,
+    /// Scrapes found blocked opening the FIFO (released by opening its write end).
+    fifo_stuck: AtomicU32,
     /// What each phase did, for the report.
     notes: Mutex<Vec<(String, String)>>,
 }
@@ -1241,7 +1252,7 @@ fn churner(run: &Run, store: &Path, state: &ChurnState) {
         }
         state.phase.store(i, Ordering::Relaxed);
         let end = run.start + slot * (i as u32 + 1);
-        let note = match churn_phase(phase, run, store, end) {
+        let note = match churn_phase(phase, run, store, end, &state.fifo_stuck) {
             Ok(note) => note,
             Err(e) => format!("churner error: {e:#}"),
         };
@@ -1251,7 +1262,13 @@ fn churner(run: &Run, store: &Path, state: &ChurnState) {
     state.phase.store(PHASES.len(), Ordering::Relaxed);
 }
 
-fn churn_phase(phase: &str, run: &Run, store: &Path, end: Instant) -> Result<String> {
+fn churn_phase(
+    phase: &str,
+    run: &Run,
+    store: &Path,
+    end: Instant,
+    fifo_stuck: &AtomicU32,
+) -> Result<String> {
     let until_end = || !run.over() && Instant::now() < end;
     let pause = |ms| run.sleep(Duration::from_millis(ms));
     let keys: Vec<Vec<u8>> = (0..1000).map(|k| format!("k=v{k}").into_bytes()).collect();
@@ -1411,8 +1428,10 @@ fn churn_phase(phase: &str, run: &Run, store: &Path, end: Instant) -> Result<Str
             if unsafe { libc::mkfifo(name.as_ptr(), 0o644) } != 0 {
                 bail!("mkfifo: {}", std::io::Error::last_os_error());
             }
-            run.sleep(end.saturating_duration_since(Instant::now()) / 2);
+            // Held past a scrape's timeout, so a scrape stuck opening it shows as one.
+            run.sleep(REQUEST_TIMEOUT + Duration::from_secs(1));
             let stuck = release_fifo(store, &path)?;
+            fifo_stuck.store(stuck, Ordering::Relaxed);
             run.sleep(end.saturating_duration_since(Instant::now()));
             format!("a FIFO named like a store file; readers found blocked opening it: {stuck}")
         }
@@ -1491,6 +1510,10 @@ fn scraper(
         };
         let outcome = Outcome::of(&result);
         scrapes.record(phase, &outcome, elapsed, 0);
+        if let Outcome::Failed(_) = outcome {
+            // Refused: the sidecar is down (the watcher restarts it); no busy loop.
+            std::thread::sleep(Duration::from_millis(20));
+        }
         match &result {
             Ok(r) if r.status == 200 => {
                 let text = r.text();
@@ -1623,6 +1646,7 @@ struct Report<'a> {
     writers: (u64, u64, Vec<String>),
     final_scrape: Result<f64, String>,
     churn: Vec<(String, String)>,
+    fifo_stuck: u32,
     slow: String,
     feed_ticks: u64,
     cardinality_groups: u64,
@@ -1936,7 +1960,8 @@ impl Report<'_> {
             v.join(", ")
         };
         let five = |t: &Tally| t.count(|k| k.starts_with('5'));
-        let unanswered = |t: &Tally| t.count(|k| k == "timeout" || k == "no answer");
+        let unanswered = |t: &Tally| t.count(|k| k == "timeout");
+        let refused = |t: &Tally| t.count(|k| k == "no answer");
         check(
             "sidecar.no-5xx",
             all(&five) == 0,
@@ -1951,11 +1976,19 @@ impl Report<'_> {
             "sidecar.scrapes-answered",
             all(&unanswered) == 0,
             format!(
-                "{} scrapes unanswered within {} s; by phase: {}",
+                "{} scrapes unanswered within {} s; by phase: {} (and {} refused or cut off, by phase: {})",
                 all(&unanswered),
                 REQUEST_TIMEOUT.as_secs(),
-                failing_phases(&unanswered)
+                failing_phases(&unanswered),
+                all(&refused),
+                failing_phases(&refused),
             ),
+        );
+        let stuck = self.fifo_stuck;
+        check(
+            "sidecar.fifo-does-not-block",
+            stuck == 0,
+            format!("{stuck} scrapes found blocked opening a FIFO named like a store file (released by the suite)"),
         );
         let oob = |t: &Tally| t.out_of_bounds;
         check(
