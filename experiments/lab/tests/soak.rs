@@ -1,0 +1,134 @@
+//! `promlab soak` as a real process: a very short run completes by itself, in
+//! time, exits 0 (every check passed) or 1 (a check failed), never by a panic
+//! or a signal, and writes its report. Which checks must pass is the list
+//! [`MUST_PASS`]: the ones this build passes today. As the fixes of issue 12
+//! land, move their checks from [`NOT_YET`] to [`MUST_PASS`]; when `NOT_YET` is
+//! empty, assert the exit code is 0.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Checks that pass on this build, even in a five-second run.
+const MUST_PASS: &[&str] = &[
+    "soak.completes-in-time",
+    "receiver.no-crash",
+    "receiver.rss-within-budget",
+    "receiver.graceful-shutdown",
+    "receiver.no-lost-samples",
+    "receiver.good-data.feeder",
+    "sidecar.rss-within-budget",
+    "writers.all-runs-succeeded",
+];
+
+/// Every other check the report carries (reported, not yet asserted). Some fail on
+/// this build (see experiments/reliability/README.md); some need a longer run than
+/// this test's to be sure of a request in their window.
+const NOT_YET: &[&str] = &[
+    "sidecar.no-crash",
+    "sidecar.graceful-shutdown",
+    "receiver.on-time-samples-not-late",
+    "receiver.good-data.cardinality",
+    "receiver.hostile.malformed-snappy",
+    "receiver.hostile.malformed-protobuf",
+    "receiver.hostile.series-without-name",
+    "receiver.hostile.unsorted-labels",
+    "receiver.hostile.content-type-text-plain",
+    "receiver.hostile.content-type-application-x-protobufxyz",
+    "receiver.hostile.remote-write-2-0-content-type",
+    "receiver.hostile.content-encoding-gzip",
+    "receiver.hostile.body-of-33-mib",
+    "receiver.hostile.snappy-header-of-4-gib",
+    "receiver.hostile.snappy-bomb-40-mib-of-zeros",
+    "receiver.hostile.timestamp-in-year-2100",
+    "receiver.hostile.timestamp-in-ns-sent-as-ms",
+    "receiver.hostile.quantiles-query-with-a-bad-window",
+    "receiver.hostile.quantiles-query-of-an-unknown-aggregation",
+    "receiver.slow-clients-do-not-block",
+    "sidecar.no-5xx",
+    "sidecar.scrapes-answered",
+    "sidecar.fifo-does-not-block",
+    "sidecar.good-total-within-bounds",
+    "sidecar.exposition-valid",
+    "sidecar.final-total-exact",
+];
+
+const SECS: u64 = 5;
+/// The run, setup and shutdown included, must end well within this.
+const LIMIT: Duration = Duration::from_secs(150);
+
+#[derive(serde::Deserialize)]
+struct Check {
+    check: String,
+    result: String,
+    detail: String,
+}
+
+#[test]
+fn a_short_soak_completes_and_writes_its_report() {
+    let out = tempfile::tempdir().unwrap();
+    let stdout = std::fs::File::create(out.path().join("stdout.txt")).unwrap();
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_promlab"))
+        .args(["soak", "--secs", &SECS.to_string(), "--out"])
+        .arg(out.path())
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .spawn()
+        .expect("spawn promlab soak");
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("promlab soak --secs {SECS} did not finish within {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let printed = std::fs::read_to_string(out.path().join("stdout.txt")).unwrap();
+    assert!(
+        matches!(status.code(), Some(0 | 1)),
+        "promlab soak ended with {status} (a panic is 101, a signal has no code):\n{printed}"
+    );
+
+    for file in ["summary.md", "checks.csv", "requests.csv", "servers.csv"] {
+        assert!(out.path().join(file).is_file(), "no {file} in the report");
+    }
+    let summary = std::fs::read_to_string(out.path().join("summary.md")).unwrap();
+    assert_eq!(summary, printed, "stdout is the summary");
+    assert!(summary.contains("## Checks"), "{summary}");
+
+    let checks = read_checks(&out.path().join("checks.csv"));
+    let names: Vec<&str> = checks.iter().map(|c| c.check.as_str()).collect();
+    let mut known: Vec<&str> = MUST_PASS.iter().chain(NOT_YET).copied().collect();
+    known.sort_unstable();
+    let mut reported = names.clone();
+    reported.sort_unstable();
+    assert_eq!(reported, known, "the report's checks are the ones listed here");
+    for check in &checks {
+        assert!(
+            check.result == "PASS" || check.result == "FAIL",
+            "{}",
+            check.check
+        );
+        if MUST_PASS.contains(&check.check.as_str()) {
+            assert_eq!(
+                check.result, "PASS",
+                "{}: {}\n{summary}",
+                check.check, check.detail
+            );
+        }
+    }
+    let failed = checks.iter().any(|c| c.result == "FAIL");
+    assert_eq!(status.code(), Some(i32::from(failed)), "exit code follows the checks");
+}
+
+fn read_checks(path: &Path) -> Vec<Check> {
+    csv::Reader::from_path(path)
+        .unwrap()
+        .deserialize()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
