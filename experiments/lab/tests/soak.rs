@@ -106,7 +106,10 @@ fn a_short_soak_completes_and_writes_its_report() {
     known.sort_unstable();
     let mut reported = names.clone();
     reported.sort_unstable();
-    assert_eq!(reported, known, "the report's checks are the ones listed here");
+    assert_eq!(
+        reported, known,
+        "the report's checks are the ones listed here"
+    );
     for check in &checks {
         assert!(
             check.result == "PASS" || check.result == "FAIL",
@@ -122,7 +125,11 @@ fn a_short_soak_completes_and_writes_its_report() {
         }
     }
     let failed = checks.iter().any(|c| c.result == "FAIL");
-    assert_eq!(status.code(), Some(i32::from(failed)), "exit code follows the checks");
+    assert_eq!(
+        status.code(),
+        Some(i32::from(failed)),
+        "exit code follows the checks"
+    );
 }
 
 fn read_checks(path: &Path) -> Vec<Check> {
