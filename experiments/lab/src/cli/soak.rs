@@ -935,7 +935,7 @@ fn cardinality(
     let mut next = 0u64;
     loop {
         if run.over() || Instant::now() >= run.at(0.5) {
-            return format!("stopped at 50 % of the run");
+            return "stopped at 50 % of the run".into();
         }
         if next >= CARDINALITY_CAP {
             return format!("stopped at its cap of {CARDINALITY_CAP} groups");
