@@ -103,6 +103,7 @@ const PHASE_CHANGE: &str = "(spanning a phase change)";
 
 pub fn soak(args: SoakArgs) -> Result<()> {
     let began = Instant::now();
+    let started_at = crate::machine::utc_now();
     let exe = std::env::current_exe().context("cannot find the promlab executable")?;
     let out = args.out.clone().unwrap_or_else(default_results_dir);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
@@ -213,6 +214,7 @@ pub fn soak(args: SoakArgs) -> Result<()> {
 
     let report = Report {
         args: &args,
+        started_at,
         elapsed: began.elapsed(),
         tallies: tallies.into_inner(),
         scrapes: scrapes.into_inner(),
@@ -1637,6 +1639,8 @@ fn valid_exposition_line(line: &[u8]) -> bool {
 
 struct Report<'a> {
     args: &'a SoakArgs,
+    /// When the run started, UTC.
+    started_at: String,
     elapsed: Duration,
     tallies: BTreeMap<String, Tally>,
     scrapes: BTreeMap<String, Tally>,
@@ -2042,8 +2046,8 @@ impl Report<'_> {
         line("# promlab soak".into());
         line(String::new());
         line(format!(
-            "{} on {} ({} cores, {} MiB, {}), promlab {} ({}), strategies `{}`, {} s of load ({:.0} s in all).",
-            crate::machine::utc_now(),
+            "Started {} on {} ({} cores, {} MiB, {}), promlab {} ({}), strategies `{}`, {} s of load ({:.0} s in all).",
+            self.started_at,
             host.hostname.as_deref().unwrap_or("?"),
             host.cores,
             host.memory_kib.unwrap_or(0) / 1024,
