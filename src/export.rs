@@ -2,8 +2,10 @@
 //! keys, aggregate across processes, and hand the values to the renderer.
 //!
 //! This follows client_ruby's `MetricStore#all_values` and `Metric#values`:
-//! files are found with the glob `metric_<name>___*` and visited in sorted path
-//! order; each entry's key is decoded into a label set; values of one label set
+//! files are found by name, exactly `metric_<name>___<pid>.bin` (client_ruby's
+//! glob `metric_<name>___*` also takes metric `<name>___x`'s files; the
+//! `01-exact-glob` upstream patch fixes it the same way), and visited in
+//! sorted path order; each entry's key is decoded into a label set; values of one label set
 //! are aggregated in file order (`sum` folds left from the first value, `max`
 //! and `min` keep the first of equals, `all` keeps the first, `most_recent` the
 //! newest timestamp); series keep the order of first appearance.
@@ -27,6 +29,14 @@
 //! - `KeyDecode::OncePerRawKey(Unescape)` (`decode-once` × `fast-unescape`):
 //!   not a branch of its own: the unescape seam is a value the decode seam
 //!   carries, and the component cache decodes each component with it.
+//!
+//! Bad input never fails a scrape (issue #12): a file that vanished, is not
+//! a regular file, stays locked, is corrupt, shrinks while mapped (see
+//! [`mapguard`]) or cannot be read is left out whole, an entry whose key
+//! does not decode or names an invalid label is left out alone, and
+//! [`Exporter::last_report`] says what was. NaN in `min`/`max` loses to any
+//! number, so the result does not depend on file order (Ruby's `Array#max`
+//! raises on it).
 //!
 //! With `Keep::Catalogue`, what is gone is dropped when the catalogue
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
