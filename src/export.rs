@@ -229,18 +229,16 @@ impl FileReader {
         match self.read {
             FileRead::EntryByEntry => {
                 let key = &mut self.key;
-                read_locked(path, deadline, |file| {
-                    read_entry_by_entry(file, key, visit)
-                })
+                read_locked(path, deadline, |file| read_entry_by_entry(file, key, visit))
             }
-            FileRead::KeptMapped if self.kept.contains_key(path) || self.kept.len() < self.kept_limit => {
+            FileRead::KeptMapped
+                if self.kept.contains_key(path) || self.kept.len() < self.kept_limit =>
+            {
                 self.read_kept(path, deadline, visit)
             }
-            FileRead::Mapped | FileRead::KeptMapped => {
-                read_locked(path, deadline, |file| {
-                    walk_mapped(file, &map_file(file)?, visit)
-                })
-            }
+            FileRead::Mapped | FileRead::KeptMapped => read_locked(path, deadline, |file| {
+                walk_mapped(file, &map_file(file)?, visit)
+            }),
         }
     }
 
@@ -1139,10 +1137,7 @@ impl ScrapeReport {
             })
             .collect();
         for (path, detail) in &self.entry_details {
-            lines.push(format!(
-                "skipped an entry of {}: {detail}",
-                path.display()
-            ));
+            lines.push(format!("skipped an entry of {}: {detail}", path.display()));
         }
         for reason in EntrySkip::ALL {
             if let Some(n) = self.entries.get(&reason) {
@@ -1177,7 +1172,8 @@ pub struct Exporter {
     catalogue_floor: usize,
     /// How long one scrape may take before the files not read yet are skipped.
     budget: Option<Duration>,
-    report: ScrapeReport,
+    /// Boxed: servers hold exporters by value in their enums.
+    report: Box<ScrapeReport>,
 }
 
 impl Exporter {
@@ -1199,7 +1195,7 @@ impl Exporter {
             metrics,
             catalogue_floor: 1024,
             budget: None,
-            report: ScrapeReport::default(),
+            report: Box::default(),
         }
     }
 
@@ -1381,7 +1377,7 @@ pub fn export_with_report(
     let mut out = Vec::new();
     let mut exporter = Exporter::new(dir, registry.clone(), strategies);
     exporter.export_into(&mut out)?;
-    Ok((out, exporter.report))
+    Ok((out, *exporter.report))
 }
 
 #[cfg(test)]

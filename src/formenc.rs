@@ -180,8 +180,12 @@ fn hex_value(b: u8) -> Option<u8> {
 fn check_names(labels: &[Label<'_>], raw: &[u8]) -> Result<(), KeyError> {
     // Few labels: compare with the earlier ones. Many: a set, so a key of
     // 100k labels is checked in linear time, not 5·10⁹ comparisons.
-    let mut seen = (labels.len() > 32)
-        .then(|| std::collections::HashSet::with_capacity_and_hasher(labels.len(), foldhash::fast::FixedState::default()));
+    let mut seen = (labels.len() > 32).then(|| {
+        std::collections::HashSet::with_capacity_and_hasher(
+            labels.len(),
+            foldhash::fast::FixedState::default(),
+        )
+    });
     for (i, (name, _)) in labels.iter().enumerate() {
         if name.is_empty() {
             let at = nth_piece_offset(raw, i);

@@ -109,8 +109,16 @@ fn nan_in_min_and_max_does_not_depend_on_file_order() {
             texts.push(export_everywhere(tmp.path(), &reg).0);
         }
         assert_eq!(texts[0], texts[1], "{mode}");
-        assert!(texts[0].contains("g{a=\"x\"} 3.0\n"), "{mode}: {}", texts[0]);
-        assert!(texts[0].contains("g{a=\"n\"} NaN\n"), "{mode}: {}", texts[0]);
+        assert!(
+            texts[0].contains("g{a=\"x\"} 3.0\n"),
+            "{mode}: {}",
+            texts[0]
+        );
+        assert!(
+            texts[0].contains("g{a=\"n\"} NaN\n"),
+            "{mode}: {}",
+            texts[0]
+        );
     }
 }
 
@@ -167,7 +175,11 @@ fn bad_files_are_left_out_whole() {
     reasons.sort();
     assert_eq!(
         reasons,
-        [FileSkip::NotRegular, FileSkip::NotRegular, FileSkip::Corrupt]
+        [
+            FileSkip::NotRegular,
+            FileSkip::NotRegular,
+            FileSkip::Corrupt
+        ]
     );
 }
 
@@ -206,7 +218,9 @@ fn a_key_with_100k_labels_exports_in_linear_time() {
 fn a_second_writer_on_one_file_is_refused() {
     use promlab::store::{Client, ClientConfig};
     let tmp = tempfile::tempdir().unwrap();
-    let reg = registry(r#"{"name": "c", "type": "counter", "help": "h", "labels": ["a"], "aggregation": "sum"}"#);
+    let reg = registry(
+        r#"{"name": "c", "type": "counter", "help": "h", "labels": ["a"], "aggregation": "sum"}"#,
+    );
     let config = || ClientConfig {
         dialect: Default::default(),
         strategies: StrategySet::NONE,

@@ -150,7 +150,10 @@ fn is_file_of(file_name: &str, name: &str) -> bool {
 fn valid_label_name(name: &[u8]) -> bool {
     !name.is_empty()
         && name.iter().enumerate().all(|(i, &c)| {
-            c == b'_' || c.is_ascii_uppercase() || c.is_ascii_lowercase() || (i > 0 && c.is_ascii_digit())
+            c == b'_'
+                || c.is_ascii_uppercase()
+                || c.is_ascii_lowercase()
+                || (i > 0 && c.is_ascii_digit())
         })
 }
 
@@ -194,7 +197,11 @@ fn metric_entries(dir: &Path, name: &str) -> Result<Vec<(Labels, f64, f64)>> {
         if bytes.len() < 4 {
             continue;
         }
-        let bytes = if bytes[..4] == [0; 4] { Vec::new() } else { bytes };
+        let bytes = if bytes[..4] == [0; 4] {
+            Vec::new()
+        } else {
+            bytes
+        };
         if bytes.is_empty() {
             continue;
         }

@@ -183,7 +183,11 @@ fn a_file_truncated_while_mapped_never_kills_the_sidecar() {
     let (_tmp, store, registry) = setup();
     let big = store_bytes(&entries(20_000), 8 << 20);
     std::fs::write(file(&store, 1), &big).unwrap();
-    std::fs::write(file(&store, 2), store_bytes(&[(b"a=good".to_vec(), 5.0)], 1 << 20)).unwrap();
+    std::fs::write(
+        file(&store, 2),
+        store_bytes(&[(b"a=good".to_vec(), 5.0)], 1 << 20),
+    )
+    .unwrap();
     for strategies in ["none", "single-read", "all"] {
         let (mut child, addr, _) = serve(&store, &registry, strategies, None);
         let stop = Arc::new(AtomicBool::new(false));
@@ -272,8 +276,13 @@ fn export_survives_truncation() {
 #[test]
 fn a_fifo_named_like_a_store_file_does_not_hang() {
     let (_tmp, store, registry) = setup();
-    std::fs::write(file(&store, 1), store_bytes(&[(b"a=good".to_vec(), 5.0)], 1 << 20)).unwrap();
-    let fifo = std::ffi::CString::new(file(&store, 2).into_os_string().into_encoded_bytes()).unwrap();
+    std::fs::write(
+        file(&store, 1),
+        store_bytes(&[(b"a=good".to_vec(), 5.0)], 1 << 20),
+    )
+    .unwrap();
+    let fifo =
+        std::ffi::CString::new(file(&store, 2).into_os_string().into_encoded_bytes()).unwrap();
     // SAFETY: mkfifo with a valid C string.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
     for strategies in ["none", "all"] {
@@ -340,7 +349,11 @@ fn many_files_under_a_low_descriptor_limit() {
 #[test]
 fn file_churn_and_growth_never_fail_a_scrape() {
     let (_tmp, store, registry) = setup();
-    std::fs::write(file(&store, 1), store_bytes(&[(b"a=steady".to_vec(), 7.0)], 4096)).unwrap();
+    std::fs::write(
+        file(&store, 1),
+        store_bytes(&[(b"a=steady".to_vec(), 7.0)], 4096),
+    )
+    .unwrap();
     for strategies in ["none", "single-read", "all"] {
         let (mut child, addr, _) = serve(&store, &registry, strategies, None);
         let stop = Arc::new(AtomicBool::new(false));
@@ -380,7 +393,10 @@ fn file_churn_and_growth_never_fail_a_scrape() {
         churner.join().unwrap();
         child.assert_alive();
         let own = String::from_utf8_lossy(&get(addr, "/metrics/promlab").body).into_owned();
-        assert!(own.contains("promlab_store_scrapes_total{result=\"failed\"} 0"), "{own}");
+        assert!(
+            own.contains("promlab_store_scrapes_total{result=\"failed\"} 0"),
+            "{own}"
+        );
         eprintln!("{strategies}: {scrapes} scrapes\n{own}");
     }
 }
@@ -390,7 +406,11 @@ fn file_churn_and_growth_never_fail_a_scrape() {
 #[test]
 fn a_corrupt_file_is_counted_not_served() {
     let (_tmp, store, registry) = setup();
-    std::fs::write(file(&store, 1), store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096)).unwrap();
+    std::fs::write(
+        file(&store, 1),
+        store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096),
+    )
+    .unwrap();
     let mut bad = store_bytes(&[(b"a=good".to_vec(), 100.0)], 4096);
     bad[..4].copy_from_slice(&(1i32 << 30).to_le_bytes());
     std::fs::write(file(&store, 2), bad).unwrap();

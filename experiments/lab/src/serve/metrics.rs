@@ -35,9 +35,9 @@ use axum::Router;
 use promlab::export::{EntrySkip, Exporter, FileSkip};
 use promlab::render::rabbitmq::RabbitMqNode;
 use promlab::strategy::StrategySet;
+use std::collections::HashSet;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -87,12 +87,20 @@ impl Counters {
         out.push_str("# TYPE promlab_store_files_skipped_total counter\n# HELP promlab_store_files_skipped_total Store files left out of a scrape, by reason.\n");
         for (i, reason) in FileSkip::ALL.iter().enumerate() {
             let n = self.files_skipped[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "promlab_store_files_skipped_total{{reason=\"{}\"}} {n}", reason.name());
+            let _ = writeln!(
+                out,
+                "promlab_store_files_skipped_total{{reason=\"{}\"}} {n}",
+                reason.name()
+            );
         }
         out.push_str("# TYPE promlab_store_entries_skipped_total counter\n# HELP promlab_store_entries_skipped_total Store entries left out of a scrape, by reason.\n");
         for (i, reason) in EntrySkip::ALL.iter().enumerate() {
             let n = self.entries_skipped[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "promlab_store_entries_skipped_total{{reason=\"{}\"}} {n}", reason.name());
+            let _ = writeln!(
+                out,
+                "promlab_store_entries_skipped_total{{reason=\"{}\"}} {n}",
+                reason.name()
+            );
         }
         out.push_str("# TYPE promlab_store_scrapes_total counter\n# HELP promlab_store_scrapes_total /metrics requests, by result.\n");
         for (result, name) in SCRAPE_RESULTS {
@@ -284,7 +292,10 @@ fn account(shared: &Shared, exporter: &Exporter) {
     let report = exporter.last_report();
     let c = &shared.counters;
     for file in &report.files {
-        let i = FileSkip::ALL.iter().position(|&r| r == file.reason).expect("listed");
+        let i = FileSkip::ALL
+            .iter()
+            .position(|&r| r == file.reason)
+            .expect("listed");
         c.files_skipped[i].fetch_add(1, Ordering::Relaxed);
     }
     for (i, reason) in EntrySkip::ALL.iter().enumerate() {
