@@ -429,3 +429,42 @@ fn a_corrupt_file_is_counted_not_served() {
     assert_eq!(skipped(addr, "files", "corrupt"), 1.0);
     assert_eq!(skipped(addr, "entries", "invalid_label_name"), 1.0);
 }
+
+/// Item 2: a file whose `flock` a stuck process holds forever costs a scrape
+/// `LOCK_WAIT` (2 s), not the server: the scrape is a 200 with the other
+/// files' series, the file is counted as locked, a concurrent scrape waits
+/// its turn, and SIGTERM completes.
+#[test]
+fn a_file_locked_forever_is_skipped_in_bounded_time() {
+    use std::os::fd::AsRawFd;
+    let (_tmp, store, registry) = setup();
+    std::fs::write(
+        file(&store, 1),
+        store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096),
+    )
+    .unwrap();
+    std::fs::write(
+        file(&store, 2),
+        store_bytes(&[(b"a=good".to_vec(), 100.0)], 4096),
+    )
+    .unwrap();
+    let held = std::fs::File::open(file(&store, 2)).unwrap();
+    promlab::storefile::flock(held.as_raw_fd(), libc::LOCK_EX).unwrap();
+    let (mut child, addr, _) = serve(&store, &registry, "all", None);
+    let started = Instant::now();
+    let other = std::thread::spawn(move || get(addr, "/metrics"));
+    let response = get(addr, "/metrics");
+    let concurrent = other.join().unwrap();
+    let took = started.elapsed();
+    for r in [&response, &concurrent] {
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            String::from_utf8_lossy(&r.body),
+            "# TYPE c counter\n# HELP c h\nc{a=\"good\"} 5.0\n"
+        );
+    }
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    assert_eq!(skipped(addr, "files", "locked"), 2.0);
+    child.terminate(Duration::from_secs(10));
+    drop(held);
+}
