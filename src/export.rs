@@ -2,8 +2,10 @@
 //! keys, aggregate across processes, and hand the values to the renderer.
 //!
 //! This follows client_ruby's `MetricStore#all_values` and `Metric#values`:
-//! files are found with the glob `metric_<name>___*` and visited in sorted path
-//! order; each entry's key is decoded into a label set; values of one label set
+//! files are found by name, exactly `metric_<name>___<pid>.bin` (client_ruby's
+//! glob `metric_<name>___*` also takes metric `<name>___x`'s files; the
+//! `01-exact-glob` upstream patch fixes it the same way), and visited in
+//! sorted path order; each entry's key is decoded into a label set; values of one label set
 //! are aggregated in file order (`sum` folds left from the first value, `max`
 //! and `min` keep the first of equals, `all` keeps the first, `most_recent` the
 //! newest timestamp); series keep the order of first appearance.
@@ -28,12 +30,21 @@
 //!   not a branch of its own: the unescape seam is a value the decode seam
 //!   carries, and the component cache decodes each component with it.
 //!
+//! Bad input never fails a scrape (issue #12): a file that vanished, is not
+//! a regular file, stays locked, is corrupt, shrinks while mapped (see
+//! [`mapguard`]) or cannot be read is left out whole, an entry whose key
+//! does not decode or names an invalid label is left out alone, and
+//! [`Exporter::last_report`] says what was. NaN in `min`/`max` loses to any
+//! number, so the result does not depend on file order (Ruby's `Array#max`
+//! raises on it).
+//!
 //! With `Keep::Catalogue`, what is gone is dropped when the catalogue
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
 //! recomputed every scrape, so output never depends on history.
 
 use crate::formenc::{self, Unescape};
-use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
+use crate::mapguard;
+use crate::registry::{is_label_name, MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::render;
 use crate::storefile::{
     check_used, entries, flock, metric_files, strip_padding, Entry, EntryError, HEADER_SIZE,
@@ -42,12 +53,13 @@ use crate::strategy::{Strategy, StrategySet};
 use crate::text;
 use crate::values::{DecodedLabels, Group, HistogramValue, MetricValues, SummaryValue};
 use ahash::AHashMap;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use std::fs::File;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
 // The read seam: how one file's entries are read.
@@ -65,13 +77,101 @@ enum FileRead {
     KeptMapped,
 }
 
+/// Why a store file was left out of a scrape (the `reason` of
+/// `promlab_store_files_skipped_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FileSkip {
+    /// Listed, then gone before it could be opened (deleted during the scrape).
+    Vanished,
+    /// Not a regular file (a FIFO, a directory, a device), by that name.
+    NotRegular,
+    /// Its `flock` stayed held for longer than [`LOCK_WAIT`].
+    Locked,
+    /// Its bytes are not a store file: a bad `used`, an entry that runs past
+    /// it, or a file that shrank while read.
+    Corrupt,
+    /// Opening or reading it failed (permissions, out of descriptors, I/O).
+    Unreadable,
+    /// The scrape's time budget ran out before it was read.
+    Deadline,
+}
+
+impl FileSkip {
+    pub const ALL: [FileSkip; 6] = [
+        FileSkip::Vanished,
+        FileSkip::NotRegular,
+        FileSkip::Locked,
+        FileSkip::Corrupt,
+        FileSkip::Unreadable,
+        FileSkip::Deadline,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FileSkip::Vanished => "vanished",
+            FileSkip::NotRegular => "not_regular",
+            FileSkip::Locked => "locked",
+            FileSkip::Corrupt => "corrupt",
+            FileSkip::Unreadable => "unreadable",
+            FileSkip::Deadline => "deadline",
+        }
+    }
+}
+
+/// Why one entry was left out of a scrape (the `reason` of
+/// `promlab_store_entries_skipped_total`): its series would make Prometheus
+/// reject the whole exposition, or has no label set at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntrySkip {
+    /// The key does not decode (not ASCII, a bad `%`-escape, an empty or
+    /// repeated label name).
+    BadKey,
+    /// A decoded label name outside `[a-zA-Z_][a-zA-Z0-9_]*`.
+    InvalidLabelName,
+}
+
+impl EntrySkip {
+    pub const ALL: [EntrySkip; 2] = [EntrySkip::BadKey, EntrySkip::InvalidLabelName];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EntrySkip::BadKey => "bad_key",
+            EntrySkip::InvalidLabelName => "invalid_label_name",
+        }
+    }
+}
+
+/// How long a scrape waits for one file's `flock` before skipping it. Writers
+/// hold it for one operation (microseconds); a file locked this long belongs
+/// to a stuck or hostile process.
+pub const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// A file that could not be read, and why.
+struct FileFailure {
+    reason: FileSkip,
+    error: anyhow::Error,
+}
+
+impl FileFailure {
+    fn new(reason: FileSkip, error: impl Into<anyhow::Error>) -> FileFailure {
+        FileFailure {
+            reason,
+            error: error.into(),
+        }
+    }
+}
+
+type FileResult<T> = std::result::Result<T, FileFailure>;
+
 /// Reads store files: the read seam, and what it keeps between files and scrapes.
 struct FileReader {
     read: FileRead,
     /// The baseline's key buffer.
     key: Vec<u8>,
-    /// `KeptMapped`: files kept open and mapped.
+    /// `KeptMapped`: files kept open and mapped, at most `kept_limit` of them
+    /// (the others are mapped per scrape, as `Mapped` does).
     kept: AHashMap<PathBuf, KeptFile>,
+    kept_limit: usize,
     /// Counts scrapes, to drop the files a scrape no longer found.
     scrape: u64,
 }
@@ -88,27 +188,57 @@ struct KeptFile {
     scrape: u64,
 }
 
+/// How many files `KeptMapped` keeps open: a quarter of the descriptor limit,
+/// so the server keeps descriptors for connections and for files mapped per
+/// scrape, and a store of thousands of files degrades to per-scrape mapping
+/// instead of failing.
+fn kept_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct it is given.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        limit.rlim_cur
+    } else {
+        1024
+    };
+    (soft / 4).clamp(16, 4096) as usize
+}
+
 impl FileReader {
     fn new(read: FileRead) -> FileReader {
         FileReader {
             read,
             key: Vec::new(),
             kept: AHashMap::new(),
+            kept_limit: kept_limit(),
             scrape: 0,
         }
     }
 
-    /// Reads one store file under `flock` and hands each entry to `visit`.
-    fn read(&mut self, path: &Path, visit: &mut dyn FnMut(Entry<'_>) -> Result<()>) -> Result<()> {
+    /// Reads one store file under `flock` (waiting until `deadline` at most)
+    /// and hands each entry to `visit`. On failure, `visit` may have seen
+    /// some of the file's entries.
+    fn read(
+        &mut self,
+        path: &Path,
+        deadline: Instant,
+        visit: &mut dyn FnMut(Entry<'_>),
+    ) -> FileResult<()> {
         match self.read {
             FileRead::EntryByEntry => {
                 let key = &mut self.key;
-                read_locked(path, |file| read_entry_by_entry(file, key, visit))
+                read_locked(path, deadline, |file| read_entry_by_entry(file, key, visit))
             }
-            FileRead::Mapped => read_locked(path, |file| {
-                map_file(file).and_then(|map| walk(map.as_deref(), visit))
+            FileRead::KeptMapped
+                if self.kept.contains_key(path) || self.kept.len() < self.kept_limit =>
+            {
+                self.read_kept(path, deadline, visit)
+            }
+            FileRead::Mapped | FileRead::KeptMapped => read_locked(path, deadline, |file| {
+                walk_mapped(file, &map_file(file)?, visit)
             }),
-            FileRead::KeptMapped => self.read_kept(path, visit),
         }
     }
 
@@ -126,15 +256,21 @@ impl FileReader {
     fn read_kept(
         &mut self,
         path: &Path,
-        visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
-    ) -> Result<()> {
+        deadline: Instant,
+        visit: &mut dyn FnMut(Entry<'_>),
+    ) -> FileResult<()> {
         use std::os::unix::fs::MetadataExt;
-        let meta =
-            std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let meta = std::fs::metadata(path).map_err(open_failure)?;
+        if !meta.is_file() {
+            self.kept.remove(path);
+            return Err(FileFailure::new(
+                FileSkip::NotRegular,
+                anyhow!("not a regular file"),
+            ));
+        }
         let id = (meta.dev(), meta.ino());
         if self.kept.get(path).is_none_or(|kept| kept.id != id) {
-            let file =
-                File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            let file = open_regular(path)?;
             let kept = KeptFile {
                 file,
                 map: None,
@@ -146,58 +282,161 @@ impl FileReader {
         let kept = self.kept.get_mut(path).expect("inserted above");
         kept.scrape = self.scrape;
         let fd = kept.file.as_raw_fd();
-        flock(fd, libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
+        lock_until(fd, deadline)?;
         let result = (|| {
-            // Writers grow a file by doubling it; map it again when its size moved.
-            let len = kept.file.metadata()?.len();
+            // Writers grow a file by doubling it; map it again when its size
+            // moved (a size read under the lock).
+            let len = kept
+                .file
+                .metadata()
+                .map_err(|e| FileFailure::new(FileSkip::Unreadable, e))?
+                .len();
             if kept.map.as_ref().map_or(0, |m| m.len() as u64) != len {
+                kept.map = None;
                 kept.map = map_file(&kept.file)?;
             }
-            walk(kept.map.as_deref(), visit)
+            walk_mapped(&kept.file, &kept.map, visit)
         })();
-        flock(fd, libc::LOCK_UN)?;
+        let _ = flock(fd, libc::LOCK_UN);
         if result.is_err() {
-            // Read it afresh next time.
+            // Read it afresh next time (a faulted mapping holds zero pages).
             self.kept.remove(path);
         }
-        result.with_context(|| format!("corrupt store file {}", path.display()))
+        result
+    }
+}
+
+/// The failure of opening or stat-ing a listed file.
+fn open_failure(err: std::io::Error) -> FileFailure {
+    let reason = if err.kind() == std::io::ErrorKind::NotFound {
+        FileSkip::Vanished
+    } else {
+        FileSkip::Unreadable
+    };
+    FileFailure::new(reason, err)
+}
+
+/// Opens a store file without blocking (a FIFO's `open` would wait for a
+/// writer), and only if it is a regular file. Symlinks are followed, as
+/// client_ruby's `File.open` follows them; what they point to must be a
+/// regular file.
+fn open_regular(path: &Path) -> FileResult<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(open_failure)?;
+    let meta = file
+        .metadata()
+        .map_err(|e| FileFailure::new(FileSkip::Unreadable, e))?;
+    if !meta.is_file() {
+        return Err(FileFailure::new(
+            FileSkip::NotRegular,
+            anyhow!("not a regular file"),
+        ));
+    }
+    Ok(file)
+}
+
+/// Takes `fd`'s exclusive `flock`, waiting until `deadline` at most.
+fn lock_until(fd: std::os::fd::RawFd, deadline: Instant) -> FileResult<()> {
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => return Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(FileFailure::new(
+                        FileSkip::Locked,
+                        anyhow!("flock still held after waiting"),
+                    ));
+                }
+                std::thread::sleep(pause.min(deadline - now));
+                pause = (pause * 2).min(Duration::from_millis(10));
+            }
+            Err(err) => return Err(FileFailure::new(FileSkip::Unreadable, err)),
+        }
     }
 }
 
 /// Opens `path` and runs `read` on it under `flock`.
-fn read_locked(path: &Path, read: impl FnOnce(&File) -> Result<()>) -> Result<()> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+fn read_locked(
+    path: &Path,
+    deadline: Instant,
+    read: impl FnOnce(&File) -> FileResult<()>,
+) -> FileResult<()> {
+    let file = open_regular(path)?;
     let fd = file.as_raw_fd();
-    flock(fd, libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
+    lock_until(fd, deadline)?;
     let result = read(&file);
-    flock(fd, libc::LOCK_UN)?;
-    result.with_context(|| format!("corrupt store file {}", path.display()))
+    let _ = flock(fd, libc::LOCK_UN);
+    result
 }
 
 /// `single-read`: the whole file mapped (the Python and GitLab clients'
 /// exporters read it so), `None` if it is shorter than a header (being
 /// created by its writer: client_ruby reads it as empty). The mapping is only
-/// read under `flock`, when writers that follow the protocol are blocked, and
-/// no writer truncates a file.
-fn map_file(file: &File) -> Result<Option<memmap2::Mmap>> {
-    let len = file.metadata()?.len();
+/// read under `flock`, with its size read under the lock, and through
+/// [`mapguard`]: a file shrunk by someone outside the protocol is a failed
+/// read, not a `SIGBUS`.
+fn map_file(file: &File) -> FileResult<Option<memmap2::Mmap>> {
+    let len = file
+        .metadata()
+        .map_err(|e| FileFailure::new(FileSkip::Unreadable, e))?
+        .len();
     if len < 4 {
         return Ok(None);
     }
-    // SAFETY: see above; bounds come from the size read under the lock.
-    Ok(Some(unsafe {
-        memmap2::MmapOptions::new().len(len as usize).map(file)?
-    }))
+    // SAFETY: see above; bounds come from the size read under the lock, and
+    // every read of the mapping goes through `mapguard::read_guarded`.
+    let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(file) }
+        .map_err(|e| FileFailure::new(FileSkip::Unreadable, e))?;
+    Ok(Some(map))
 }
 
-/// Walks a mapped file's used region.
-fn walk(map: Option<&[u8]>, visit: &mut dyn FnMut(Entry<'_>) -> Result<()>) -> Result<()> {
+/// Walks a mapped file's used region, guarded against the file shrinking.
+fn walk_mapped(
+    file: &File,
+    map: &Option<memmap2::Mmap>,
+    visit: &mut dyn FnMut(Entry<'_>),
+) -> FileResult<()> {
     let Some(map) = map else {
         return Ok(());
     };
+    let walked = match mapguard::read_guarded(map, |map| walk(map, visit)) {
+        Ok(walked) => walked,
+        Err(mapguard::Unguarded::Faulted) => {
+            return Err(FileFailure::new(
+                FileSkip::Corrupt,
+                anyhow!("the file shrank while it was read"),
+            ))
+        }
+        // No guard free (more concurrent readers than slots): read a copy,
+        // which cannot fault.
+        Err(mapguard::Unguarded::Unavailable) => {
+            use std::os::unix::fs::FileExt;
+            let mut copy = vec![0u8; map.len()];
+            file.read_exact_at(&mut copy, 0).map_err(|e| {
+                let reason = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    FileSkip::Corrupt
+                } else {
+                    FileSkip::Unreadable
+                };
+                FileFailure::new(reason, e)
+            })?;
+            walk(&copy, visit)
+        }
+    };
+    walked.map_err(|e| FileFailure::new(FileSkip::Corrupt, e))
+}
+
+/// Walks a file's bytes (mapped or read) up to `used`.
+fn walk(map: &[u8], visit: &mut dyn FnMut(Entry<'_>)) -> Result<()> {
     let used = check_used(map[..4].try_into().expect("4 bytes"), map.len() as u64)?;
     for entry in entries(map, used) {
-        visit(entry?)?;
+        visit(entry?);
     }
     Ok(())
 }
@@ -207,7 +446,22 @@ fn walk(map: Option<&[u8]>, visit: &mut dyn FnMut(Entry<'_>) -> Result<()>) -> R
 fn read_entry_by_entry(
     file: &File,
     key: &mut Vec<u8>,
-    visit: &mut dyn FnMut(Entry<'_>) -> Result<()>,
+    visit: &mut dyn FnMut(Entry<'_>),
+) -> FileResult<()> {
+    read_entry_by_entry_inner(file, key, visit).map_err(|e| {
+        // A short read is a file that shrank (or lies about `used`).
+        let reason = match e.downcast_ref::<std::io::Error>() {
+            Some(io) if io.kind() != std::io::ErrorKind::UnexpectedEof => FileSkip::Unreadable,
+            _ => FileSkip::Corrupt,
+        };
+        FileFailure::new(reason, e)
+    })
+}
+
+fn read_entry_by_entry_inner(
+    file: &File,
+    key: &mut Vec<u8>,
+    visit: &mut dyn FnMut(Entry<'_>),
 ) -> Result<()> {
     let file_len = file.metadata()?.len();
     if file_len < 4 {
@@ -250,7 +504,7 @@ fn read_entry_by_entry(
                     padded_key: key,
                     value_bytes: &value_bytes,
                     value_offset,
-                })?;
+                });
             }
             pos = at + needs;
         }
@@ -272,9 +526,15 @@ impl Aggregate {
     fn fold(&mut self, mode: ProcessAggregation, value: f64, timestamp: f64) {
         match mode {
             ProcessAggregation::Sum => self.value += value,
-            // Ruby keeps the first of equal values; NaN never wins (Ruby raises).
-            ProcessAggregation::Max if value > self.value => self.value = value,
-            ProcessAggregation::Min if value < self.value => self.value = value,
+            // Ruby keeps the first of equal values. NaN: Ruby's `Array#max`
+            // raises (the scrape fails); here a NaN loses to any number, as
+            // in PromQL's `max`, so the result does not depend on file order.
+            ProcessAggregation::Max if value > self.value || nan_replaced(self.value, value) => {
+                self.value = value
+            }
+            ProcessAggregation::Min if value < self.value || nan_replaced(self.value, value) => {
+                self.value = value
+            }
             ProcessAggregation::MostRecent if timestamp > self.timestamp => {
                 self.value = value;
                 self.timestamp = timestamp;
@@ -282,6 +542,11 @@ impl Aggregate {
             _ => {}
         }
     }
+}
+
+/// Whether `min`/`max` replace `kept` by `value`: a NaN by a number.
+fn nan_replaced(kept: f64, value: f64) -> bool {
+    kept.is_nan() && !value.is_nan()
 }
 
 /// One decoded label set.
@@ -460,7 +725,7 @@ impl Catalogue {
     }
 
     /// The series of an entry's key.
-    fn lookup(&mut self, entry: &Entry<'_>) -> Result<usize> {
+    fn lookup(&mut self, entry: &Entry<'_>) -> Result<usize, BadEntry> {
         match self.decode {
             KeyDecode::EveryEntry(unescape) => {
                 let raw = entry.key();
@@ -484,9 +749,8 @@ impl Catalogue {
         &mut self,
         raw: &[u8],
         decoded: Result<Vec<formenc::Label<'_>>, formenc::KeyError>,
-    ) -> Result<usize> {
-        let decoded =
-            decoded.map_err(|e| anyhow!("key {:?}: {e}", String::from_utf8_lossy(raw)))?;
+    ) -> Result<usize, BadEntry> {
+        let decoded = decoded.map_err(|e| BadEntry::new(EntrySkip::BadKey, raw, e))?;
         let hash = self.hash(decoded.iter().map(|(n, v)| (&**n, &**v)));
         if let Some(candidates) = self.by_hash.get(&hash) {
             for &index in candidates {
@@ -495,6 +759,16 @@ impl Catalogue {
                     return Ok(index);
                 }
             }
+        }
+        // Checked once per new label set: Prometheus rejects a whole
+        // exposition for one bad label name.
+        if let Some((name, _)) = decoded.iter().find(|(n, _)| !is_label_name(n)) {
+            let name = String::from_utf8_lossy(name).into_owned();
+            return Err(BadEntry::new(
+                EntrySkip::InvalidLabelName,
+                raw,
+                format!("label name {name:?} is not a Prometheus label name"),
+            ));
         }
         let labels: DecodedLabels = decoded
             .into_iter()
@@ -559,6 +833,24 @@ impl Catalogue {
             value.hash(&mut h);
         }
         h.finish()
+    }
+}
+
+/// An entry left out of a scrape, and why (for the log).
+struct BadEntry {
+    reason: EntrySkip,
+    detail: String,
+}
+
+impl BadEntry {
+    fn new(reason: EntrySkip, raw: &[u8], why: impl std::fmt::Display) -> BadEntry {
+        // The log gets the start of the key; responses never get it.
+        let shown = &raw[..raw.len().min(80)];
+        let more = if raw.len() > shown.len() { "…" } else { "" };
+        BadEntry {
+            reason,
+            detail: format!("key {:?}{more}: {why}", String::from_utf8_lossy(shown)),
+        }
     }
 }
 
@@ -802,9 +1094,75 @@ impl ExportSeams {
     }
 }
 
+/// What one scrape left out, for the log and the exporter's own metrics.
+#[derive(Clone, Debug, Default)]
+pub struct ScrapeReport {
+    /// Files left out: the file, why, and the error (for the log only: it
+    /// names paths and offsets).
+    pub files: Vec<SkippedFile>,
+    /// Entries left out, by reason.
+    pub entries: AHashMap<EntrySkip, u64>,
+    /// The first few entries left out, with their error (for the log).
+    pub entry_details: Vec<(PathBuf, String)>,
+}
+
+/// A file a scrape left out.
+#[derive(Clone, Debug)]
+pub struct SkippedFile {
+    pub path: PathBuf,
+    pub reason: FileSkip,
+    pub error: String,
+}
+
+/// Entry errors kept per scrape for the log; the rest are only counted.
+const ENTRY_DETAILS_KEPT: usize = 16;
+
+impl ScrapeReport {
+    pub fn is_clean(&self) -> bool {
+        self.files.is_empty() && self.entries.is_empty()
+    }
+
+    /// One line per skipped file and kept entry error, then the counts.
+    pub fn log_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .files
+            .iter()
+            .map(|f| {
+                format!(
+                    "skipped store file {} ({}): {}",
+                    f.path.display(),
+                    f.reason.name(),
+                    f.error
+                )
+            })
+            .collect();
+        for (path, detail) in &self.entry_details {
+            lines.push(format!("skipped an entry of {}: {detail}", path.display()));
+        }
+        for reason in EntrySkip::ALL {
+            if let Some(n) = self.entries.get(&reason) {
+                lines.push(format!("skipped {n} entries ({})", reason.name()));
+            }
+        }
+        lines
+    }
+
+    fn clear(&mut self) {
+        self.files.clear();
+        self.entries.clear();
+        self.entry_details.clear();
+    }
+}
+
 /// Exports a store directory. Long-lived: a server keeps one across scrapes,
 /// and with `prerender` it keeps each metric's decoded, grouped and rendered
 /// label sets too.
+///
+/// Bad files never fail a scrape: a file that vanished, is not a regular
+/// file, stays locked, is corrupt or cannot be read is left out (whole: none
+/// of its entries count), and so is an entry whose key does not decode or
+/// names an invalid label; every other series is served, and
+/// [`Exporter::last_report`] says what was left out.
 pub struct Exporter {
     dir: PathBuf,
     registry: Registry,
@@ -812,6 +1170,10 @@ pub struct Exporter {
     reader: FileReader,
     metrics: Vec<MetricState>,
     catalogue_floor: usize,
+    /// How long one scrape may take before the files not read yet are skipped.
+    budget: Option<Duration>,
+    /// Boxed: servers hold exporters by value in their enums.
+    report: Box<ScrapeReport>,
 }
 
 impl Exporter {
@@ -832,6 +1194,8 @@ impl Exporter {
             reader: FileReader::new(seams.read),
             metrics,
             catalogue_floor: 1024,
+            budget: None,
+            report: Box::default(),
         }
     }
 
@@ -843,13 +1207,34 @@ impl Exporter {
         self
     }
 
+    /// Bounds each scrape in time: files not read when `budget` has passed
+    /// are skipped ([`FileSkip::Deadline`]). Unbounded unless set (each
+    /// file's lock wait is bounded by [`LOCK_WAIT`] regardless).
+    pub fn with_scrape_budget(mut self, budget: Duration) -> Exporter {
+        self.budget = Some(budget);
+        self
+    }
+
+    #[doc(hidden)]
+    pub fn with_kept_limit(mut self, limit: usize) -> Exporter {
+        self.reader.kept_limit = limit;
+        self
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
 
+    /// What the last scrape left out.
+    pub fn last_report(&self) -> &ScrapeReport {
+        &self.report
+    }
+
     /// Reads, decodes and aggregates one metric.
     pub fn values(&mut self, def_index: usize) -> Result<MetricValues<'_>> {
-        self.scrape(def_index)?;
+        self.report.clear();
+        let deadline = self.deadline();
+        self.scrape(def_index, deadline)?;
         let state = &self.metrics[def_index];
         Ok(metric_values(
             &self.registry.metrics[def_index],
@@ -858,8 +1243,17 @@ impl Exporter {
         ))
     }
 
-    /// Reads every file of one metric into its scrape.
-    fn scrape(&mut self, def_index: usize) -> Result<()> {
+    fn deadline(&self) -> Instant {
+        let far = Duration::from_secs(100 * 365 * 24 * 3600);
+        Instant::now() + self.budget.unwrap_or(far)
+    }
+
+    /// Reads every file of one metric into its scrape. A file that fails
+    /// after some of its entries were counted is left out and the metric's
+    /// scrape is started again without it, so a bad file counts for nothing;
+    /// each file gets two tries (a file that shrank or was replaced while
+    /// read usually reads fine the second time).
+    fn scrape(&mut self, def_index: usize, deadline: Instant) -> Result<()> {
         let def = &self.registry.metrics[def_index];
         let mode = def.aggregation();
         let state = &mut self.metrics[def_index];
@@ -875,34 +1269,90 @@ impl Exporter {
             state.scrape = Scrape::default();
         }
         let MetricState { catalogue, scrape } = state;
-        scrape.start();
-        for path in metric_files(&self.dir, &def.name)? {
-            catalogue.raw.start_file(&path);
-            self.reader
-                .read(&path, &mut |entry| {
-                    let series = catalogue
-                        .lookup(&entry)
-                        .with_context(|| format!("entry at offset {}", entry.offset()))?;
-                    scrape.add(series, mode, &entry);
-                    Ok(())
-                })
-                .with_context(|| format!("metric {}", def.name))?;
-            catalogue.raw.end_file(&path);
+        let files = metric_files(&self.dir, &def.name)?;
+        // Per file: failed tries so far; two mean it is left out.
+        let mut failures = vec![0u8; files.len()];
+        let report = &mut self.report;
+        'again: loop {
+            scrape.start();
+            let entries_skipped_before = report.entries.clone();
+            let details_before = report.entry_details.len();
+            for (i, path) in files.iter().enumerate() {
+                if failures[i] >= 2 {
+                    continue;
+                }
+                if Instant::now() >= deadline {
+                    failures[i] = 2;
+                    report.files.push(SkippedFile {
+                        path: path.clone(),
+                        reason: FileSkip::Deadline,
+                        error: "the scrape's time budget ran out".to_owned(),
+                    });
+                    continue;
+                }
+                catalogue.raw.start_file(path);
+                let mut counted = 0usize;
+                let read = self.reader.read(
+                    path,
+                    deadline.min(Instant::now() + LOCK_WAIT),
+                    &mut |entry| match catalogue.lookup(&entry) {
+                        Ok(series) => {
+                            scrape.add(series, mode, &entry);
+                            counted += 1;
+                        }
+                        Err(bad) => {
+                            *report.entries.entry(bad.reason).or_default() += 1;
+                            if report.entry_details.len() < ENTRY_DETAILS_KEPT {
+                                report.entry_details.push((
+                                    path.clone(),
+                                    format!("entry at offset {}: {}", entry.offset(), bad.detail),
+                                ));
+                            }
+                        }
+                    },
+                );
+                match read {
+                    Ok(()) => catalogue.raw.end_file(path),
+                    Err(failure) => {
+                        failures[i] += 1;
+                        let retry = failure.reason == FileSkip::Corrupt && failures[i] < 2;
+                        if !retry {
+                            failures[i] = 2;
+                            report.files.push(SkippedFile {
+                                path: path.clone(),
+                                reason: failure.reason,
+                                error: format!("{:#}", failure.error),
+                            });
+                        }
+                        if counted > 0 || retry {
+                            // Its entries are in the scrape: start the metric again.
+                            report.entries = entries_skipped_before;
+                            report.entry_details.truncate(details_before);
+                            continue 'again;
+                        }
+                    }
+                }
+            }
+            break;
         }
         catalogue.raw.end_scrape();
         scrape.group(catalogue);
         Ok(())
     }
 
-    /// Clears `out` and writes the whole exposition into it.
+    /// Clears `out` and writes the whole exposition into it. Fails only when
+    /// the store directory cannot be listed; what was left out is in
+    /// [`Exporter::last_report`].
     pub fn export_into(&mut self, out: &mut Vec<u8>) -> Result<()> {
         if !self.dir.is_dir() {
             bail!("store directory {} does not exist", self.dir.display());
         }
         out.clear();
+        self.report.clear();
+        let deadline = self.deadline();
         self.reader.start_scrape();
         for i in 0..self.registry.metrics.len() {
-            self.scrape(i)?;
+            self.scrape(i, deadline)?;
             let (def, state) = (&self.registry.metrics[i], &self.metrics[i]);
             let values = metric_values(def, &state.catalogue, &state.scrape);
             render::write_family(out, def, &values);
@@ -912,11 +1362,22 @@ impl Exporter {
     }
 }
 
-/// Exports a store directory once.
+/// Exports a store directory once; bad files and entries are left out (see
+/// [`Exporter`]). [`export_with_report`] also says what was.
 pub fn export(dir: &Path, registry: &Registry, strategies: StrategySet) -> Result<Vec<u8>> {
+    export_with_report(dir, registry, strategies).map(|(out, _)| out)
+}
+
+/// [`export`], with what it left out.
+pub fn export_with_report(
+    dir: &Path,
+    registry: &Registry,
+    strategies: StrategySet,
+) -> Result<(Vec<u8>, ScrapeReport)> {
     let mut out = Vec::new();
-    Exporter::new(dir, registry.clone(), strategies).export_into(&mut out)?;
-    Ok(out)
+    let mut exporter = Exporter::new(dir, registry.clone(), strategies);
+    exporter.export_into(&mut out)?;
+    Ok((out, *exporter.report))
 }
 
 #[cfg(test)]

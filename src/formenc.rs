@@ -178,12 +178,24 @@ fn hex_value(b: u8) -> Option<u8> {
 /// Rejects what Ruby would turn into a nonsense label set: an empty name, or a
 /// name twice (CGI.parse and URI.decode_www_form disagree on which one wins).
 fn check_names(labels: &[Label<'_>], raw: &[u8]) -> Result<(), KeyError> {
+    // Few labels: compare with the earlier ones. Many: a set, so a key of
+    // 100k labels is checked in linear time, not 5·10⁹ comparisons.
+    let mut seen = (labels.len() > 32).then(|| {
+        std::collections::HashSet::with_capacity_and_hasher(
+            labels.len(),
+            foldhash::fast::FixedState::default(),
+        )
+    });
     for (i, (name, _)) in labels.iter().enumerate() {
         if name.is_empty() {
             let at = nth_piece_offset(raw, i);
             return Err(KeyError::EmptyLabelName { at });
         }
-        if labels[..i].iter().any(|(other, _)| other == name) {
+        let repeated = match &mut seen {
+            Some(seen) => !seen.insert(&**name),
+            None => labels[..i].iter().any(|(other, _)| other == name),
+        };
+        if repeated {
             return Err(KeyError::DuplicateLabelName {
                 name: String::from_utf8_lossy(name).into_owned(),
             });

@@ -24,6 +24,7 @@ pub mod compare;
 pub mod export;
 pub mod formenc;
 pub mod ingest;
+pub mod mapguard;
 pub mod ops;
 pub mod reference;
 pub mod registry;

@@ -168,6 +168,41 @@ enum Io {
     Mapped(MmapMut),
 }
 
+/// Where a writer's owner lock sits: one byte far past any data.
+const OWNER_LOCK_AT: i64 = 1 << 62;
+
+/// Claims `file` for this writer for as long as it is open: an OFD write lock
+/// on one byte past any data. Two writers sharing one file (one pid: a pid
+/// reused inside a container, a copied store, an op log replayed twice)
+/// would each append at their own idea of `used` and overwrite each other's
+/// entries, losing increments silently; the second one is refused instead.
+/// OFD locks and `flock` do not interact on Linux's local filesystems, so the
+/// per-operation `flock` that client_ruby's exporter takes is unchanged. On
+/// NFS, where `flock` is emulated with byte-range locks of the same owner,
+/// the first operation's unlock releases the claim: detection is then
+/// best-effort, and never blocks anyone. Kernels or filesystems without OFD
+/// locks skip the check.
+fn claim_writer(file: &File, path: &Path) -> Result<()> {
+    // SAFETY: a zeroed flock struct, filled in; fcntl on a descriptor we hold.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = OWNER_LOCK_AT;
+    lock.l_len = 1;
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => bail!(
+            "store file {} is already open for writing (another writer with the same pid?); \
+             two writers on one file would lose increments",
+            path.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// One metric's store file, owned by this process.
 pub struct StoreFile {
     file: File,
@@ -189,6 +224,7 @@ impl StoreFile {
             .truncate(false)
             .open(path)
             .with_context(|| format!("cannot open store file {}", path.display()))?;
+        claim_writer(&file, path)?;
         let mut capacity = file.metadata()?.len();
         if capacity == 0 {
             file.set_len(INITIAL_FILE_SIZE)?;

@@ -22,25 +22,33 @@ pub fn file_path(dir: &Path, metric: &str, pid: u32) -> PathBuf {
     dir.join(format!("metric_{metric}___{pid}.bin"))
 }
 
-/// Files of one metric: the glob `metric_<name>___*`, sorted by path.
+/// Files of one metric, sorted by path: exactly the names [`file_path`]
+/// gives, `metric_<name>___<pid>.bin` with a decimal pid ([`is_metric_file`]).
 pub fn metric_files(dir: &Path, metric: &str) -> Result<Vec<PathBuf>> {
     use anyhow::Context;
-    let prefix = format!("metric_{metric}___");
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir)
         .with_context(|| format!("cannot read store directory {}", dir.display()))?
     {
         let entry = entry?;
-        if entry
-            .file_name()
-            .as_encoded_bytes()
-            .starts_with(prefix.as_bytes())
-        {
+        if is_metric_file(entry.file_name().as_encoded_bytes(), metric) {
             files.push(entry.path());
         }
     }
     files.sort();
     Ok(files)
+}
+
+/// Whether `file_name` is `metric_<metric>___<pid>.bin` with a decimal pid.
+/// client_ruby globs `metric_<name>___*`, which also takes the files of metric
+/// `<name>___x` (and stray names); this is its `01-exact-glob` patch's rule.
+pub fn is_metric_file(file_name: &[u8], metric: &str) -> bool {
+    file_name
+        .strip_prefix(b"metric_")
+        .and_then(|rest| rest.strip_prefix(metric.as_bytes()))
+        .and_then(|rest| rest.strip_prefix(b"___"))
+        .and_then(|rest| rest.strip_suffix(b".bin"))
+        .is_some_and(|pid| !pid.is_empty() && pid.iter().all(u8::is_ascii_digit))
 }
 
 /// Padded key length as client_ruby writes it: `4 + len` a multiple of 8, at least one space.

@@ -111,31 +111,75 @@ pub fn decode_component(s: &[u8]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Decodes a store key (`a=1&b=x+y`) into its label pairs, in key order.
+/// Decodes a store key (`a=1&b=x+y`) into its label pairs, in key order, as
+/// Ruby's `URI.decode_www_form` does: a pair without `=` has the empty value,
+/// and one trailing `&` ends the key.
 pub fn decode_key(key: &[u8]) -> Result<Labels> {
     let mut labels = Vec::new();
+    let key = match key.strip_suffix(b"&") {
+        Some(rest) if !rest.is_empty() => rest,
+        _ => key,
+    };
     if key.is_empty() {
         return Ok(labels);
     }
     for pair in key.split(|&b| b == b'&') {
-        let Some(eq) = pair.iter().position(|&b| b == b'=') else {
-            bail!("pair {:?} has no `=`", String::from_utf8_lossy(pair));
+        let (name, value) = match pair.iter().position(|&b| b == b'=') {
+            Some(eq) => (&pair[..eq], &pair[eq + 1..]),
+            None => (pair, &pair[pair.len()..]),
         };
-        labels.push((
-            decode_component(&pair[..eq])?,
-            decode_component(&pair[eq + 1..])?,
-        ));
+        labels.push((decode_component(name)?, decode_component(value)?));
     }
     Ok(labels)
 }
 
+/// Whether a file name is `metric_<name>___<digits>.bin`.
+fn is_file_of(file_name: &str, name: &str) -> bool {
+    let Some(pid) = file_name
+        .strip_suffix(".bin")
+        .and_then(|s| s.strip_prefix("metric_"))
+        .and_then(|s| s.strip_prefix(name))
+        .and_then(|s| s.strip_prefix("___"))
+    else {
+        return false;
+    };
+    !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit())
+}
+
+/// `[a-zA-Z_][a-zA-Z0-9_]*`, written out.
+fn valid_label_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.iter().enumerate().all(|(i, &c)| {
+            c == b'_'
+                || c.is_ascii_uppercase()
+                || c.is_ascii_lowercase()
+                || (i > 0 && c.is_ascii_digit())
+        })
+}
+
+/// A key's labels if the key is one the exporter serves: ASCII, decodable,
+/// no empty or repeated label name, every name a Prometheus label name.
+fn servable_labels(key: &[u8]) -> Option<Labels> {
+    if !key.is_ascii() {
+        return None;
+    }
+    let labels = decode_key(key).ok()?;
+    for (i, (name, _)) in labels.iter().enumerate() {
+        if !valid_label_name(name) || labels[i + 1..].iter().any(|(other, _)| other == name) {
+            return None;
+        }
+    }
+    Some(labels)
+}
+
 /// Every (label set, value, timestamp) of one metric, in sorted file order.
+/// A file that is not a regular file or not a whole store file counts for
+/// nothing; an entry whose key is not servable is left out.
 fn metric_entries(dir: &Path, name: &str) -> Result<Vec<(Labels, f64, f64)>> {
-    let prefix = format!("metric_{name}___");
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let file_name = entry?.file_name();
-        if file_name.as_encoded_bytes().starts_with(prefix.as_bytes()) {
+        if file_name.to_str().is_some_and(|f| is_file_of(f, name)) {
             files.push(file_name);
         }
     }
@@ -143,9 +187,31 @@ fn metric_entries(dir: &Path, name: &str) -> Result<Vec<(Labels, f64, f64)>> {
     let mut out = Vec::new();
     for file_name in files {
         let path = dir.join(file_name);
-        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        for e in read_entries(&bytes).with_context(|| format!("{}", path.display()))? {
-            out.push((decode_key(&e.key)?, e.value, e.timestamp));
+        if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        // A file being created (shorter than its `used`) reads as empty.
+        if bytes.len() < 4 {
+            continue;
+        }
+        let bytes = if bytes[..4] == [0; 4] {
+            Vec::new()
+        } else {
+            bytes
+        };
+        if bytes.is_empty() {
+            continue;
+        }
+        let Ok(entries) = read_entries(&bytes) else {
+            continue;
+        };
+        for e in entries {
+            if let Some(labels) = servable_labels(&e.key) {
+                out.push((labels, e.value, e.timestamp));
+            }
         }
     }
     Ok(out)
@@ -166,14 +232,15 @@ fn aggregate(entries: Vec<(Labels, f64, f64)>, mode: ProcessAggregation) -> Vec<
         let s = &mut series[i];
         match mode {
             ProcessAggregation::Sum => s.1 += value,
-            // Ruby keeps the first of equals; a NaN never replaces (Ruby would raise).
+            // Ruby keeps the first of equals (and raises on NaN); here NaN is
+            // a missing value: any number beats it, whatever the file order.
             ProcessAggregation::Max => {
-                if value > s.1 {
+                if (s.1.is_nan() && !value.is_nan()) || value > s.1 {
                     s.1 = value
                 }
             }
             ProcessAggregation::Min => {
-                if value < s.1 {
+                if (s.1.is_nan() && !value.is_nan()) || value < s.1 {
                     s.1 = value
                 }
             }

@@ -69,10 +69,23 @@ pub fn export(args: ExportArgs) -> Result<()> {
     check_store_dir(&args.store)?;
     let registry = Registry::load(&args.registry)?;
     warn_unmatched_metrics(&args.store, &registry)?;
-    let text = promlab::export::export(&args.store, &registry, args.strategies)?;
+    let (text, report) =
+        promlab::export::export_with_report(&args.store, &registry, args.strategies)?;
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(&text)?;
     stdout.flush()?;
+    // Every good series is printed; what was left out is named here, and the
+    // exit status says the output is partial.
+    if !report.is_clean() {
+        for line in report.log_lines() {
+            eprintln!("promlab export: {line}");
+        }
+        anyhow::bail!(
+            "the exposition above is partial: {} store files and {} entries were skipped",
+            report.files.len(),
+            report.entries.values().sum::<u64>()
+        );
+    }
     Ok(())
 }
 

@@ -8,6 +8,17 @@
 //!   `/metrics/detailed?family=...&family=...` (the named groups only); values
 //!   move before every scrape.
 //!
+//! A store scrape never fails for one file: bad, vanished, locked or growing
+//! files and bad entries are left out (see [`Exporter`]), logged to stderr
+//! (once per file and reason until it changes), and counted at
+//! `/metrics/promlab` (`promlab_store_files_skipped_total{reason}`,
+//! `promlab_store_entries_skipped_total{reason}`,
+//! `promlab_store_scrapes_total{result}`); `/metrics` itself stays
+//! byte-identical to client_ruby's exposition. A scrape is bounded in time
+//! ([`SCRAPE_BUDGET`]); a request that finds another scrape running waits
+//! [`SCRAPE_WAIT`] at most, then gets 503. Error bodies never name files or
+//! keys; the log does.
+//!
 //! Rendering runs on the blocking pool (a 630k-series scrape is tens of
 //! milliseconds of CPU). Bodies are gzipped when the scraper asks, as
 //! Prometheus does; at level 1 ("fast"), because the scrape's time to last byte
@@ -21,16 +32,84 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use promlab::export::Exporter;
+use promlab::export::{EntrySkip, Exporter, FileSkip};
 use promlab::render::rabbitmq::RabbitMqNode;
 use promlab::strategy::StrategySet;
+use std::collections::HashSet;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// The text format's content type, as client_ruby and Prometheus name it.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// How long a store scrape may read files before the rest are skipped
+/// (Prometheus's default scrape timeout is 10 s).
+pub const SCRAPE_BUDGET: Duration = Duration::from_secs(8);
+/// How long a request waits for a scrape in progress before a 503.
+pub const SCRAPE_WAIT: Duration = Duration::from_secs(10);
+
+/// The outcome of a `/metrics` request (the `result` of `promlab_store_scrapes_total`).
+#[derive(Clone, Copy)]
+enum ScrapeResult {
+    Ok = 0,
+    Partial = 1,
+    Failed = 2,
+    Busy = 3,
+}
+
+const SCRAPE_RESULTS: [(ScrapeResult, &str); 4] = [
+    (ScrapeResult::Ok, "ok"),
+    (ScrapeResult::Partial, "partial"),
+    (ScrapeResult::Failed, "failed"),
+    (ScrapeResult::Busy, "busy"),
+];
+
+/// The sidecar's own counters.
+#[derive(Default)]
+struct Counters {
+    files_skipped: [AtomicU64; FileSkip::ALL.len()],
+    entries_skipped: [AtomicU64; EntrySkip::ALL.len()],
+    scrapes: [AtomicU64; SCRAPE_RESULTS.len()],
+}
+
+impl Counters {
+    fn scrape(&self, result: ScrapeResult) {
+        self.scrapes[result as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        out.push_str("# TYPE promlab_store_files_skipped_total counter\n# HELP promlab_store_files_skipped_total Store files left out of a scrape, by reason.\n");
+        for (i, reason) in FileSkip::ALL.iter().enumerate() {
+            let n = self.files_skipped[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "promlab_store_files_skipped_total{{reason=\"{}\"}} {n}",
+                reason.name()
+            );
+        }
+        out.push_str("# TYPE promlab_store_entries_skipped_total counter\n# HELP promlab_store_entries_skipped_total Store entries left out of a scrape, by reason.\n");
+        for (i, reason) in EntrySkip::ALL.iter().enumerate() {
+            let n = self.entries_skipped[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "promlab_store_entries_skipped_total{{reason=\"{}\"}} {n}",
+                reason.name()
+            );
+        }
+        out.push_str("# TYPE promlab_store_scrapes_total counter\n# HELP promlab_store_scrapes_total /metrics requests, by result.\n");
+        for (result, name) in SCRAPE_RESULTS {
+            let n = self.scrapes[result as usize].load(Ordering::Relaxed);
+            let _ = writeln!(out, "promlab_store_scrapes_total{{result=\"{name}\"}} {n}");
+        }
+        out
+    }
+}
 
 /// Where scrapes come from.
 pub enum Source {
@@ -63,7 +142,11 @@ enum Page {
 }
 
 struct Shared {
-    source: Mutex<Source>,
+    source: Arc<tokio::sync::Mutex<Source>>,
+    counters: Counters,
+    /// The files skipped by the last scrape, so each is logged when it starts
+    /// being skipped, not on every scrape.
+    logged: Mutex<HashSet<(PathBuf, FileSkip)>>,
     /// Size of the last body, to size the next buffer in one allocation.
     last_len: AtomicUsize,
     /// The paths served, for 404 messages (without waiting for a scrape's lock).
@@ -74,17 +157,25 @@ struct Shared {
 pub fn app(source: Source) -> Router {
     let is_store = matches!(source, Source::Store(_));
     let served = if is_store {
-        "/metrics"
+        "/metrics and /metrics/promlab"
     } else {
         "/metrics/per-object and /metrics/detailed?family=..."
     };
+    let source = match source {
+        Source::Store(exporter) => Source::Store(exporter.with_scrape_budget(SCRAPE_BUDGET)),
+        scenario => scenario,
+    };
     let shared = Arc::new(Shared {
-        source: Mutex::new(source),
+        source: Arc::new(tokio::sync::Mutex::new(source)),
+        counters: Counters::default(),
+        logged: Mutex::new(HashSet::new()),
         last_len: AtomicUsize::new(0),
         served,
     });
     let router = if is_store {
-        Router::new().route("/metrics", get(store_metrics))
+        Router::new()
+            .route("/metrics", get(store_metrics))
+            .route("/metrics/promlab", get(own_metrics))
     } else {
         Router::new()
             .route("/metrics/per-object", get(per_object))
@@ -104,6 +195,14 @@ pub fn serve(listen: SocketAddr, source: Source, strategies: StrategySet) -> Res
 
 async fn store_metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     scrape(shared, Page::Store, &headers).await
+}
+
+async fn own_metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let mut response = Response::new(Body::from(shared.counters.render()));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    response
 }
 
 async fn per_object(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
@@ -135,7 +234,21 @@ async fn not_found(uri: Uri, State(shared): State<Arc<Shared>>) -> Response {
 /// Renders the page on the blocking pool, then compresses it if asked.
 async fn scrape(shared: Arc<Shared>, page: Page, headers: &HeaderMap) -> Response {
     let gzip = accepts_gzip(headers);
-    let rendered = tokio::task::spawn_blocking(move || render_page(&shared, page, gzip)).await;
+    let is_store = matches!(page, Page::Store);
+    // A scrape in progress holds the source; wait for it a bounded time.
+    let Ok(source) = tokio::time::timeout(SCRAPE_WAIT, shared.source.clone().lock_owned()).await
+    else {
+        if is_store {
+            shared.counters.scrape(ScrapeResult::Busy);
+        }
+        return text_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "another scrape is still running\n".to_owned(),
+        );
+    };
+    let task_shared = shared.clone();
+    let rendered =
+        tokio::task::spawn_blocking(move || render_page(&task_shared, source, page, gzip)).await;
     match rendered {
         Ok(Ok((body, gzipped))) => {
             let mut response = Response::new(Body::from(body));
@@ -150,15 +263,72 @@ async fn scrape(shared: Arc<Shared>, page: Page, headers: &HeaderMap) -> Respons
         Ok(Err(ScrapeError::BadRequest(message))) => {
             text_response(StatusCode::BAD_REQUEST, message)
         }
-        Ok(Err(ScrapeError::Failed(err))) => text_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("scrape failed: {err:#}\n"),
-        ),
-        Err(join) => text_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("scrape failed: {join}\n"),
-        ),
+        Ok(Err(ScrapeError::Failed(err))) => {
+            // The details name paths and keys: the log gets them, not the scraper.
+            eprintln!("promlab: scrape failed: {err:#}");
+            if is_store {
+                shared.counters.scrape(ScrapeResult::Failed);
+            }
+            text_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "scrape failed; the server's log says why\n".to_owned(),
+            )
+        }
+        Err(join) => {
+            eprintln!("promlab: scrape failed: {join}");
+            if is_store {
+                shared.counters.scrape(ScrapeResult::Failed);
+            }
+            text_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "scrape failed; the server's log says why\n".to_owned(),
+            )
+        }
     }
+}
+
+/// Counts and logs what a store scrape left out.
+fn account(shared: &Shared, exporter: &Exporter) {
+    let report = exporter.last_report();
+    let c = &shared.counters;
+    for file in &report.files {
+        let i = FileSkip::ALL
+            .iter()
+            .position(|&r| r == file.reason)
+            .expect("listed");
+        c.files_skipped[i].fetch_add(1, Ordering::Relaxed);
+    }
+    for (i, reason) in EntrySkip::ALL.iter().enumerate() {
+        if let Some(n) = report.entries.get(reason) {
+            c.entries_skipped[i].fetch_add(*n, Ordering::Relaxed);
+        }
+    }
+    c.scrape(if report.is_clean() {
+        ScrapeResult::Ok
+    } else {
+        ScrapeResult::Partial
+    });
+    let now: HashSet<(PathBuf, FileSkip)> = report
+        .files
+        .iter()
+        .map(|f| (f.path.clone(), f.reason))
+        .collect();
+    let mut logged = shared.logged.lock().unwrap_or_else(|e| e.into_inner());
+    for file in &report.files {
+        if !logged.contains(&(file.path.clone(), file.reason)) {
+            eprintln!(
+                "promlab: skipping store file {} ({}): {}",
+                file.path.display(),
+                file.reason.name(),
+                file.error
+            );
+        }
+    }
+    // Entry errors are logged while they last, a few per scrape.
+    for (path, detail) in report.entry_details.iter().take(4) {
+        eprintln!("promlab: skipping an entry of {}: {detail}", path.display());
+    }
+    *logged = now;
 }
 
 enum ScrapeError {
@@ -167,16 +337,22 @@ enum ScrapeError {
 }
 
 /// Returns the body and whether it is gzipped.
-fn render_page(shared: &Shared, page: Page, gzip: bool) -> Result<(Vec<u8>, bool), ScrapeError> {
+fn render_page(
+    shared: &Shared,
+    mut source: tokio::sync::OwnedMutexGuard<Source>,
+    page: Page,
+    gzip: bool,
+) -> Result<(Vec<u8>, bool), ScrapeError> {
     let last_len = shared.last_len.load(Ordering::Relaxed);
     let mut out = Vec::with_capacity(last_len + last_len / 8);
     {
-        // A panic while rendering leaves nothing half-updated that matters; keep serving.
-        let mut source = shared.source.lock().unwrap_or_else(|e| e.into_inner());
         match (&mut *source, page) {
-            (Source::Store(exporter), Page::Store) => exporter
-                .export_into(&mut out)
-                .map_err(ScrapeError::Failed)?,
+            (Source::Store(exporter), Page::Store) => {
+                exporter
+                    .export_into(&mut out)
+                    .map_err(ScrapeError::Failed)?;
+                account(shared, exporter);
+            }
             (Source::Scenario(scenario), Page::PerObject) => {
                 scenario.advance();
                 scenario.render_per_object(&mut out);
@@ -198,6 +374,8 @@ fn render_page(shared: &Shared, page: Page, gzip: bool) -> Result<(Vec<u8>, bool
             }
         }
     }
+    // Compress without holding the source.
+    drop(source);
     shared.last_len.store(out.len(), Ordering::Relaxed);
     if !gzip {
         return Ok((out, false));

@@ -1,0 +1,470 @@
+//! `promlab serve --store` and `promlab export` against hostile store
+//! directories, as real processes on loopback, each bounded in time (issue
+//! #12): a file truncated while mapped (SIGBUS), a FIFO named like a store
+//! file, files deleted and grown during scrapes, and more files than a low
+//! descriptor limit allows to keep open. The sidecar must stay up, answer
+//! every scrape with every good series, count what it skipped at
+//! `/metrics/promlab`, never leak paths in a response, and stop on SIGTERM.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use promlab_lab::http_client::{Client, Response};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// A child process killed (and reaped) when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Reaped {
+    fn assert_alive(&mut self) {
+        assert!(
+            self.0.try_wait().unwrap().is_none(),
+            "promlab serve died: {:?}",
+            self.0.try_wait()
+        );
+    }
+
+    /// SIGTERM, then the exit within `within`.
+    fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < within,
+                "promlab serve ignored SIGTERM for {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `promlab serve --store DIR --registry REG --strategies S --listen 127.0.0.1:0`,
+/// under `ulimit -n` when given; returns the child, its address and its stderr lines.
+fn serve(
+    store: &Path,
+    registry: &Path,
+    strategies: &str,
+    fd_limit: Option<u32>,
+) -> (Reaped, SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let exe = env!("CARGO_BIN_EXE_promlab");
+    let args = [
+        "serve",
+        "--store",
+        store.to_str().unwrap(),
+        "--registry",
+        registry.to_str().unwrap(),
+        "--strategies",
+        strategies,
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let mut command = match fd_limit {
+        Some(n) => {
+            let mut c = Command::new("bash");
+            c.arg("-c")
+                .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                .arg(exe)
+                .args(args);
+            c
+        }
+        None => {
+            let mut c = Command::new(exe);
+            c.args(args);
+            c
+        }
+    };
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn promlab serve");
+    let stderr = child.stderr.take().unwrap();
+    let child = Reaped(child);
+    let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = lines.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[promlab serve] {line}");
+            if let Some(addr) = line
+                .rsplit("http://")
+                .next()
+                .filter(|_| line.contains(" on http://"))
+            {
+                let addr = addr.split_whitespace().next().unwrap_or_default();
+                let _ = tx.send(addr.parse::<SocketAddr>().expect("address"));
+            }
+            kept.lock().unwrap().push(line);
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("promlab serve did not report its address");
+    (child, addr, lines)
+}
+
+fn get(addr: SocketAddr, path: &str) -> Response {
+    Client::new(Some(Duration::from_secs(30)), 1)
+        .get(&format!("http://{addr}{path}"), &[])
+        .unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e:#}"))
+}
+
+/// The value of `promlab_store_files_skipped_total{reason="..."}`.
+fn skipped(addr: SocketAddr, kind: &str, reason: &str) -> f64 {
+    let body = get(addr, "/metrics/promlab").body;
+    let needle = format!("promlab_store_{kind}_skipped_total{{reason=\"{reason}\"}} ");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(&needle).map(|v| v.parse().unwrap()))
+        .unwrap_or_else(|| panic!("no {needle} in /metrics/promlab"))
+}
+
+const REGISTRY: &str = r#"{"metrics": [
+  {"name": "c", "type": "counter", "help": "h", "labels": ["a"], "aggregation": "sum"}
+]}"#;
+
+/// A store file's bytes with `entries` (raw key, value), sized `size` (at least its used region).
+fn store_bytes(entries: &[(Vec<u8>, f64)], size: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; 8];
+    for (key, value) in entries {
+        let mut entry = promlab::storefile::new_entry(key);
+        let at = entry.len() - 16;
+        entry[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        bytes.extend_from_slice(&entry);
+    }
+    let used = bytes.len() as i32;
+    bytes[..4].copy_from_slice(&used.to_le_bytes());
+    bytes.resize(size.max(bytes.len()), 0);
+    bytes
+}
+
+fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let registry = tmp.path().join("registry.json");
+    std::fs::write(&registry, REGISTRY).unwrap();
+    (tmp, store, registry)
+}
+
+fn file(store: &Path, pid: u32) -> PathBuf {
+    promlab::storefile::file_path(store, "c", pid)
+}
+
+/// One file of `n` series `a=0..n`, each 1.0.
+fn entries(n: usize) -> Vec<(Vec<u8>, f64)> {
+    (0..n)
+        .map(|i| (format!("a={i:0200}").into_bytes(), 1.0))
+        .collect()
+}
+
+/// Item 1: a mapped store file truncated (outside the protocol) while
+/// scrapes run: no SIGBUS, every scrape 200, and the good file's series
+/// always there.
+#[test]
+fn a_file_truncated_while_mapped_never_kills_the_sidecar() {
+    let (_tmp, store, registry) = setup();
+    let big = store_bytes(&entries(20_000), 8 << 20);
+    std::fs::write(file(&store, 1), &big).unwrap();
+    std::fs::write(
+        file(&store, 2),
+        store_bytes(&[(b"a=good".to_vec(), 5.0)], 1 << 20),
+    )
+    .unwrap();
+    for strategies in ["none", "single-read", "all"] {
+        let (mut child, addr, _) = serve(&store, &registry, strategies, None);
+        let stop = Arc::new(AtomicBool::new(false));
+        let truncator = {
+            let (stop, path, big) = (stop.clone(), file(&store, 1), big.clone());
+            std::thread::spawn(move || {
+                use std::os::unix::fs::FileExt;
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                let mut rounds = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    f.set_len(4096).unwrap();
+                    std::thread::sleep(Duration::from_micros(300));
+                    f.write_all_at(&big, 0).unwrap();
+                    std::thread::sleep(Duration::from_micros(300));
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        let started = Instant::now();
+        let mut scrapes = 0;
+        while started.elapsed() < Duration::from_secs(3) {
+            let response = get(addr, "/metrics");
+            assert_eq!(response.status, 200, "{strategies}");
+            assert!(
+                String::from_utf8_lossy(&response.body).contains("c{a=\"good\"} 5.0"),
+                "{strategies}"
+            );
+            scrapes += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let rounds = truncator.join().unwrap();
+        child.assert_alive();
+        eprintln!("{strategies}: {scrapes} scrapes, {rounds} truncations, alive");
+        assert!(scrapes > 3 && rounds > 3);
+    }
+}
+
+/// Item 1, one-shot: `promlab export` under the same truncation never dies of
+/// a signal (it exits 0, or 1 naming a skipped file).
+#[test]
+fn export_survives_truncation() {
+    let (_tmp, store, registry) = setup();
+    let big = store_bytes(&entries(20_000), 8 << 20);
+    std::fs::write(file(&store, 1), &big).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let truncator = {
+        let (stop, path) = (stop.clone(), file(&store, 1));
+        std::thread::spawn(move || {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                f.set_len(4096).unwrap();
+                std::thread::sleep(Duration::from_micros(300));
+                f.write_all_at(&big, 0).unwrap();
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        })
+    };
+    let started = Instant::now();
+    let mut runs = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        for strategies in ["single-read", "all"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_promlab"))
+                .args(["export", "--store", store.to_str().unwrap()])
+                .args(["--registry", registry.to_str().unwrap()])
+                .args(["--strategies", strategies])
+                .output()
+                .unwrap();
+            assert!(
+                matches!(out.status.code(), Some(0) | Some(1)),
+                "{strategies}: {:?} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            runs += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    truncator.join().unwrap();
+    assert!(runs > 2);
+}
+
+/// Item 2: a FIFO by a store file's name neither hangs a scrape nor the
+/// one-shot export; it is counted, and SIGTERM stops the sidecar.
+#[test]
+fn a_fifo_named_like_a_store_file_does_not_hang() {
+    let (_tmp, store, registry) = setup();
+    std::fs::write(
+        file(&store, 1),
+        store_bytes(&[(b"a=good".to_vec(), 5.0)], 1 << 20),
+    )
+    .unwrap();
+    let fifo =
+        std::ffi::CString::new(file(&store, 2).into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    for strategies in ["none", "all"] {
+        let (mut child, addr, lines) = serve(&store, &registry, strategies, None);
+        for _ in 0..3 {
+            let response = get(addr, "/metrics");
+            assert_eq!(response.status, 200);
+            assert_eq!(
+                String::from_utf8_lossy(&response.body),
+                "# TYPE c counter\n# HELP c h\nc{a=\"good\"} 5.0\n"
+            );
+        }
+        assert_eq!(skipped(addr, "files", "not_regular"), 3.0);
+        let status = child.terminate(Duration::from_secs(10));
+        assert!(status.success() || status.code().is_some(), "{status:?}");
+        // Logged once, not per scrape.
+        let logged = lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("not_regular"))
+            .count();
+        assert_eq!(logged, 1);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_promlab"))
+        .args(["export", "--store", store.to_str().unwrap()])
+        .args(["--registry", registry.to_str().unwrap()])
+        .args(["--strategies", "all"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "# TYPE c counter\n# HELP c h\nc{a=\"good\"} 5.0\n"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_regular"));
+}
+
+/// Item 3: with `all` (files kept open between scrapes), 1,500 files under
+/// `ulimit -n 256` are all read, scrape after scrape.
+#[test]
+fn many_files_under_a_low_descriptor_limit() {
+    let (_tmp, store, registry) = setup();
+    let bytes = store_bytes(&[(b"a=x".to_vec(), 1.0)], 4096);
+    for pid in 1..=1500 {
+        std::fs::write(file(&store, pid), &bytes).unwrap();
+    }
+    let (mut child, addr, _) = serve(&store, &registry, "all", Some(256));
+    for _ in 0..3 {
+        let response = get(addr, "/metrics");
+        assert_eq!(response.status, 200);
+        assert_eq!(
+            String::from_utf8_lossy(&response.body),
+            "# TYPE c counter\n# HELP c h\nc{a=\"x\"} 1500.0\n"
+        );
+    }
+    assert_eq!(skipped(addr, "files", "unreadable"), 0.0);
+    child.assert_alive();
+}
+
+/// Item 6: files deleted, replaced and grown while scrapes run: every scrape
+/// is a 200 holding the steady file's series, no response names a path, and
+/// a file deleted mid-scrape is at worst counted as vanished.
+#[test]
+fn file_churn_and_growth_never_fail_a_scrape() {
+    let (_tmp, store, registry) = setup();
+    std::fs::write(
+        file(&store, 1),
+        store_bytes(&[(b"a=steady".to_vec(), 7.0)], 4096),
+    )
+    .unwrap();
+    for strategies in ["none", "single-read", "all"] {
+        let (mut child, addr, _) = serve(&store, &registry, strategies, None);
+        let stop = Arc::new(AtomicBool::new(false));
+        let churner = {
+            let (stop, store) = (stop.clone(), store.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    // Churn: files appear and vanish.
+                    for pid in 100..140 {
+                        let _ = std::fs::write(
+                            file(&store, pid),
+                            store_bytes(&[(b"a=churn".to_vec(), 1.0)], 4096),
+                        );
+                    }
+                    for pid in 100..140 {
+                        let _ = std::fs::remove_file(file(&store, pid));
+                    }
+                    // Growth: a file rewritten bigger, its size moving under scrapes.
+                    let count = 1 + (n as usize % 50) * 40;
+                    let _ = std::fs::write(file(&store, 2), store_bytes(&entries(count), 0));
+                    n += 1;
+                }
+            })
+        };
+        let started = Instant::now();
+        let mut scrapes = 0;
+        while started.elapsed() < Duration::from_secs(3) {
+            let response = get(addr, "/metrics");
+            let body = String::from_utf8_lossy(&response.body);
+            assert_eq!(response.status, 200, "{strategies}: {body}");
+            assert!(body.contains("c{a=\"steady\"} 7.0"), "{strategies}");
+            assert!(!body.contains(store.to_str().unwrap()));
+            scrapes += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        churner.join().unwrap();
+        child.assert_alive();
+        let own = String::from_utf8_lossy(&get(addr, "/metrics/promlab").body).into_owned();
+        assert!(
+            own.contains("promlab_store_scrapes_total{result=\"failed\"} 0"),
+            "{own}"
+        );
+        eprintln!("{strategies}: {scrapes} scrapes\n{own}");
+    }
+}
+
+/// Item 6: a corrupt file's scrape is a 200 with the other files' series, and
+/// the corrupt file is counted, not named in the response.
+#[test]
+fn a_corrupt_file_is_counted_not_served() {
+    let (_tmp, store, registry) = setup();
+    std::fs::write(
+        file(&store, 1),
+        store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096),
+    )
+    .unwrap();
+    let mut bad = store_bytes(&[(b"a=good".to_vec(), 100.0)], 4096);
+    bad[..4].copy_from_slice(&(1i32 << 30).to_le_bytes());
+    std::fs::write(file(&store, 2), bad).unwrap();
+    std::fs::write(
+        file(&store, 3),
+        store_bytes(&[(b"co%20de=1".to_vec(), 1.0)], 4096),
+    )
+    .unwrap();
+    let (_child, addr, _) = serve(&store, &registry, "all", None);
+    let response = get(addr, "/metrics");
+    assert_eq!(response.status, 200);
+    assert_eq!(
+        String::from_utf8_lossy(&response.body),
+        "# TYPE c counter\n# HELP c h\nc{a=\"good\"} 5.0\n"
+    );
+    assert_eq!(skipped(addr, "files", "corrupt"), 1.0);
+    assert_eq!(skipped(addr, "entries", "invalid_label_name"), 1.0);
+}
+
+/// Item 2: a file whose `flock` a stuck process holds forever costs a scrape
+/// `LOCK_WAIT` (2 s), not the server: the scrape is a 200 with the other
+/// files' series, the file is counted as locked, a concurrent scrape waits
+/// its turn, and SIGTERM completes.
+#[test]
+fn a_file_locked_forever_is_skipped_in_bounded_time() {
+    use std::os::fd::AsRawFd;
+    let (_tmp, store, registry) = setup();
+    std::fs::write(
+        file(&store, 1),
+        store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096),
+    )
+    .unwrap();
+    std::fs::write(
+        file(&store, 2),
+        store_bytes(&[(b"a=good".to_vec(), 100.0)], 4096),
+    )
+    .unwrap();
+    let held = std::fs::File::open(file(&store, 2)).unwrap();
+    promlab::storefile::flock(held.as_raw_fd(), libc::LOCK_EX).unwrap();
+    let (mut child, addr, _) = serve(&store, &registry, "all", None);
+    let started = Instant::now();
+    let other = std::thread::spawn(move || get(addr, "/metrics"));
+    let response = get(addr, "/metrics");
+    let concurrent = other.join().unwrap();
+    let took = started.elapsed();
+    for r in [&response, &concurrent] {
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            String::from_utf8_lossy(&r.body),
+            "# TYPE c counter\n# HELP c h\nc{a=\"good\"} 5.0\n"
+        );
+    }
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    assert_eq!(skipped(addr, "files", "locked"), 2.0);
+    child.terminate(Duration::from_secs(10));
+    drop(held);
+}
