@@ -33,7 +33,7 @@ pub enum IngestError {
     Wire(#[from] WireError),
     #[error("invalid series: {0}")]
     Invalid(String),
-    #[error("{samples} samples in one request exceed the limit of {limit}")]
+    #[error("{samples} samples (or series) in one request exceed the limit of {limit}")]
     TooManySamples { samples: usize, limit: usize },
 }
 
@@ -74,7 +74,9 @@ pub const DEFAULT_CACHE_CAPACITY: usize = 1 << 18;
 /// [`Limits::serving`] is what `promlab serve` starts from.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// More samples than this in one request: the request is refused (413), nothing applied.
+    /// More samples, or more series, than this in one request: the request is
+    /// refused (413), nothing applied. What a request costs while it is applied
+    /// grows with both (the baseline canonicalizes every series anew).
     pub max_samples_per_request: usize,
     /// Groups, pane slots and sketch bins held: past them, samples that need more are
     /// counted (`over_*_limit`) and dropped; the rest of the request is applied.
@@ -109,12 +111,12 @@ impl Limits {
     /// under any traffic (README, "Limits").
     pub fn serving() -> Limits {
         Limits {
-            max_samples_per_request: 1 << 20,
+            max_samples_per_request: 200_000,
             capacity: Capacity {
                 groups: 200_000,
                 group_bytes: 64 << 20,
                 pane_slots: 4 << 20,
-                bins: 32 << 20,
+                bins: 24 << 20,
             },
             max_cache_bytes: 128 << 20,
             max_ahead_ms: Some(10 * 60 * 1000),
@@ -270,9 +272,10 @@ impl Ingester {
         batch: &mut Batch<'a>,
     ) -> Result<Stats, IngestError> {
         self.seams.decode.decode_into(raw, holder, batch)?;
-        if batch.samples.len() > self.limits.max_samples_per_request {
+        let size = batch.samples.len().max(batch.series.len());
+        if size > self.limits.max_samples_per_request {
             return Err(IngestError::TooManySamples {
-                samples: batch.samples.len(),
+                samples: size,
                 limit: self.limits.max_samples_per_request,
             });
         }
