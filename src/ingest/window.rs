@@ -181,9 +181,9 @@ pub struct Accumulator {
     /// its samples are counted and dropped, and it never has a pane.
     overflow: Option<u32>,
     /// Open windows by start; each holds a pane per group id (None until a sample arrives).
-    open: BTreeMap<i64, Vec<Option<PaneSketch>>>,
+    open: BTreeMap<i64, Panes>,
     /// Closed windows, oldest first.
-    closed: VecDeque<(i64, Vec<Option<PaneSketch>>)>,
+    closed: VecDeque<(i64, Panes)>,
 }
 
 impl Accumulator {
@@ -284,22 +284,16 @@ impl Accumulator {
     }
 
     /// The pane of (window, group), created on first use; `None` when that
-    /// needs more pane slots than the budget has left.
+    /// needs more pane slots than the budget has left, even after dropping
+    /// this aggregation's closed windows (the oldest first).
     fn pane(&mut self, start: i64, gid: u32, budget: &mut Budget) -> Option<&mut PaneSketch> {
         use std::collections::btree_map::Entry;
         let gid = gid as usize;
-        let affordable = |budget: &mut Budget, grow: usize| {
-            let ok = budget.held.pane_slots.saturating_add(grow) <= budget.capacity.pane_slots;
-            if ok {
-                budget.held.pane_slots += grow;
-            }
-            ok
-        };
         // No window is created for a refused pane.
         let panes = match self.open.entry(start) {
             Entry::Occupied(o) => o.into_mut(),
             Entry::Vacant(v) => {
-                if !affordable(budget, gid + 1) {
+                if !afford_slots(&mut self.closed, budget, gid + 1) {
                     return None;
                 }
                 v.insert(Vec::new())
@@ -307,7 +301,7 @@ impl Accumulator {
         };
         if panes.len() <= gid {
             // A new window's slots were paid for above (its length is still 0).
-            if !panes.is_empty() && !affordable(budget, gid + 1 - panes.len()) {
+            if !panes.is_empty() && !afford_slots(&mut self.closed, budget, gid + 1 - panes.len()) {
                 return None;
             }
             panes.resize_with(gid + 1, || None);
@@ -349,6 +343,7 @@ impl Accumulator {
         budget: &mut Budget,
     ) {
         let n = values.len() as u64;
+        while budget.held.bins >= budget.capacity.bins && drop_oldest(&mut self.closed, budget) {}
         if budget.held.bins >= budget.capacity.bins {
             stats.over_bin_limit += n;
             return;
@@ -424,10 +419,7 @@ impl Accumulator {
             let panes = self.open.remove(&start).expect("first key");
             self.closed.push_back((start, panes));
             if self.closed.len() > self.keep {
-                let (_, dropped) = self.closed.pop_front().expect("more than keep");
-                let bins: usize = dropped.iter().flatten().map(PaneSketch::bins_len).sum();
-                budget.held.pane_slots = budget.held.pane_slots.saturating_sub(dropped.len());
-                budget.held.bins = budget.held.bins.saturating_sub(bins);
+                drop_oldest(&mut self.closed, budget);
             }
         }
     }
@@ -514,6 +506,36 @@ impl Accumulator {
             bins += p.bins_len();
         }
         (panes, bins)
+    }
+}
+
+/// Panes of one window, by group id.
+type Panes = Vec<Option<PaneSketch>>;
+
+/// Drops the oldest closed window, giving its slots and bins back to the
+/// budget; false when there is none. Past `keep`, or when the budget runs out:
+/// under memory pressure, history goes before new samples.
+fn drop_oldest(closed: &mut VecDeque<(i64, Panes)>, budget: &mut Budget) -> bool {
+    let Some((_, dropped)) = closed.pop_front() else {
+        return false;
+    };
+    let bins: usize = dropped.iter().flatten().map(PaneSketch::bins_len).sum();
+    budget.held.pane_slots = budget.held.pane_slots.saturating_sub(dropped.len());
+    budget.held.bins = budget.held.bins.saturating_sub(bins);
+    true
+}
+
+/// Takes `grow` pane slots from the budget, dropping closed windows (oldest
+/// first) while they are short; false when even that is not enough.
+fn afford_slots(closed: &mut VecDeque<(i64, Panes)>, budget: &mut Budget, grow: usize) -> bool {
+    loop {
+        if budget.held.pane_slots.saturating_add(grow) <= budget.capacity.pane_slots {
+            budget.held.pane_slots += grow;
+            return true;
+        }
+        if !drop_oldest(closed, budget) {
+            return false;
+        }
     }
 }
 
