@@ -12,7 +12,8 @@
 //! | sketch update | per sample: find the pane, `DDSketch::add` | `bulk-sketch`: one pane lookup and one slice add per run |
 //!
 //! A request is all or nothing: it is decoded and every series validated
-//! before any sample is applied, so a 400 changes no window.
+//! before any sample is applied, so a 400 (or a 413) changes no window. Past
+//! the ingester's [`Limits`], single samples are counted and dropped.
 
 use super::plan::{Plan, PlanGeneration};
 use super::seams::{Canonicalize, Route, Seams};
@@ -107,8 +108,9 @@ impl Limits {
         clock: system_clock_ms,
     };
 
-    /// The receiver's defaults: together they keep its RSS under about 1 GiB
-    /// under any traffic (README, "Limits").
+    /// The receiver's defaults, chosen for a 1 GiB budget: under the cardinality
+    /// attack of `experiments/lab/tests/receiver_hostile.rs` the receiver peaks
+    /// at 761 MiB (baseline) and 415 MiB (every strategy).
     pub fn serving() -> Limits {
         Limits {
             max_samples_per_request: 200_000,
