@@ -48,7 +48,7 @@ impl Server {
         let addr = line
             .split("http://")
             .nth(1)
-            .and_then(|rest| rest.split('/').next())
+            .and_then(|rest| rest.split(|c: char| c == '/' || c.is_whitespace()).next())
             .unwrap_or_else(|| panic!("no address in {line:?}"))
             .to_string();
         // Keep draining stderr so the server never blocks on a full pipe.
@@ -403,4 +403,38 @@ fn scenario_size_is_bounded() {
         stderr.contains("--queues") && stderr.contains("100000"),
         "{stderr}"
     );
+}
+
+/// The sidecar runs on the same server loop: a client that never finishes
+/// its headers is cut off after the header timeout, and others are served.
+#[test]
+fn the_sidecar_has_the_same_header_timeout() {
+    let server = Server::start(
+        &[
+            "--scenario",
+            "rabbitmq",
+            "--queues",
+            "10",
+            "--header-timeout-secs",
+            "1",
+        ],
+        None,
+    );
+    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    let mut slow = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    slow.write_all(b"GET /metrics/per-object HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    let n = std::io::Read::read(&mut slow, &mut buf).unwrap_or(0);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(
+        n == 0 || String::from_utf8_lossy(&buf[..n]).contains("408"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    assert_eq!(server.get("/metrics/per-object").0, 200);
 }
