@@ -12,11 +12,16 @@
 //! | sketch update | per sample: find the pane, `DDSketch::add` | `bulk-sketch`: one pane lookup and one slice add per run |
 //!
 //! A request is all or nothing: it is decoded and every series validated
-//! before any sample is applied, so a 400 changes no window.
+//! before any sample is applied, so a 400 (or a 413) changes no window. Past
+//! the ingester's [`Limits`], single samples are counted and dropped.
 
 use super::plan::{Plan, PlanGeneration};
 use super::seams::{Canonicalize, Route, Seams};
-use super::window::{write_group_key, Accumulator, PaneReport, QueryResult, Stats, STALE_NAN_BITS};
+use super::window::{
+    write_group_key, Accumulator, Budget, Capacity, Held, PaneReport, QueryResult, Stats,
+    STALE_NAN_BITS,
+};
+use super::wire::Sample;
 use super::wire::{self, Batch, WireError, WriteRequest};
 use crate::strategy::StrategySet;
 use crate::text::{write_escaped, Escape};
@@ -29,6 +34,8 @@ pub enum IngestError {
     Wire(#[from] WireError),
     #[error("invalid series: {0}")]
     Invalid(String),
+    #[error("{samples} samples (or series) in one request exceed the limit of {limit}")]
+    TooManySamples { samples: usize, limit: usize },
 }
 
 impl IngestError {
@@ -36,6 +43,7 @@ impl IngestError {
     pub fn status(&self) -> u16 {
         match self {
             IngestError::Wire(WireError::TooLarge { .. }) => 413,
+            IngestError::TooManySamples { .. } => 413,
             _ => 400,
         }
     }
@@ -61,6 +69,64 @@ pub struct CacheStats {
 /// Default bound of the series cache (entries; about 200 bytes each).
 pub const DEFAULT_CACHE_CAPACITY: usize = 1 << 18;
 
+/// The bounds an ingester keeps, per instance (an ingester split across threads
+/// gives each part its own). [`Limits::UNBOUNDED`], the library's default, takes
+/// timestamps as they come, as a replay of recorded data must;
+/// [`Limits::serving`] is what `promlab serve` starts from.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// More samples, or more series, than this in one request: the request is
+    /// refused (413), nothing applied. What a request costs while it is applied
+    /// grows with both (the baseline canonicalizes every series anew).
+    pub max_samples_per_request: usize,
+    /// Groups, pane slots and sketch bins held: past them, samples that need more are
+    /// counted (`over_*_limit`) and dropped; the rest of the request is applied.
+    pub capacity: Capacity,
+    /// Bytes of the series cache (raw labels and keys); past them it is cleared, as when full.
+    pub max_cache_bytes: usize,
+    /// `Some(ms)`: a sample stamped later than `clock() + ms` is counted
+    /// (`too_far_ahead`) and dropped, and the watermark never passes
+    /// `clock() - lateness`, so no sender can close a window before its time.
+    pub max_ahead_ms: Option<i64>,
+    /// Now, in ms since the epoch (only read when `max_ahead_ms` is set).
+    pub clock: fn() -> i64,
+}
+
+/// The system clock in ms since the epoch.
+pub fn system_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Limits {
+    pub const UNBOUNDED: Limits = Limits {
+        max_samples_per_request: usize::MAX,
+        capacity: Capacity::UNBOUNDED,
+        max_cache_bytes: usize::MAX,
+        max_ahead_ms: None,
+        clock: system_clock_ms,
+    };
+
+    /// The receiver's defaults, chosen for a 1 GiB budget: under the cardinality
+    /// attack of `experiments/lab/tests/receiver_hostile.rs` the receiver peaks
+    /// at 761 MiB (baseline) and 415 MiB (every strategy).
+    pub fn serving() -> Limits {
+        Limits {
+            max_samples_per_request: 200_000,
+            capacity: Capacity {
+                groups: 200_000,
+                group_bytes: 64 << 20,
+                pane_slots: 4 << 20,
+                bins: 24 << 20,
+            },
+            max_cache_bytes: 128 << 20,
+            max_ahead_ms: Some(10 * 60 * 1000),
+            clock: system_clock_ms,
+        }
+    }
+}
+
 pub struct Ingester {
     /// What it was built with: reported, never consulted (the seams are).
     strategies: StrategySet,
@@ -71,6 +137,8 @@ pub struct Ingester {
     dests: Vec<(u16, u32)>,
     watermark: i64,
     totals: Stats,
+    limits: Limits,
+    budget: Budget,
     cache: SeriesCache,
     max_decoded: usize,
     decompressed: Vec<u8>,
@@ -96,6 +164,8 @@ impl Ingester {
             dests: Vec::new(),
             watermark: i64::MIN,
             totals: Stats::default(),
+            limits: Limits::UNBOUNDED,
+            budget: Budget::new(Capacity::UNBOUNDED),
             cache: SeriesCache::new(DEFAULT_CACHE_CAPACITY),
             max_decoded: 32 << 20,
             decompressed: Vec::new(),
@@ -115,6 +185,23 @@ impl Ingester {
     pub fn with_cache_capacity(mut self, entries: usize) -> Self {
         self.cache.capacity = entries;
         self
+    }
+
+    /// Bounds what this ingester takes and holds (see [`Limits`]).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self.budget.capacity = limits.capacity;
+        self.cache.max_bytes = limits.max_cache_bytes;
+        self
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// What the ingester holds of what its limits bound.
+    pub fn held(&self) -> Held {
+        self.budget.held
     }
 
     pub fn strategies(&self) -> StrategySet {
@@ -147,6 +234,7 @@ impl Ingester {
                 _ => Accumulator::new(agg.clone(), plan.keep_windows, self.seams.sketch),
             })
             .collect();
+        self.budget.recount(&self.accumulators);
         // Destination ids are renumbered from the surviving groups.
         self.dests.clear();
         let mut next = 0u32;
@@ -186,6 +274,13 @@ impl Ingester {
         batch: &mut Batch<'a>,
     ) -> Result<Stats, IngestError> {
         self.seams.decode.decode_into(raw, holder, batch)?;
+        let size = batch.samples.len().max(batch.series.len());
+        if size > self.limits.max_samples_per_request {
+            return Err(IngestError::TooManySamples {
+                samples: size,
+                limit: self.limits.max_samples_per_request,
+            });
+        }
         let resolved = self.resolve(batch)?;
         let mut stats = Stats {
             requests: 1,
@@ -194,16 +289,25 @@ impl Ingester {
             metadata: batch.metadata as u64,
             ..Stats::default()
         };
+        // Samples stamped after `latest` are too far ahead of the clock; the
+        // watermark stays `lateness` behind both the newest sample and the clock.
+        let now = self.limits.max_ahead_ms.map(|_| (self.limits.clock)());
+        let latest = match (now, self.limits.max_ahead_ms) {
+            (Some(now), Some(ahead)) => now.saturating_add(ahead),
+            _ => i64::MAX,
+        };
         let newest = match self.seams.route {
-            Route::Batched => self.route_batched(batch, &resolved, &mut stats),
-            Route::PerSample => self.route_per_sample(batch, &resolved, &mut stats),
+            Route::Batched => self.route_batched(batch, &resolved, latest, &mut stats),
+            Route::PerSample => self.route_per_sample(batch, &resolved, latest, &mut stats),
         };
         if let Resolved::Cached(ids) = resolved {
             self.spare_ids = ids;
             self.cache.evict_if_full();
         }
         if let Some(newest) = newest {
-            self.advance(newest.saturating_sub(self.plan.plan.lateness_ms()));
+            let lateness = self.plan.plan.lateness_ms();
+            let newest = now.map_or(newest, |now| newest.min(now));
+            self.advance(newest.saturating_sub(lateness));
         }
         self.totals.merge(&stats);
         Ok(stats)
@@ -213,7 +317,7 @@ impl Ingester {
         if watermark > self.watermark {
             self.watermark = watermark;
             for acc in &mut self.accumulators {
-                acc.close_through(watermark);
+                acc.close_through(watermark, &mut self.budget);
             }
         }
     }
@@ -330,7 +434,7 @@ impl Ingester {
     fn intern(&mut self, agg: u16, group_key: &[u8]) -> (u32, u32) {
         let mut next = self.dests.len() as u32;
         let acc = &mut self.accumulators[agg as usize];
-        let gid = acc.intern(group_key, &mut next);
+        let gid = acc.intern(group_key, &mut next, &mut self.budget);
         if next as usize > self.dests.len() {
             self.dests.push((agg, gid));
         }
@@ -344,13 +448,14 @@ impl Ingester {
         &mut self,
         batch: &Batch<'_>,
         resolved: &Resolved,
+        latest: i64,
         stats: &mut Stats,
     ) -> Option<i64> {
         let mut routed: HashMap<(u16, String), Vec<RoutedSample>> = HashMap::new();
         let mut newest: Option<i64> = None;
         for (i, span) in batch.series.iter().enumerate() {
             for sample in batch.series_samples(span) {
-                if !classify(sample.value, stats) {
+                if !classify(sample, latest, stats) {
                     continue;
                 }
                 let mut matched = false;
@@ -385,7 +490,14 @@ impl Ingester {
                 ts.push(s.timestamp);
                 values.push(s.value);
             }
-            self.accumulators[agg as usize].add(gid, &ts, &values, watermark, stats);
+            self.accumulators[agg as usize].add(
+                gid,
+                &ts,
+                &values,
+                watermark,
+                stats,
+                &mut self.budget,
+            );
         }
         newest
     }
@@ -400,6 +512,7 @@ impl Ingester {
         &mut self,
         batch: &Batch<'_>,
         resolved: &Resolved,
+        latest: i64,
         stats: &mut Stats,
     ) -> Option<i64> {
         let mut sc = std::mem::take(&mut self.scratch);
@@ -441,7 +554,7 @@ impl Ingester {
             let samples = batch.series_samples(span);
             if d0 == d1 {
                 for sample in samples {
-                    if classify(sample.value, stats) {
+                    if classify(sample, latest, stats) {
                         stats.unrouted += 1;
                     }
                 }
@@ -449,7 +562,7 @@ impl Ingester {
             }
             let mut valid = 0u32;
             for sample in samples {
-                if classify(sample.value, stats) {
+                if classify(sample, latest, stats) {
                     valid += 1;
                     newest = newest.max(Some(sample.timestamp));
                 }
@@ -470,7 +583,7 @@ impl Ingester {
                 let (d0, d1) = sc.dest_ranges[i as usize];
                 let dests = &dest_ids[d0 as usize..d1 as usize];
                 for sample in batch.series_samples(&batch.series[i as usize]) {
-                    if !sample.value.is_finite() {
+                    if !takes(sample, latest) {
                         continue;
                     }
                     for &d in dests {
@@ -494,6 +607,7 @@ impl Ingester {
                     &sc.values[a..b],
                     watermark,
                     stats,
+                    &mut self.budget,
                 );
             }
         }
@@ -504,18 +618,29 @@ impl Ingester {
     }
 }
 
-/// `false` for samples that go nowhere: stale markers (skipped) and other NaN/±Inf (rejected).
+/// `false` for samples that go nowhere: stale markers (skipped), other NaN/±Inf
+/// (rejected), and samples stamped after `latest` (too far ahead).
 #[inline]
-fn classify(v: f64, stats: &mut Stats) -> bool {
-    if v.is_finite() {
+fn classify(sample: &Sample, latest: i64, stats: &mut Stats) -> bool {
+    if takes(sample, latest) {
         return true;
     }
-    if v.to_bits() == STALE_NAN_BITS {
-        stats.stale += 1;
+    if !sample.value.is_finite() {
+        if sample.value.to_bits() == STALE_NAN_BITS {
+            stats.stale += 1;
+        } else {
+            stats.rejected += 1;
+        }
     } else {
-        stats.rejected += 1;
+        stats.too_far_ahead += 1;
     }
     false
+}
+
+/// What [`classify`] lets through, without counting.
+#[inline]
+fn takes(sample: &Sample, latest: i64) -> bool {
+    sample.value.is_finite() && sample.timestamp <= latest
 }
 
 /// A sample on its way to an accumulator, as upstream carries it.
@@ -786,12 +911,18 @@ struct SeriesCache {
     /// The entry tried first by the next lookup.
     next_guess: u32,
     capacity: usize,
+    /// Bytes held by the entries (raw labels, keys), and their bound.
+    bytes: usize,
+    max_bytes: usize,
     generation: u64,
     hits: u64,
     misses: u64,
     evicted: u64,
     invalidated: u64,
 }
+
+/// Bytes of an entry besides its keys (the entry, its index slot, a destination).
+const CACHE_ENTRY_OVERHEAD: usize = 64;
 
 struct CacheEntry {
     raw: (u32, u32),
@@ -810,6 +941,8 @@ impl SeriesCache {
             dest_keys: Vec::new(),
             next_guess: 0,
             capacity,
+            bytes: 0,
+            max_bytes: usize::MAX,
             generation: 0,
             hits: 0,
             misses: 0,
@@ -825,6 +958,7 @@ impl SeriesCache {
         self.dest_ids.clear();
         self.dest_keys.clear();
         self.next_guess = 0;
+        self.bytes = 0;
     }
 
     fn check_generation(&mut self, generation: u64) {
@@ -838,7 +972,7 @@ impl SeriesCache {
     /// Dropping everything at once keeps the bound simple; it happens between
     /// requests only, so entry ids stay valid while a request is routed.
     fn evict_if_full(&mut self) {
-        if self.entries.len() > self.capacity {
+        if self.entries.len() > self.capacity || self.bytes > self.max_bytes {
             self.evicted += self.entries.len() as u64;
             self.clear();
         }
@@ -888,7 +1022,9 @@ impl SeriesCache {
         let at = self.arena.len() as u32;
         self.arena.extend_from_slice(raw);
         let first_dest = self.dest_ids.len() as u32;
+        self.bytes += CACHE_ENTRY_OVERHEAD + raw.len() + series_key.len();
         for (dest, agg, group_key) in dests {
+            self.bytes += group_key.len() + 32;
             self.dest_ids.push(dest);
             self.dest_keys.push((agg, group_key));
         }

@@ -32,6 +32,14 @@ pub struct Stats {
     /// Finite samples of series no aggregation matches.
     pub unrouted: u64,
     pub metadata: u64,
+    /// Samples stamped further ahead of the ingester's clock than its limits allow, dropped.
+    pub too_far_ahead: u64,
+    /// (Sample, aggregation) pairs of a new group past the group limit, dropped.
+    pub over_group_limit: u64,
+    /// (Sample, aggregation) pairs that needed a pane past the pane limit, dropped.
+    pub over_pane_limit: u64,
+    /// (Sample, aggregation) pairs that arrived with the sketch bins at their limit, dropped.
+    pub over_bin_limit: u64,
 }
 
 impl Stats {
@@ -45,6 +53,10 @@ impl Stats {
         self.rejected += o.rejected;
         self.unrouted += o.unrouted;
         self.metadata += o.metadata;
+        self.too_far_ahead += o.too_far_ahead;
+        self.over_group_limit += o.over_group_limit;
+        self.over_pane_limit += o.over_pane_limit;
+        self.over_bin_limit += o.over_bin_limit;
     }
 }
 
@@ -87,6 +99,72 @@ pub fn parse_group_key(key: &[u8]) -> Vec<Vec<u8>> {
     values
 }
 
+/// How much of each bounded resource an ingester may hold, across its aggregations.
+/// Per ingester: an ingester split across threads gives each part its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Groups (distinct group-by value tuples), over all aggregations.
+    pub groups: usize,
+    /// Bytes of the group keys (each held twice: as key and as labels).
+    pub group_bytes: usize,
+    /// Pane slots: per window, one per group id up to the highest that has a pane there.
+    pub pane_slots: usize,
+    /// Sketch bins (8 bytes each), over every pane.
+    pub bins: usize,
+}
+
+impl Capacity {
+    pub const UNBOUNDED: Capacity = Capacity {
+        groups: usize::MAX,
+        group_bytes: usize::MAX,
+        pane_slots: usize::MAX,
+        bins: usize::MAX,
+    };
+}
+
+/// What an ingester holds of what [`Capacity`] bounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    pub groups: usize,
+    pub group_bytes: usize,
+    pub pane_slots: usize,
+    pub bins: usize,
+}
+
+impl Held {
+    fn merge(&mut self, o: &Held) {
+        self.groups += o.groups;
+        self.group_bytes += o.group_bytes;
+        self.pane_slots += o.pane_slots;
+        self.bins += o.bins;
+    }
+}
+
+/// The capacity and what is held of it, threaded through every accumulator of an ingester.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    pub capacity: Capacity,
+    pub held: Held,
+}
+
+impl Budget {
+    pub fn new(capacity: Capacity) -> Self {
+        Budget {
+            capacity,
+            held: Held::default(),
+        }
+    }
+
+    /// Recounts what `accumulators` hold (after a plan change).
+    pub fn recount<'a>(&mut self, accumulators: impl IntoIterator<Item = &'a Accumulator>) {
+        let mut held = Held::default();
+        for acc in accumulators {
+            held.merge(&acc.held());
+        }
+        self.held = held;
+    }
+}
+
 /// One aggregation's groups and windows.
 pub struct Accumulator {
     pub agg: Aggregation,
@@ -99,10 +177,13 @@ pub struct Accumulator {
     /// Per group id: its labels (present ones, group-by order) and global destination id.
     groups: Vec<(Vec<(String, String)>, u32)>,
     group_ids: HashMap<Box<[u8]>, u32>,
+    /// The group id every new group key gets once the group limit is reached:
+    /// its samples are counted and dropped, and it never has a pane.
+    overflow: Option<u32>,
     /// Open windows by start; each holds a pane per group id (None until a sample arrives).
-    open: BTreeMap<i64, Vec<Option<PaneSketch>>>,
+    open: BTreeMap<i64, Panes>,
     /// Closed windows, oldest first.
-    closed: VecDeque<(i64, Vec<Option<PaneSketch>>)>,
+    closed: VecDeque<(i64, Panes)>,
 }
 
 impl Accumulator {
@@ -115,17 +196,33 @@ impl Accumulator {
             sketch,
             groups: Vec::new(),
             group_ids: HashMap::new(),
+            overflow: None,
             open: BTreeMap::new(),
             closed: VecDeque::new(),
         }
     }
 
     /// The group id of a group key, creating the group (with global destination
-    /// id `*next_dest`, then bumped) on first sight.
-    pub fn intern(&mut self, key: &[u8], next_dest: &mut u32) -> u32 {
+    /// id `*next_dest`, then bumped) on first sight; past the budget's group
+    /// limit, the overflow group's id.
+    pub fn intern(&mut self, key: &[u8], next_dest: &mut u32, budget: &mut Budget) -> u32 {
         if let Some(&gid) = self.group_ids.get(key) {
             return gid;
         }
+        let (held, capacity) = (&mut budget.held, &budget.capacity);
+        let bytes = 2 * key.len();
+        if held.groups >= capacity.groups
+            || held.group_bytes.saturating_add(bytes) > capacity.group_bytes
+        {
+            return *self.overflow.get_or_insert_with(|| {
+                let gid = self.groups.len() as u32;
+                self.groups.push((Vec::new(), *next_dest));
+                *next_dest += 1;
+                gid
+            });
+        }
+        held.groups += 1;
+        held.group_bytes += bytes;
         let gid = self.groups.len() as u32;
         let labels = self
             .agg
@@ -156,6 +253,26 @@ impl Accumulator {
         self.groups[gid as usize].1
     }
 
+    /// What this aggregation holds of what [`Capacity`] bounds.
+    pub fn held(&self) -> Held {
+        let windows = self.closed.iter().map(|(_, p)| p).chain(self.open.values());
+        let mut held = Held {
+            groups: self.group_ids.len(),
+            group_bytes: self.group_ids.keys().map(|k| 2 * k.len()).sum(),
+            ..Held::default()
+        };
+        for panes in windows {
+            held.pane_slots += panes.len();
+            held.bins += panes
+                .iter()
+                .flatten()
+                .map(PaneSketch::bins_len)
+                .sum::<usize>();
+        }
+        held
+    }
+
+    /// The start of `ts`'s window (`window_ms` is at least 1; the arithmetic saturates).
     #[inline]
     fn window_start(&self, ts: i64) -> i64 {
         ts.div_euclid(self.window_ms).saturating_mul(self.window_ms)
@@ -166,23 +283,82 @@ impl Accumulator {
         start.saturating_add(self.window_ms) <= watermark
     }
 
-    fn pane(&mut self, start: i64, gid: u32) -> &mut PaneSketch {
-        let panes = self.open.entry(start).or_default();
+    /// The pane of (window, group), created on first use; `None` when that
+    /// needs more pane slots than the budget has left, even after dropping
+    /// this aggregation's closed windows (the oldest first).
+    fn pane(&mut self, start: i64, gid: u32, budget: &mut Budget) -> Option<&mut PaneSketch> {
+        use std::collections::btree_map::Entry;
         let gid = gid as usize;
+        // No window is created for a refused pane.
+        let panes = match self.open.entry(start) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                if !afford_slots(&mut self.closed, budget, gid + 1) {
+                    return None;
+                }
+                v.insert(Vec::new())
+            }
+        };
         if panes.len() <= gid {
+            // A new window's slots were paid for above (its length is still 0).
+            if !panes.is_empty() && !afford_slots(&mut self.closed, budget, gid + 1 - panes.len()) {
+                return None;
+            }
             panes.resize_with(gid + 1, || None);
         }
         let (config, sketch) = (self.config, self.sketch);
-        panes[gid].get_or_insert_with(|| PaneSketch::new(config, sketch))
+        Some(panes[gid].get_or_insert_with(|| PaneSketch::new(config, sketch)))
     }
 
     /// The sketch-update seam: one group's samples (finite values), in order.
     #[inline(never)] // one call per (group, request); kept apart so profiles show the seam
-    pub fn add(&mut self, gid: u32, ts: &[i64], values: &[f64], watermark: i64, stats: &mut Stats) {
-        match self.sketch {
-            SketchUpdate::Runs => self.add_runs(gid, ts, values, watermark, stats),
-            SketchUpdate::PerSample => self.add_each(gid, ts, values, watermark, stats),
+    pub fn add(
+        &mut self,
+        gid: u32,
+        ts: &[i64],
+        values: &[f64],
+        watermark: i64,
+        stats: &mut Stats,
+        budget: &mut Budget,
+    ) {
+        if self.overflow == Some(gid) {
+            stats.over_group_limit += ts.len() as u64;
+            return;
         }
+        match self.sketch {
+            SketchUpdate::Runs => self.add_runs(gid, ts, values, watermark, stats, budget),
+            SketchUpdate::PerSample => self.add_each(gid, ts, values, watermark, stats, budget),
+        }
+    }
+
+    /// Adds `values` to one pane, keeping the budget's bin count; false when
+    /// the bins are at their limit or a pane slot is not to be had.
+    #[inline]
+    fn add_to_pane(
+        &mut self,
+        start: i64,
+        gid: u32,
+        values: &[f64],
+        stats: &mut Stats,
+        budget: &mut Budget,
+    ) {
+        let n = values.len() as u64;
+        while budget.held.bins >= budget.capacity.bins && drop_oldest(&mut self.closed, budget) {}
+        if budget.held.bins >= budget.capacity.bins {
+            stats.over_bin_limit += n;
+            return;
+        }
+        let Some(pane) = self.pane(start, gid, budget) else {
+            stats.over_pane_limit += n;
+            return;
+        };
+        let before = pane.bins_len();
+        match values {
+            [v] => pane.add(*v),
+            _ => pane.add_slice(values),
+        }
+        budget.held.bins = (budget.held.bins + pane.bins_len()).saturating_sub(before);
+        stats.accepted += n;
     }
 
     /// Reference: per sample, find the window's pane and `DDSketch::add`.
@@ -193,6 +369,7 @@ impl Accumulator {
         values: &[f64],
         watermark: i64,
         stats: &mut Stats,
+        budget: &mut Budget,
     ) {
         for (&t, &v) in ts.iter().zip(values) {
             let start = self.window_start(t);
@@ -200,8 +377,7 @@ impl Accumulator {
                 stats.late += 1;
                 continue;
             }
-            self.pane(start, gid).add(v);
-            stats.accepted += 1;
+            self.add_to_pane(start, gid, std::slice::from_ref(&v), stats, budget);
         }
     }
 
@@ -213,6 +389,7 @@ impl Accumulator {
         values: &[f64],
         watermark: i64,
         stats: &mut Stats,
+        budget: &mut Budget,
     ) {
         let mut i = 0;
         while i < ts.len() {
@@ -226,15 +403,15 @@ impl Accumulator {
             if self.is_closed(start, watermark) {
                 stats.late += run as u64;
             } else {
-                self.pane(start, gid).add_slice(&values[i..i + run]);
-                stats.accepted += run as u64;
+                self.add_to_pane(start, gid, &values[i..i + run], stats, budget);
             }
             i += run;
         }
     }
 
-    /// Closes every open window whose end the watermark has reached.
-    pub fn close_through(&mut self, watermark: i64) {
+    /// Closes every open window whose end the watermark has reached, and gives
+    /// the budget back what the windows dropped past `keep` held.
+    pub fn close_through(&mut self, watermark: i64, budget: &mut Budget) {
         while let Some((&start, _)) = self.open.first_key_value() {
             if !self.is_closed(start, watermark) {
                 break;
@@ -242,7 +419,7 @@ impl Accumulator {
             let panes = self.open.remove(&start).expect("first key");
             self.closed.push_back((start, panes));
             if self.closed.len() > self.keep {
-                self.closed.pop_front();
+                drop_oldest(&mut self.closed, budget);
             }
         }
     }
@@ -332,6 +509,36 @@ impl Accumulator {
     }
 }
 
+/// Panes of one window, by group id.
+type Panes = Vec<Option<PaneSketch>>;
+
+/// Drops the oldest closed window, giving its slots and bins back to the
+/// budget; false when there is none. Past `keep`, or when the budget runs out:
+/// under memory pressure, history goes before new samples.
+fn drop_oldest(closed: &mut VecDeque<(i64, Panes)>, budget: &mut Budget) -> bool {
+    let Some((_, dropped)) = closed.pop_front() else {
+        return false;
+    };
+    let bins: usize = dropped.iter().flatten().map(PaneSketch::bins_len).sum();
+    budget.held.pane_slots = budget.held.pane_slots.saturating_sub(dropped.len());
+    budget.held.bins = budget.held.bins.saturating_sub(bins);
+    true
+}
+
+/// Takes `grow` pane slots from the budget, dropping closed windows (oldest
+/// first) while they are short; false when even that is not enough.
+fn afford_slots(closed: &mut VecDeque<(i64, Panes)>, budget: &mut Budget, grow: usize) -> bool {
+    loop {
+        if budget.held.pane_slots.saturating_add(grow) <= budget.capacity.pane_slots {
+            budget.held.pane_slots += grow;
+            return true;
+        }
+        if !drop_oldest(closed, budget) {
+            return false;
+        }
+    }
+}
+
 /// One pane's outcome, exactly (quantiles as bits).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct PaneReport {
@@ -395,7 +602,8 @@ mod tests {
             SketchUpdate::PerSample,
         );
         let mut next = 0;
-        let g = acc.intern(b"\"g0\"", &mut next);
+        let mut budget = Budget::new(Capacity::UNBOUNDED);
+        let g = acc.intern(b"\"g0\"", &mut next, &mut budget);
         let mut stats = Stats::default();
         acc.add(
             g,
@@ -403,10 +611,11 @@ mod tests {
             &[1.0, 2.0, 3.0],
             i64::MIN,
             &mut stats,
+            &mut budget,
         );
-        acc.close_through(60_000);
+        acc.close_through(60_000, &mut budget);
         assert_eq!(acc.last_closed(), Some(0));
-        acc.add(g, &[30_000], &[9.0], 60_000, &mut stats);
+        acc.add(g, &[30_000], &[9.0], 60_000, &mut stats, &mut budget);
         assert_eq!((stats.accepted, stats.late), (3, 1));
         let q = acc.query(None);
         assert_eq!(q.groups[0].count, 2);

@@ -72,17 +72,28 @@ pub enum WireError {
     Protobuf(String),
 }
 
-/// Decompresses a snappy block into `out` (cleared first). The decoded length is
-/// read from the block header and checked against `limit` before anything is
-/// allocated.
-pub fn decompress(body: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), WireError> {
-    let len = snap::raw::decompress_len(body).map_err(|e| WireError::Snappy(e.to_string()))?;
+/// The decoded length a snappy block's header announces, at most `limit`. A
+/// header over snappy's own 4 GiB maximum is too large too, not malformed.
+fn decoded_len(body: &[u8], limit: usize) -> Result<usize, WireError> {
+    let len = match snap::raw::decompress_len(body) {
+        Ok(len) => len,
+        Err(snap::Error::TooBig { given, .. }) => usize::try_from(given).unwrap_or(usize::MAX),
+        Err(e) => return Err(WireError::Snappy(e.to_string())),
+    };
     if len > limit {
         return Err(WireError::TooLarge {
             decoded: len,
             limit,
         });
     }
+    Ok(len)
+}
+
+/// Decompresses a snappy block into `out` (cleared first). The decoded length is
+/// read from the block header and checked against `limit` before anything is
+/// allocated.
+pub fn decompress(body: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), WireError> {
+    let len = decoded_len(body, limit)?;
     out.clear();
     out.resize(len, 0);
     let n = snap::raw::Decoder::new()
@@ -99,13 +110,7 @@ pub fn decompress_reusing<'b>(
     limit: usize,
     buf: &'b mut Vec<u8>,
 ) -> Result<&'b [u8], WireError> {
-    let len = snap::raw::decompress_len(body).map_err(|e| WireError::Snappy(e.to_string()))?;
-    if len > limit {
-        return Err(WireError::TooLarge {
-            decoded: len,
-            limit,
-        });
-    }
+    let len = decoded_len(body, limit)?;
     if buf.len() < len {
         buf.resize(len, 0);
     }
@@ -728,12 +733,25 @@ mod tests {
         );
         decompress(&body, 1000, &mut out).unwrap();
         assert_eq!(out, vec![7u8; 1000]);
-        // A header claiming 4 GiB is refused without allocating it.
+        // A header claiming 4 GiB is refused without allocating it; so is one
+        // past snappy's own maximum (2^32 and more: issue 12, item 9, gave 400).
         let bogus = [0xff, 0xff, 0xff, 0xff, 0x0f, 0x00];
         assert!(matches!(
             decompress(&bogus, 1 << 20, &mut out),
             Err(WireError::TooLarge { .. })
         ));
+        for header in [
+            &[0x80, 0x80, 0x80, 0x80, 0x10][..],
+            &[0xff, 0xff, 0xff, 0xff, 0x7f],
+        ] {
+            assert!(
+                matches!(
+                    decompress(header, 1 << 20, &mut out),
+                    Err(WireError::TooLarge { decoded, .. }) if decoded >= 1 << 32
+                ),
+                "{header:?}"
+            );
+        }
         assert!(matches!(
             decompress(b"\x05abc", 100, &mut out),
             Err(WireError::Snappy(_))

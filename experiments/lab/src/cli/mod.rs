@@ -6,8 +6,10 @@ mod soak;
 pub use flamegraph::{flamegraph, FlamegraphArgs};
 pub use soak::{soak, SoakArgs};
 
+use crate::serve::ServerLimits;
 use anyhow::{bail, Context, Result};
 use promlab::formenc::Dialect;
+use promlab::ingest::pipeline::Limits;
 use promlab::registry::Registry;
 use promlab::store::{Client, ClientConfig};
 use promlab::strategy::StrategySet;
@@ -163,9 +165,11 @@ pub struct ServeArgs {
     /// A built-in scenario to serve (`rabbitmq`).
     #[arg(long, conflicts_with = "store")]
     pub scenario: Option<String>,
-    /// Scale of the rabbitmq scenario (10,000 queues give ~630k series).
-    #[arg(long, default_value_t = 10_000, requires = "scenario")]
-    pub queues: usize,
+    /// Scale of the rabbitmq scenario (10,000 queues give ~630k series; at most
+    /// 100,000, whose ~6.3M series take some GB to build).
+    #[arg(long, default_value_t = 10_000, requires = "scenario",
+          value_parser = clap::value_parser!(u32).range(1..=MAX_QUEUES as i64))]
+    pub queues: u32,
     /// Mix awkward names (quotes, backslashes, newlines, non-ASCII) into the scenario.
     #[arg(long, requires = "scenario")]
     pub awkward_names: bool,
@@ -175,10 +179,69 @@ pub struct ServeArgs {
     /// Largest accepted request body, compressed and decoded, in bytes (receiver only).
     #[arg(long, default_value_t = 32 << 20, conflicts_with_all = ["store", "scenario"])]
     pub max_body_bytes: usize,
+    /// Receiver: more samples than this in one request is a 413.
+    #[arg(long, default_value_t = Limits::serving().max_samples_per_request, conflicts_with_all = ["store", "scenario"])]
+    pub max_samples_per_request: usize,
+    /// Receiver: groups held, over all aggregations; samples of new groups past it are counted and dropped.
+    #[arg(long, default_value_t = Limits::serving().capacity.groups, conflicts_with_all = ["store", "scenario"])]
+    pub max_groups: usize,
+    /// Receiver: pane slots held (per window, one per group id up to the highest with a pane there).
+    #[arg(long, default_value_t = Limits::serving().capacity.pane_slots, conflicts_with_all = ["store", "scenario"])]
+    pub max_pane_slots: usize,
+    /// Receiver: DDSketch bins held (8 bytes each), over every pane.
+    #[arg(long, default_value_t = Limits::serving().capacity.bins, conflicts_with_all = ["store", "scenario"])]
+    pub max_bins: usize,
+    /// Receiver: how far ahead of this machine's clock a sample may be stamped; later
+    /// ones are counted (`too_far_ahead`) and dropped. 0 turns the bound off (for
+    /// replays of recorded timestamps that lie ahead).
+    #[arg(long, default_value_t = 600, conflicts_with_all = ["store", "scenario"])]
+    pub max_ahead_secs: u64,
+    /// Connections served at once (more wait); kept under 3/4 of the open-file limit too.
+    #[arg(long, default_value_t = ServerLimits::default().max_connections as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Seconds a client has to send a request's headers (also the keep-alive idle timeout).
+    #[arg(long, default_value_t = ServerLimits::default().header_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout_secs: u64,
+    /// Seconds a client has to send the body and the server to answer (408 past it).
+    #[arg(long, default_value_t = ServerLimits::default().request_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub request_timeout_secs: u64,
+    /// Seconds open connections get to finish after SIGTERM or Ctrl-C before they are closed.
+    #[arg(long, default_value_t = ServerLimits::default().shutdown_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub shutdown_timeout_secs: u64,
     /// Strategies to use: a comma-separated list, `none` (the baseline), `all`, or
     /// `default` (the build's features; every strategy when none was named).
     #[arg(long, default_value = "default")]
     pub strategies: promlab::strategy::StrategySet,
+}
+
+/// The largest `--queues` of the rabbitmq scenario.
+pub const MAX_QUEUES: u32 = 100_000;
+
+impl ServeArgs {
+    fn server_limits(&self) -> ServerLimits {
+        use std::time::Duration;
+        ServerLimits {
+            max_connections: self.max_connections as usize,
+            header_timeout: Duration::from_secs(self.header_timeout_secs),
+            request_timeout: Duration::from_secs(self.request_timeout_secs),
+            shutdown_timeout: Duration::from_secs(self.shutdown_timeout_secs),
+        }
+    }
+
+    fn ingest_limits(&self) -> Limits {
+        let mut limits = Limits::serving();
+        limits.max_samples_per_request = self.max_samples_per_request;
+        limits.capacity.groups = self.max_groups;
+        limits.capacity.pane_slots = self.max_pane_slots;
+        limits.capacity.bins = self.max_bins;
+        limits.max_ahead_ms = (self.max_ahead_secs > 0)
+            .then(|| i64::try_from(self.max_ahead_secs.saturating_mul(1000)).unwrap_or(i64::MAX));
+        limits
+    }
 }
 
 /// `promlab ablate`: verify, then measure, every strategy on built-in scenarios.
@@ -281,16 +344,26 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         let registry = Registry::load(registry_path)?;
         warn_unmatched_metrics(dir, &registry)?;
         let exporter = promlab::export::Exporter::new(dir, registry, args.strategies);
-        return metrics::serve(listen(9394)?, Source::Store(exporter), args.strategies);
+        return metrics::serve(
+            listen(9394)?,
+            Source::Store(exporter),
+            args.strategies,
+            args.server_limits(),
+        );
     }
     match args.scenario.as_deref() {
         Some("rabbitmq") => {
             let scenario = promlab::render::rabbitmq::RabbitMqNode::build(
-                args.queues,
+                args.queues as usize,
                 args.awkward_names,
                 args.strategies,
             )?;
-            metrics::serve(listen(9394)?, Source::Scenario(scenario), args.strategies)
+            metrics::serve(
+                listen(9394)?,
+                Source::Scenario(scenario),
+                args.strategies,
+                args.server_limits(),
+            )
         }
         Some(other) => bail!("unknown scenario `{other}` (known: rabbitmq)"),
         None => crate::serve::receiver::serve(crate::serve::receiver::ReceiverConfig {
@@ -298,6 +371,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             plan: args.plan.clone(),
             max_body_bytes: args.max_body_bytes,
             strategies: args.strategies,
+            limits: args.ingest_limits(),
+            server: args.server_limits(),
         }),
     }
 }

@@ -186,9 +186,14 @@ pub fn app(source: Source) -> Router {
 
 /// Serves `source` on `listen` until Ctrl-C or SIGTERM (blocking; builds its own runtime).
 /// The first line it prints names the address and the strategies.
-pub fn serve(listen: SocketAddr, source: Source, strategies: StrategySet) -> Result<()> {
+pub fn serve(
+    listen: SocketAddr,
+    source: Source,
+    strategies: StrategySet,
+    limits: super::ServerLimits,
+) -> Result<()> {
     let described = source.describe();
-    super::run(listen, None, app(source), |addr| {
+    super::run(listen, None, app(source), limits, |addr| {
         eprintln!("promlab: serving {described} on http://{addr} (strategies: {strategies})")
     })
 }

@@ -1,22 +1,75 @@
 //! The long-running servers: `/metrics` for a store or the RabbitMQ scenario
 //! ([`metrics`]) and the remote-write receiver ([`receiver`]). Each takes a typed
-//! config; the command line builds it.
+//! config; the command line builds it. Both run on [`run`], which bounds what a
+//! client can hold: connections, time to send headers, time per request, and
+//! time to shut down.
 
 pub mod metrics;
 pub mod receiver;
 
 use anyhow::{Context, Result};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What one client may hold of a server, and how long shutdown may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Connections served at once; more wait in the listen backlog. Also kept
+    /// under the process's open-file limit (see [`ServerLimits::connection_cap`]).
+    pub max_connections: usize,
+    /// Time for a request's headers to arrive, counted from when the server
+    /// starts waiting for them (so it is also a keep-alive idle timeout).
+    pub header_timeout: Duration,
+    /// Time for the body to arrive and the answer to be made (408 past it).
+    pub request_timeout: Duration,
+    /// After SIGTERM or Ctrl-C, time for open connections to finish before they are closed.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 512,
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServerLimits {
+    /// `max_connections`, but at most three quarters of the open-file limit, so
+    /// that files the server opens (store files, the plan) still find a descriptor.
+    pub fn connection_cap(&self) -> usize {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct it is given, nothing else.
+        let files = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+            usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+        } else {
+            1024
+        };
+        self.max_connections.min(files / 4 * 3).max(1)
+    }
+}
 
 /// Binds `listen`, tells `announce` the bound address (tests and scripts read
 /// that line to learn the port of `--listen 127.0.0.1:0`), and serves `router`
-/// until Ctrl-C or SIGTERM. Blocking: builds its own runtime, with
-/// `worker_threads` workers (tokio's default, one per core, when `None`).
+/// within `limits` until Ctrl-C or SIGTERM. Blocking: builds its own runtime,
+/// with `worker_threads` workers (tokio's default, one per core, when `None`).
 pub fn run(
     listen: SocketAddr,
     worker_threads: Option<usize>,
     router: Router,
+    limits: ServerLimits,
     announce: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -27,16 +80,103 @@ pub fn run(
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         announce(listener.local_addr()?);
-        axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("server failed")
+        let router = router.layer(axum::middleware::from_fn_with_state(
+            limits.request_timeout,
+            deadline,
+        ));
+        serve_connections(listener, router, limits).await;
+        Ok(())
+    });
+    // Work still running on the blocking pool (a scrape stuck in a read) must not hold the exit.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    result
+}
+
+/// The accept loop: one task per connection, at most [`ServerLimits::connection_cap`]
+/// at once; on a shutdown signal, stops accepting, asks every connection to
+/// finish, and closes those still open after `shutdown_timeout`.
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ServerLimits,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let cap = limits.connection_cap();
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
+    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut accept_failures = 0u64;
+    loop {
+        while connections.try_join_next().is_some() {}
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            _ = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) or a connection reset before accept: wait, retry.
+                    accept_failures += 1;
+                    if accept_failures.is_power_of_two() {
+                        eprintln!("promlab: accept failed ({accept_failures} times so far): {e}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let mut closing = closing_rx.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                _ = closing.wait_for(|&closing| closing) => connection.as_mut().graceful_shutdown(),
+            }
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    let _ = closing_tx.send(true);
+    let drained = tokio::time::timeout(limits.shutdown_timeout, async {
+        while connections.join_next().await.is_some() {}
     })
+    .await;
+    if drained.is_err() {
+        eprintln!(
+            "promlab: {} connections still open {:?} after the shutdown signal; closing them",
+            connections.len(),
+            limits.shutdown_timeout
+        );
+        connections.shutdown().await;
+    }
+}
+
+/// Answers 408 when the body has not arrived, or the answer is not made, in time.
+async fn deadline(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            format!("request not complete within {limit:?}\n"),
+        )
+            .into_response(),
+    }
 }
 
 /// Ctrl-C or SIGTERM, whichever comes first.

@@ -2,10 +2,16 @@
 //!
 //! - `POST /api/v1/write`: 204; 400 for a bad snappy block, bad protobuf, or an
 //!   invalid series (missing `__name__`, unsorted or duplicate label names); 415
-//!   for a content type other than `application/x-protobuf` (or a content
-//!   encoding other than `snappy`); 413 for a body over `--max-body-bytes` or a
+//!   for a content type other than remote write 1.0's `application/x-protobuf`
+//!   (optionally `;proto=prometheus.WriteRequest`; 2.0's
+//!   `proto=io.prometheus.write.v2.Request` is named in the answer) or a content
+//!   encoding other than `snappy`; 413 for a body over `--max-body-bytes`, a
 //!   snappy header announcing more than that once decoded (checked before
-//!   allocating). A refused request changes nothing.
+//!   allocating), or more samples than `--max-samples-per-request`. A refused
+//!   request changes nothing. Samples past the ingester's other limits (too far
+//!   ahead of the clock, a new group past the group limit, no pane slot or bin
+//!   left) are counted by reason in `/metrics` and dropped; the rest of the
+//!   request is applied and answered 204.
 //! - `GET /api/v1/quantiles?agg=ID[&window=START_MS]`: per group, the quantiles of
 //!   the last closed window (or the named one), groups sorted by their labels.
 //! - `GET /metrics`: the receiver's own counters.
@@ -18,7 +24,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use promlab::ingest::pipeline::Ingester;
+use promlab::ingest::pipeline::{Ingester, Limits};
 use promlab::ingest::plan::Plan;
 use promlab::ingest::wire;
 use promlab::strategy::StrategySet;
@@ -41,6 +47,7 @@ pub struct Receiver {
 const STATUSES: [u16; 5] = [204, 400, 413, 415, 500];
 
 impl Receiver {
+    /// `ingester` as given (its limits included: [`Limits::serving`] for `promlab serve`).
     pub fn new(ingester: Ingester, plan_path: Option<PathBuf>, max_body_bytes: usize) -> Arc<Self> {
         Arc::new(Receiver {
             ingester: Mutex::new(ingester.with_max_decoded(max_body_bytes)),
@@ -83,20 +90,67 @@ pub struct ReceiverConfig {
     /// Largest accepted request body, compressed and decoded, in bytes.
     pub max_body_bytes: usize,
     pub strategies: StrategySet,
+    /// What the ingester takes and holds.
+    pub limits: Limits,
+    /// What a client may hold of the server.
+    pub server: super::ServerLimits,
 }
 
 /// Runs the receiver until Ctrl-C or SIGTERM (blocking; builds its own runtime).
 pub fn serve(config: ReceiverConfig) -> Result<()> {
     let plan = Plan::load_or_default(config.plan.as_deref())?;
     let receiver = Receiver::new(
-        Ingester::new(plan, config.strategies),
+        Ingester::new(plan, config.strategies).with_limits(config.limits),
         config.plan.clone(),
         config.max_body_bytes,
     );
     let strategies = config.strategies;
-    super::run(config.listen, Some(2), app(receiver), |addr| {
-        eprintln!("promlab: remote-write receiver on http://{addr}/api/v1/write (strategies: {strategies})")
-    })
+    super::run(
+        config.listen,
+        Some(2),
+        app(receiver),
+        config.server,
+        |addr| {
+            eprintln!("promlab: remote-write receiver on http://{addr}/api/v1/write (strategies: {strategies})")
+        },
+    )
+}
+
+/// Remote write 1.0's media type, and the `proto` parameter naming it (optional).
+const PROTOBUF: &str = "application/x-protobuf";
+const PROTO_V1: &str = "prometheus.WriteRequest";
+const PROTO_V2: &str = "io.prometheus.write.v2.Request";
+
+/// Accepts remote write 1.0's content type, exactly: `application/x-protobuf`,
+/// any case, with optional parameters of which `proto`, if given, must name 1.0.
+fn check_content_type(content_type: &str) -> Result<(), String> {
+    let mut parts = content_type.split(';');
+    let media = parts.next().unwrap_or("").trim();
+    if !media.eq_ignore_ascii_case(PROTOBUF) {
+        return Err(format!(
+            "expected Content-Type {PROTOBUF} (remote write 1.0), got {content_type:?}\n"
+        ));
+    }
+    for param in parts {
+        let (name, value) = param.split_once('=').unwrap_or((param, ""));
+        if !name.trim().eq_ignore_ascii_case("proto") {
+            continue;
+        }
+        match value.trim().trim_matches('"') {
+            PROTO_V1 => {}
+            PROTO_V2 => {
+                return Err(format!(
+                    "remote write 2.0 ({PROTO_V2}) is not supported; send 1.0 ({PROTOBUF};proto={PROTO_V1}), e.g. protobuf_message: prometheus.WriteRequest in Prometheus' remote_write\n"
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "unknown remote-write message proto={other:?}; this receiver takes {PROTO_V1}\n"
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 thread_local! {
@@ -115,11 +169,8 @@ fn write_inner(rx: &Receiver, headers: &HeaderMap, body: &[u8]) -> (StatusCode, 
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !content_type.trim().starts_with("application/x-protobuf") {
-        return (
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!("expected Content-Type application/x-protobuf, got {content_type:?}\n"),
-        );
+    if let Err(message) = check_content_type(content_type) {
+        return (StatusCode::UNSUPPORTED_MEDIA_TYPE, message);
     }
     if let Some(encoding) = headers.get(header::CONTENT_ENCODING) {
         if !encoding.as_bytes().eq_ignore_ascii_case(b"snappy") {
@@ -194,13 +245,15 @@ async fn reload(State(rx): State<Arc<Receiver>>) -> Response {
 }
 
 async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
-    let (totals, cache, generation, footprint) = {
+    let (totals, cache, generation, footprint, held, limits) = {
         let ingester = rx.lock();
         (
             ingester.totals(),
             ingester.cache_stats(),
             ingester.plan().generation,
             ingester.footprint(),
+            ingester.held(),
+            *ingester.limits(),
         )
     };
     let lookups = cache.hits + cache.misses;
@@ -341,6 +394,57 @@ async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
     }
     let mut family = FamilyEncoder::new(
         &mut out,
+        b"promlab_receiver_samples_dropped_total",
+        "counter",
+        b"Samples (or sample, aggregation pairs) dropped past a limit, by reason; their requests were applied otherwise.",
+    );
+    for (reason, n) in [
+        ("too_far_ahead", totals.too_far_ahead),
+        ("group_limit", totals.over_group_limit),
+        ("pane_limit", totals.over_pane_limit),
+        ("bin_limit", totals.over_bin_limit),
+    ] {
+        family
+            .sample(b"")
+            .label(b"reason", reason.as_bytes())
+            .value()
+            .integer(n);
+    }
+    for (name, help, value, limit) in [
+        (
+            "groups",
+            "Groups held, over all aggregations.",
+            held.groups,
+            limits.capacity.groups,
+        ),
+        (
+            "pane_slots",
+            "Pane slots held (per window, one per group id up to the highest with a pane).",
+            held.pane_slots,
+            limits.capacity.pane_slots,
+        ),
+        (
+            "sketch_bins",
+            "Sketch bins held, counted as the limit counts them.",
+            held.bins,
+            limits.capacity.bins,
+        ),
+    ] {
+        let gauge = format!("promlab_receiver_{name}");
+        FamilyEncoder::new(&mut out, gauge.as_bytes(), "gauge", help.as_bytes())
+            .sample(b"")
+            .value()
+            .integer(value as u64);
+        if limit != usize::MAX {
+            let gauge = format!("promlab_receiver_{name}_limit");
+            FamilyEncoder::new(&mut out, gauge.as_bytes(), "gauge", b"Its limit.")
+                .sample(b"")
+                .value()
+                .integer(limit as u64);
+        }
+    }
+    let mut family = FamilyEncoder::new(
+        &mut out,
         b"promlab_http_write_responses_total",
         "counter",
         b"Write responses by status.",
@@ -353,4 +457,37 @@ async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
             .integer(n.load(Ordering::Relaxed));
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_content_type;
+
+    /// Issue 12, item 9: the content type was matched by prefix.
+    #[test]
+    fn content_type_is_matched_exactly() {
+        for ok in [
+            "application/x-protobuf",
+            "Application/X-Protobuf",
+            " application/x-protobuf ",
+            "application/x-protobuf;proto=prometheus.WriteRequest",
+            "application/x-protobuf; proto=\"prometheus.WriteRequest\"; charset=binary",
+        ] {
+            assert_eq!(check_content_type(ok), Ok(()), "{ok}");
+        }
+        for (bad, says) in [
+            ("application/x-protobufXYZ", "expected Content-Type"),
+            ("application/x-protobuf2", "expected Content-Type"),
+            ("", "expected Content-Type"),
+            ("text/plain", "expected Content-Type"),
+            (
+                "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+                "2.0",
+            ),
+            ("application/x-protobuf;proto=foo.Bar", "unknown"),
+        ] {
+            let err = check_content_type(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 }

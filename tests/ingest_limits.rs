@@ -1,0 +1,234 @@
+//! The ingester's limits (issue 12, items 4, 5 and 11) under every combination
+//! of the ingest strategies: far-future samples are counted and cannot close
+//! windows, groups, pane slots and bins stay bounded with every drop counted,
+//! and on input within the limits the result is the unbounded one, bit for bit.
+
+use promlab::ingest::pipeline::{Ingester, Limits};
+use promlab::ingest::plan::Plan;
+use promlab::ingest::window::{Capacity, Stats};
+use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WriteRequest};
+use promlab::strategy::{Stage, StrategySet};
+use prost::Message;
+
+/// The injected clock: 2026-12-01T00:00:00Z.
+const NOW: i64 = 1_796_083_200_000;
+
+fn fixed_clock() -> i64 {
+    NOW
+}
+
+fn body(samples: &[(&str, i64, f64)]) -> Vec<u8> {
+    let req = WriteRequest {
+        timeseries: samples
+            .iter()
+            .map(|&(group, timestamp, value)| TimeSeries {
+                labels: vec![
+                    Label {
+                        name: "__name__".into(),
+                        value: "data".into(),
+                    },
+                    Label {
+                        name: "label_0".into(),
+                        value: group.into(),
+                    },
+                ],
+                samples: vec![Sample { value, timestamp }],
+            })
+            .collect(),
+        metadata: vec![],
+    };
+    wire::compress(&req.encode_to_vec())
+}
+
+fn serving() -> Limits {
+    Limits {
+        clock: fixed_clock,
+        ..Limits::serving()
+    }
+}
+
+fn sets() -> Vec<StrategySet> {
+    StrategySet::combinations(Stage::Ingest)
+}
+
+#[test]
+fn far_future_samples_are_counted_and_cannot_close_windows() {
+    for set in sets() {
+        let mut ingester = Ingester::new(Plan::default(), set).with_limits(serving());
+        let year_2100 = 4_102_444_800_000;
+        let ns_as_ms = NOW * 1_000_000;
+        let stats = ingester
+            .handle(&body(&[
+                ("a", NOW, 1.0),
+                ("a", year_2100, 2.0),
+                ("b", ns_as_ms, 3.0),
+            ]))
+            .unwrap();
+        assert_eq!((stats.accepted, stats.too_far_ahead), (1, 2), "{set}");
+        // Within the bound, ahead of the clock: taken, and the watermark stays behind the clock.
+        ingester
+            .handle(&body(&[("a", NOW + 240_000, 4.0)]))
+            .unwrap();
+        assert!(ingester.watermark().unwrap() <= NOW, "{set}");
+        let stats = ingester.handle(&body(&[("a", NOW - 1_000, 5.0)])).unwrap();
+        assert_eq!((stats.accepted, stats.late), (1, 0), "{set}");
+        assert_eq!(ingester.totals().too_far_ahead, 2);
+    }
+}
+
+/// Without the policy (the library's default, for replays) the same request
+/// moves the watermark as the timestamps say.
+#[test]
+fn without_the_policy_timestamps_are_taken_as_they_come() {
+    let mut ingester = Ingester::new(Plan::default(), StrategySet::all());
+    ingester
+        .handle(&body(&[("a", NOW, 1.0), ("a", 4_102_444_800_000, 2.0)]))
+        .unwrap();
+    assert_eq!(ingester.totals().too_far_ahead, 0);
+    assert_eq!(ingester.totals().accepted, 2);
+}
+
+#[test]
+fn groups_pane_slots_and_bins_stay_bounded_and_every_drop_is_counted() {
+    for set in sets() {
+        let mut limits = serving();
+        limits.capacity = Capacity {
+            groups: 10,
+            group_bytes: usize::MAX,
+            pane_slots: 25,
+            bins: 100_000,
+        };
+        let mut ingester = Ingester::new(Plan::default(), set).with_limits(limits);
+        let names: Vec<String> = (0..30).map(|i| format!("g{i}")).collect();
+        let samples: Vec<_> = names.iter().map(|g| (g.as_str(), NOW, 1.0)).collect();
+        // 10 groups fill the limit; the next 20 go to the overflow group.
+        let stats = ingester.handle(&body(&samples[..10])).unwrap();
+        assert_eq!(stats.accepted, 10, "{set}");
+        let stats = ingester.handle(&body(&samples[10..])).unwrap();
+        assert_eq!((stats.accepted, stats.over_group_limit), (0, 20), "{set}");
+        assert_eq!(ingester.held().groups, 10);
+        // The kept groups in three more windows ahead: 10 slots each, 25 in all.
+        let ahead: Vec<_> = (1..4)
+            .flat_map(|w| {
+                names[..10]
+                    .iter()
+                    .map(move |g| (g.as_str(), NOW + w * 60_000, 1.0))
+            })
+            .collect();
+        let stats = ingester.handle(&body(&ahead)).unwrap();
+        let held = ingester.held();
+        assert!(held.pane_slots <= 25, "{set}: {held:?}");
+        assert_eq!(
+            stats.accepted + stats.over_pane_limit,
+            30,
+            "{set}: {stats:?}"
+        );
+        assert!(stats.over_pane_limit >= 10, "{set}: {stats:?}");
+    }
+}
+
+#[test]
+fn bins_at_their_limit_drop_samples_and_come_back_as_windows_expire() {
+    for set in sets() {
+        let mut limits = serving();
+        limits.capacity.bins = 1;
+        let plan = Plan {
+            lateness_secs: 0,
+            keep_windows: 1,
+            ..Plan::default()
+        };
+        let mut ingester = Ingester::new(plan, set).with_limits(limits);
+        let first = ingester
+            .handle(&body(&[("a", NOW - 600_000, 1.0)]))
+            .unwrap();
+        assert_eq!(first.accepted, 1, "{set}");
+        // Its window is still open: the bins are spent, nothing to give back.
+        let full = ingester
+            .handle(&body(&[("a", NOW - 590_000, 1.0)]))
+            .unwrap();
+        assert_eq!(full.over_bin_limit, 1, "{set}: {full:?}");
+        // This one closes the first window, but is dropped too (checked before).
+        ingester
+            .handle(&body(&[("b", NOW - 400_000, 1.0)]))
+            .unwrap();
+        // Now the closed window goes first, and the sample is taken.
+        let last = ingester
+            .handle(&body(&[("b", NOW - 300_000, 1.0)]))
+            .unwrap();
+        assert_eq!(last.accepted, 1, "{set}: {last:?}");
+        let total: Stats = ingester.totals();
+        assert_eq!(
+            (total.accepted, total.over_bin_limit),
+            (2, 2),
+            "{set}: {total:?}"
+        );
+    }
+}
+
+#[test]
+fn too_many_samples_in_a_request_is_refused_whole() {
+    let mut limits = serving();
+    limits.max_samples_per_request = 2;
+    let mut ingester = Ingester::new(Plan::default(), StrategySet::all()).with_limits(limits);
+    let err = ingester
+        .handle(&body(&[("a", NOW, 1.0), ("b", NOW, 1.0), ("c", NOW, 1.0)]))
+        .unwrap_err();
+    assert_eq!(err.status(), 413);
+    assert_eq!(ingester.totals(), Stats::default());
+}
+
+/// Issue 12, item 4: a plan built in code skips validation; its window
+/// arithmetic must not panic whatever the lengths.
+#[test]
+fn absurd_window_lengths_do_not_panic() {
+    for secs in [0, 1 << 61, u64::MAX] {
+        for set in sets() {
+            let mut plan = Plan::default();
+            plan.aggregations[0].window_secs = secs;
+            plan.lateness_secs = u64::MAX;
+            let mut ingester = Ingester::new(plan, set);
+            ingester
+                .handle(&body(&[
+                    ("a", i64::MIN, 1.0),
+                    ("a", i64::MAX, 2.0),
+                    ("a", 0, 3.0),
+                ]))
+                .unwrap();
+            ingester.flush();
+            let _ = ingester.query_all();
+        }
+    }
+}
+
+/// Good input (within every limit, behind the clock) gives the unbounded
+/// ingester's panes and stats, bit for bit, under every combination.
+#[test]
+fn within_the_limits_nothing_changes() {
+    let requests: Vec<Vec<u8>> = (0..40)
+        .map(|r| {
+            let samples: Vec<(String, i64, f64)> = (0..50)
+                .map(|i| {
+                    let t = NOW - 3_600_000 + r * 7_000 + i * 13;
+                    (format!("g{}", i % 7), t, ((r * 50 + i) as f64).sqrt())
+                })
+                .collect();
+            let refs: Vec<(&str, i64, f64)> = samples
+                .iter()
+                .map(|(g, t, v)| (g.as_str(), *t, *v))
+                .collect();
+            body(&refs)
+        })
+        .collect();
+    let run = |set: StrategySet, limits: Limits| {
+        let mut ingester = Ingester::new(Plan::default(), set).with_limits(limits);
+        for r in &requests {
+            ingester.handle(r).unwrap();
+        }
+        (ingester.totals(), ingester.snapshot())
+    };
+    let reference = run(StrategySet::NONE, Limits::UNBOUNDED);
+    assert!(reference.0.accepted > 1000);
+    for set in sets() {
+        assert_eq!(run(set, serving()), reference, "{set}");
+    }
+}
