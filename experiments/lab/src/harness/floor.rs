@@ -8,7 +8,7 @@
 //!   mapping (what a sidecar cannot avoid reading), plus writing the
 //!   exposition's bytes ([`ExportFloor`]);
 //! - render: prerendered lines copied, each value formatted (`itoa` for
-//!   integers, `ryu` for floats) ([`RenderFloor`]);
+//!   integers and integral floats, `ryu` for the others) ([`RenderFloor`]);
 //! - ingest: snappy decode, a zero-copy protobuf walk, one hash per series
 //!   (its group's label value, to find the group's sketch) and one sketch add
 //!   per sample ([`IngestFloor`]);
@@ -189,6 +189,15 @@ impl RenderFloor {
             match value {
                 Value::None => {}
                 Value::Int(i) => self.out.extend_from_slice(ints.format(i).as_bytes()),
+                // An integral float as an integer and `.0` (what `ryu` prints
+                // for it, without its general path); any other with `ryu`.
+                // (-0.0 is not: `ryu` prints its sign.)
+                Value::Float(f)
+                    if f.fract() == 0.0 && f.abs() < 1e15 && f.to_bits() != (-0.0f64).to_bits() =>
+                {
+                    self.out.extend_from_slice(ints.format(f as i64).as_bytes());
+                    self.out.extend_from_slice(b".0");
+                }
                 Value::Float(f) => self.out.extend_from_slice(floats.format(f).as_bytes()),
             }
             self.out.push(b'\n');
