@@ -144,7 +144,12 @@ pub fn floors_table(rows: &[ResultRow], source: &Path) -> String {
         let (Some(floor), Some(base)) = (find("floor"), find("baseline")) else {
             continue;
         };
-        let all = find("all");
+        // `all`, or with one strategy (render) the arm that has it.
+        let all = find("all").or_else(|| {
+            rows.iter()
+                .filter(of)
+                .rfind(|r| r.arm != "baseline" && is_strategy_arm(&r.arm))
+        });
         let ratio = |r: Option<&ResultRow>| {
             r.and_then(|r| r.ratio_to_floor)
                 .map_or("–".to_string(), |x| format!("{x:.2}×"))

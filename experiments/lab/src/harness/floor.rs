@@ -10,8 +10,9 @@
 //! - render: prerendered lines copied, each value formatted (`itoa` for
 //!   integers and integral floats, `ryu` for the others) ([`RenderFloor`]);
 //! - ingest: snappy decode, a zero-copy protobuf walk, one hash per series
-//!   (its group's label value, to find the group's sketch) and one sketch add
-//!   per sample ([`IngestFloor`]);
+//!   (of its label bytes, to find its group's sketch; the labels are read
+//!   only when a series is first seen) and one sketch add per sample
+//!   ([`IngestFloor`]);
 //! - query: the quantile scan alone (`Ingester::quantile_scan`, in the query
 //!   workload).
 //!
@@ -207,15 +208,26 @@ impl RenderFloor {
 }
 
 /// Ingest: per request, snappy decode and a zero-copy walk of the protobuf;
-/// per series, the metric name compared and one hash (of its group's label
-/// value) to find the group's sketch; per sample, one sketch add. No windows,
-/// no validation, no canonical series key: what is left is the decoding, the
-/// lookup and the arithmetic no receiver can skip.
+/// per series, one hash of its label bytes (as they came) to find its sketch —
+/// the labels themselves are read only the first time a series is seen, to
+/// match the metric name and take the group's label value; per sample, one
+/// sketch add. No windows, no validation, no canonical series key: what is
+/// left is the decoding, the lookup and the arithmetic no receiver can skip.
 pub struct IngestFloor {
     metric: Vec<u8>,
     group_label: Vec<u8>,
     config: sketches_ddsketch::Config,
     raw: Vec<u8>,
+}
+
+type BytesMap<V> = HashMap<Box<[u8]>, V, foldhash::fast::RandomState>;
+
+/// One run's state: series → its group's sketch (`None`: not the metric).
+#[derive(Default)]
+struct IngestState {
+    series: BytesMap<Option<usize>>,
+    groups: BytesMap<usize>,
+    sketches: Vec<BulkSketch>,
 }
 
 impl IngestFloor {
@@ -240,74 +252,55 @@ impl IngestFloor {
 
     /// Every body through the floor into fresh sketches; returns the samples walked.
     pub fn run(&mut self, bodies: &[Vec<u8>]) -> Result<u64> {
-        let mut groups: HashMap<Box<[u8]>, usize, foldhash::fast::RandomState> = HashMap::default();
-        let mut sketches: Vec<BulkSketch> = Vec::new();
+        let mut state = IngestState::default();
         let mut samples = 0;
         for body in bodies {
             wire::decompress(body, 64 << 20, &mut self.raw)?;
             let mut request = Fields::new(&self.raw);
             while let Some((field, series)) = request.next_field()? {
-                if field != 1 {
-                    continue;
+                if field == 1 {
+                    samples += self.series(series, &mut state)?;
                 }
-                samples += self.series(series, &mut groups, &mut sketches)?;
             }
         }
-        black_box(&sketches);
+        black_box(&state.sketches);
         Ok(samples)
     }
 
-    fn series(
-        &self,
-        series: &[u8],
-        groups: &mut HashMap<Box<[u8]>, usize, foldhash::fast::RandomState>,
-        sketches: &mut Vec<BulkSketch>,
-    ) -> Result<u64> {
-        let (mut matches, mut group): (bool, &[u8]) = (false, b"");
+    fn series(&self, series: &[u8], state: &mut IngestState) -> Result<u64> {
+        // The labels' bytes: from the first label field to the end of the last.
+        let mut labels = (usize::MAX, 0);
         let mut sketch = None;
         let mut samples = 0;
         let mut fields = Fields::new(series);
-        while let Some((field, bytes)) = fields.next_field()? {
+        loop {
+            let at = fields.at;
+            let Some((field, bytes)) = fields.next_field()? else {
+                break;
+            };
             match field {
-                1 => {
-                    let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
-                    let mut label = Fields::new(bytes);
-                    while let Some((f, b)) = label.next_field()? {
-                        match f {
-                            1 => name = b,
-                            2 => value = b,
-                            _ => {}
-                        }
-                    }
-                    if name == b"__name__" {
-                        matches = value == self.metric.as_slice();
-                    } else if name == self.group_label.as_slice() {
-                        group = value;
-                    }
-                }
+                1 => labels = (labels.0.min(at), fields.at),
                 2 => {
-                    // Labels come before samples: find the sketch on the first sample.
-                    if matches && sketch.is_none() {
-                        sketch = Some(match groups.get(group) {
-                            Some(&i) => i,
+                    if samples == 0 {
+                        let key = series.get(labels.0..labels.1).unwrap_or_default();
+                        sketch = match state.series.get(key) {
+                            Some(&found) => found,
                             None => {
-                                sketches.push(BulkSketch::new(self.config));
-                                groups.insert(group.into(), sketches.len() - 1);
-                                sketches.len() - 1
+                                let found = self.first_sight(key, state)?;
+                                state.series.insert(key.into(), found);
+                                found
                             }
-                        });
+                        };
                     }
-                    let mut value = 0.0;
+                    let mut value = f64::NAN;
                     let mut sample = Fields::new(bytes);
                     while let Some((f, b)) = sample.next_field()? {
                         if f == 1 && b.len() == 8 {
                             value = f64::from_le_bytes(b.try_into().expect("8 bytes"));
                         }
                     }
-                    if let Some(i) = sketch {
-                        if value.is_finite() {
-                            sketches[i].add_slice(std::slice::from_ref(&value));
-                        }
+                    if let Some(i) = sketch.filter(|_| value.is_finite()) {
+                        state.sketches[i].add_slice(std::slice::from_ref(&value));
                     }
                     samples += 1;
                 }
@@ -315,6 +308,40 @@ impl IngestFloor {
             }
         }
         Ok(samples)
+    }
+
+    /// A series seen for the first time: its labels read, its group's sketch
+    /// found or made (`None` when it is not the aggregation's metric).
+    fn first_sight(&self, labels: &[u8], state: &mut IngestState) -> Result<Option<usize>> {
+        let (mut matches, mut group): (bool, &[u8]) = (false, b"");
+        let mut fields = Fields::new(labels);
+        while let Some((_, bytes)) = fields.next_field()? {
+            let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
+            let mut label = Fields::new(bytes);
+            while let Some((f, b)) = label.next_field()? {
+                match f {
+                    1 => name = b,
+                    2 => value = b,
+                    _ => {}
+                }
+            }
+            if name == b"__name__" {
+                matches = value == self.metric.as_slice();
+            } else if name == self.group_label.as_slice() {
+                group = value;
+            }
+        }
+        if !matches {
+            return Ok(None);
+        }
+        Ok(Some(match state.groups.get(group) {
+            Some(&i) => i,
+            None => {
+                state.sketches.push(BulkSketch::new(self.config));
+                state.groups.insert(group.into(), state.sketches.len() - 1);
+                state.sketches.len() - 1
+            }
+        }))
     }
 }
 
