@@ -11,8 +11,8 @@
 //!   integers and integral floats, `ryu` for the others) ([`RenderFloor`]);
 //! - ingest: snappy decode, a zero-copy protobuf walk, one hash per series
 //!   (of its label bytes, to find its group's sketch; the labels are read
-//!   only when a series is first seen) and one sketch add per sample
-//!   ([`IngestFloor`]);
+//!   only when a series is first seen) and one sketch add per sample (the
+//!   request's values of a group added as one slice) ([`IngestFloor`]);
 //! - query: the quantile scan alone (`Ingester::quantile_scan`, in the query
 //!   workload).
 //!
@@ -211,8 +211,9 @@ impl RenderFloor {
 /// per series, one hash of its label bytes (as they came) to find its sketch —
 /// the labels themselves are read only the first time a series is seen, to
 /// match the metric name and take the group's label value; per sample, one
-/// sketch add. No windows, no validation, no canonical series key: what is
-/// left is the decoding, the lookup and the arithmetic no receiver can skip.
+/// sketch add (a group's values of a request in one slice). No windows, no
+/// validation, no canonical series key: what is left is the decoding, the
+/// lookup and the arithmetic no receiver can skip.
 pub struct IngestFloor {
     metric: Vec<u8>,
     group_label: Vec<u8>,
@@ -222,12 +223,14 @@ pub struct IngestFloor {
 
 type BytesMap<V> = HashMap<Box<[u8]>, V, foldhash::fast::RandomState>;
 
-/// One run's state: series → its group's sketch (`None`: not the metric).
+/// One run's state: series → its group's sketch (`None`: not the metric),
+/// and per sketch the request's values, added in one slice per request.
 #[derive(Default)]
 struct IngestState {
     series: BytesMap<Option<usize>>,
     groups: BytesMap<usize>,
     sketches: Vec<BulkSketch>,
+    pending: Vec<Vec<f64>>,
 }
 
 impl IngestFloor {
@@ -261,6 +264,10 @@ impl IngestFloor {
                 if field == 1 {
                     samples += self.series(series, &mut state)?;
                 }
+            }
+            for (sketch, values) in state.sketches.iter_mut().zip(&mut state.pending) {
+                sketch.add_slice(values);
+                values.clear();
             }
         }
         black_box(&state.sketches);
@@ -300,7 +307,7 @@ impl IngestFloor {
                         }
                     }
                     if let Some(i) = sketch.filter(|_| value.is_finite()) {
-                        state.sketches[i].add_slice(std::slice::from_ref(&value));
+                        state.pending[i].push(value);
                     }
                     samples += 1;
                 }
@@ -338,6 +345,7 @@ impl IngestFloor {
             Some(&i) => i,
             None => {
                 state.sketches.push(BulkSketch::new(self.config));
+                state.pending.push(Vec::new());
                 state.groups.insert(group.into(), state.sketches.len() - 1);
                 state.sketches.len() - 1
             }

@@ -44,7 +44,6 @@ pub fn measure(scenario: &str, quick: bool, arm: &str) -> Result<(u64, u64)> {
     let size = scenario.size(quick);
     let stage = scenario.stage();
     let mut workload = workloads::build(&size.params)?;
-    let units = workload.units().0;
     let arms = all_arms(stage, StrategySet::all().restrict(stage), workload.as_ref());
     let Some((name, set, kind)) = arms.into_iter().find(|(name, _, _)| name == arm) else {
         bail!("scenario {}: no arm `{arm}`", scenario.name)
@@ -58,16 +57,19 @@ pub fn measure(scenario: &str, quick: bool, arm: &str) -> Result<(u64, u64)> {
     let peak = ProcessStats::of_self()?
         .peak_rss_kib
         .context("no VmHWM in /proc/self/status")?;
-    // The arm's first run produces the scenario's answer (a floor, its units).
-    match output {
-        Output::Units(n) if n != units => bail!("`{name}` handled {n} units, not {units}"),
-        Output::Units(_) => {}
-        output => {
-            let got = digest(&output.bytes()?);
-            if got != size.expected {
-                bail!("`{name}` produced digest {got}, {} expected", size.expected);
-            }
+    // The arm's first run produces the scenario's answer (a floor, its units;
+    // a render workload counts its lines once it has rendered).
+    let got = match output {
+        Output::Units(n) => Err(n),
+        output => Ok(digest(&output.bytes()?)),
+    };
+    let units = workload.units().0;
+    match got {
+        Err(n) if n != units => bail!("`{name}` handled {n} units, not {units}"),
+        Ok(got) if got != size.expected => {
+            bail!("`{name}` produced digest {got}, {} expected", size.expected)
         }
+        _ => {}
     }
     Ok((peak.saturating_sub(before) * 1024, before * 1024))
 }
