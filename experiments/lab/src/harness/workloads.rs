@@ -259,10 +259,12 @@ impl Workload for Render {
     /// shortest form, otherwise checked by its line count.
     fn floor(&mut self) -> Result<Output<'_>> {
         if self.floor.is_none() {
-            let mut body = Vec::new();
+            let mut body = std::mem::take(&mut self.body);
             self.scenario(StrategySet::NONE)?
                 .render_per_object(&mut body);
             self.floor = Some(super::floor::RenderFloor::new(&body));
+            // A scrape's lines are the units, whether the floor runs first or not.
+            self.body = body;
         }
         let floor = self.floor.as_mut().expect("built above");
         if floor.same_bytes {
