@@ -20,6 +20,11 @@
 //! the expected answer (the scenario's digest at its own size,
 //! `harness::expected_answer` at a smaller one) before the counted run.
 //!
+//! Each stage's floor (`harness::floor`, the least work the stage allows) is
+//! counted on the same input by `floor`, and the query (`asap-query` at its
+//! quick size: 1,000 groups of the last closed window) by `query_asap` per
+//! arm and `query_paths` for its other paths (uncached, through serde).
+//!
 //! iai-callgrind names them `<function> arm_<i>:<setup>(<i>)`; with no
 //! feature, `write_long_label arm_8` and `arm_9` (write has 8 arms) and
 //! render's `arm_2`..`arm_9` are such empty benchmarks (20 instructions).
@@ -30,7 +35,7 @@
 
 use iai_callgrind::{library_benchmark, library_benchmark_group, main};
 use promlab::strategy::StrategySet;
-use promlab_lab::harness::{self, Generator, Output, Workload};
+use promlab_lab::harness::{self, ArmKind, Generator, Output, Workload};
 use std::hint::black_box;
 
 /// Arm indices each benchmark is declared over (see the module doc).
@@ -75,16 +80,88 @@ fn run(arm: Option<ArmRun>) -> Option<ArmRun> {
     match arm.workload.run(arm.strategies).unwrap() {
         Output::Bytes(bytes) => black_box(bytes.len()),
         Output::Store(dir) => black_box(dir.as_os_str().len()),
+        Output::Units(n) => black_box(n as usize),
     };
     Some(arm)
 }
 
+/// The workload of `scenario` at the size the arms here count, with the arm
+/// `name` (the floor, or an extra arm) run once and checked: bytes against
+/// the expected answer, a floor's units against the workload's.
+fn other_arm(scenario: &str, name: &'static str) -> (Box<dyn Workload>, &'static str) {
+    let loaded = harness::load_scenario(scenario).unwrap();
+    let (params, expected) = match size(scenario) {
+        Some(params) if params != loaded.quick.params => {
+            let answer = harness::expected_answer(&params).unwrap();
+            (params, harness::digest(&answer))
+        }
+        _ => (loaded.quick.params, loaded.quick.expected),
+    };
+    let mut workload = harness::workloads::build(&params).unwrap();
+    let units = workload.units().0;
+    let (kind, set) = kind_of(name);
+    match harness::run_arm(workload.as_mut(), kind, name, set).unwrap() {
+        Output::Units(n) => assert_eq!(n, units, "{name} of {scenario}"),
+        output => assert_eq!(
+            harness::digest(&output.bytes().unwrap()),
+            expected,
+            "{name} of {scenario}"
+        ),
+    }
+    (workload, name)
+}
+
+fn kind_of(name: &str) -> (ArmKind, StrategySet) {
+    match name {
+        "floor" => (ArmKind::Floor, StrategySet::NONE),
+        _ => (
+            ArmKind::Extra,
+            StrategySet::all().restrict(promlab::strategy::Stage::Ingest),
+        ),
+    }
+}
+
+/// The counted run of [`other_arm`]'s arm.
+fn run_other((mut workload, name): (Box<dyn Workload>, &'static str)) -> usize {
+    let (kind, set) = kind_of(name);
+    match harness::run_arm(workload.as_mut(), kind, name, set).unwrap() {
+        Output::Bytes(bytes) => black_box(bytes.len()),
+        Output::Store(dir) => black_box(dir.as_os_str().len()),
+        Output::Units(n) => black_box(n as usize),
+    }
+}
+
+/// The size each scenario is counted at here (`None`: its quick size).
+fn size(scenario: &str) -> Option<Generator> {
+    match scenario {
+        "write-long-label" => Some(Generator::LongLabel { steps: 1000 }),
+        "rabbitmq-per-object" => Some(Generator::Rabbitmq {
+            queues: 100,
+            awkward_names: true,
+        }),
+        "asap-1e5" => Some(Generator::Asap {
+            groups: 5,
+            series_per_group: 100,
+            ticks: 65,
+        }),
+        _ => None,
+    }
+}
+
+fn floor_of(scenario: &str) -> (Box<dyn Workload>, &'static str) {
+    other_arm(scenario, "floor")
+}
+
+fn uncached_query(scenario: &str) -> (Box<dyn Workload>, &'static str) {
+    other_arm(scenario, "all-uncached")
+}
+
+fn serde_query(scenario: &str) -> (Box<dyn Workload>, &'static str) {
+    other_arm(scenario, "all-serde")
+}
+
 fn long_label(index: usize) -> Option<ArmRun> {
-    arm_run(
-        "write-long-label",
-        Some(Generator::LongLabel { steps: 1000 }),
-        index,
-    )
+    arm_run("write-long-label", size("write-long-label"), index)
 }
 
 fn seed_repro(index: usize) -> Option<ArmRun> {
@@ -92,26 +169,15 @@ fn seed_repro(index: usize) -> Option<ArmRun> {
 }
 
 fn rabbitmq(index: usize) -> Option<ArmRun> {
-    arm_run(
-        "rabbitmq-per-object",
-        Some(Generator::Rabbitmq {
-            queues: 100,
-            awkward_names: true,
-        }),
-        index,
-    )
+    arm_run("rabbitmq-per-object", size("rabbitmq-per-object"), index)
 }
 
 fn asap(index: usize) -> Option<ArmRun> {
-    arm_run(
-        "asap-1e5",
-        Some(Generator::Asap {
-            groups: 5,
-            series_per_group: 100,
-            ticks: 65,
-        }),
-        index,
-    )
+    arm_run("asap-1e5", size("asap-1e5"), index)
+}
+
+fn query(index: usize) -> Option<ArmRun> {
+    arm_run("asap-query", None, index)
 }
 
 fn prometheus_captures(index: usize) -> Option<ArmRun> {
@@ -149,8 +215,46 @@ fn ingest_requests(arm: Option<ArmRun>) -> Option<ArmRun> {
     run(arm)
 }
 
+// One query of a long-lived receiver state (asap-query, quick: 1,000 groups ×
+// 2 series): per arm, the answer kept per closed window after its first query.
+#[library_benchmark]
+#[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], setup = query)]
+fn query_asap(arm: Option<ArmRun>) -> Option<ArmRun> {
+    run(arm)
+}
+
+// The query's other paths, every ingest strategy: encoded afresh (no kept
+// answer), and through `QueryResult` and serde (the path before).
+#[library_benchmark]
+#[bench::uncached(args = ("asap-query"), setup = uncached_query)]
+#[bench::serde(args = ("asap-query"), setup = serde_query)]
+fn query_paths(arm: (Box<dyn Workload>, &'static str)) -> usize {
+    run_other(arm)
+}
+
+// Each stage's floor on the input its arms above count.
+#[library_benchmark]
+#[bench::write(args = ("write-long-label"), setup = floor_of)]
+#[bench::export(args = ("seed-repro"), setup = floor_of)]
+#[bench::render(args = ("rabbitmq-per-object"), setup = floor_of)]
+#[bench::asap(args = ("asap-1e5"), setup = floor_of)]
+#[bench::prometheus_captures(args = ("prometheus-captures"), setup = floor_of)]
+#[bench::query(args = ("asap-query"), setup = floor_of)]
+fn floor(arm: (Box<dyn Workload>, &'static str)) -> usize {
+    run_other(arm)
+}
+
 library_benchmark_group!(name = write; benchmarks = write_long_label);
 library_benchmark_group!(name = export; benchmarks = scrape_seed_repro);
 library_benchmark_group!(name = render; benchmarks = render_rabbitmq_per_object);
 library_benchmark_group!(name = ingest; benchmarks = ingest_requests);
-main!(library_benchmark_groups = write, export, render, ingest);
+library_benchmark_group!(name = query_group; benchmarks = query_asap, query_paths);
+library_benchmark_group!(name = floors; benchmarks = floor);
+main!(
+    library_benchmark_groups = write,
+    export,
+    render,
+    ingest,
+    query_group,
+    floors
+);

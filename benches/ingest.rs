@@ -8,8 +8,12 @@
 //!   Prometheus 2.42 sent, 4 passes;
 //! - `ingest_decode` (when `borrowed-decode` is an arm): snappy alone, then
 //!   snappy + owned (prost) vs borrowed decode, on the seed's 1,000 groups;
-//! - `ingest_query` (when `bulk-sketch` is an arm): the quantiles of all
-//!   1,000 groups of a closed window, reference vs `bulk-sketch`.
+//! - `query/asap-query` (wall time, not CPU: one arm asks over HTTP): the
+//!   `asap-query` scenario at its quick size — `/api/v1/quantiles` for 1,000
+//!   groups of the last closed window — per arm, then `all-uncached`,
+//!   `all-serde` (the path before), `http` and the floor (the quantile scan).
+//!
+//! Every group has a `floor` arm (`harness::floor`), checked like the others.
 //!
 //! Each arm's answer (quantiles and counters) must match the scenario's digest
 //! before it is timed. Times are this thread's CPU time
@@ -25,12 +29,10 @@
 //! ```
 
 use criterion::measurement::{Measurement, ValueFormatter};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use promlab::ingest::feed::FeedWorkload;
-use promlab::ingest::pipeline::Ingester;
-use promlab::ingest::plan::Plan;
 use promlab::ingest::wire::{self, WriteRequest};
-use promlab::strategy::{Stage, Strategy, StrategySet};
+use promlab::strategy::{Stage, Strategy};
 use promlab_lab::harness::{self, Generator};
 use std::hint::black_box;
 use std::time::Duration;
@@ -194,41 +196,17 @@ fn bench_decode(c: &mut Criterion<ThreadCpu>) {
     group.finish();
 }
 
-fn bench_query(c: &mut Criterion<ThreadCpu>) {
-    if !ablated(Strategy::BulkSketch) {
-        return;
-    }
-    let generator = workload().generator();
-    let mut group = c.benchmark_group("ingest_query");
-    let mut reference_answer = None;
-    for (name, set) in [
-        ("reference", StrategySet::NONE),
-        ("bulk-sketch", StrategySet::NONE.with(Strategy::BulkSketch)),
-    ] {
-        let mut ingester = Ingester::new(
-            Plan::default(),
-            set.with(Strategy::SeriesCache).with(Strategy::BatchRouting),
-        );
-        for t in 0..5 {
-            for body in generator.tick_bodies(t) {
-                ingester.handle(&body).unwrap();
-            }
-        }
-        ingester.flush();
-        let answer = ingester.query("data", None).unwrap();
-        assert_eq!(answer.groups.len() as u64, generator.workload.groups);
-        // The reference sketch's answer is what `bulk-sketch` must give.
-        let answer = serde_json::to_vec(&answer).unwrap();
-        arms::check(
-            name,
-            &answer,
-            reference_answer.get_or_insert(answer.clone()),
-        );
-        group.bench_function(BenchmarkId::new("all_groups", name), |b| {
-            b.iter(|| black_box(ingester.query("data", None)))
-        });
-    }
-    group.finish();
+fn bench_query(c: &mut Criterion) {
+    let query = harness::load_scenario("asap-query").unwrap();
+    arms::bench_workload(
+        c,
+        "query/asap-query",
+        &query.quick.params,
+        &query.quick.expected,
+        |g| {
+            g.sample_size(20);
+        },
+    );
 }
 
 #[path = "support/arms.rs"]
@@ -239,6 +217,11 @@ mod profiler;
 criterion_group! {
     name = benches;
     config = profiler::criterion().with_measurement(ThreadCpu);
-    targets = bench_scenarios, bench_decode, bench_query
+    targets = bench_scenarios, bench_decode
 }
-criterion_main!(benches);
+criterion_group! {
+    name = query;
+    config = profiler::criterion();
+    targets = bench_query
+}
+criterion_main!(benches, query);

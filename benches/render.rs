@@ -1,8 +1,11 @@
 //! Render benchmarks on RabbitMQ's per-object scenario at N = 10,000 queues
 //! (630,000 series), side by side in one run:
 //! - `render_630k`: the arms (see `support/arms.rs`: baseline and `prerender`
-//!   unless the features say otherwise), and the `prometheus-client` and
-//!   `prometheus` crates rendering the same families (throughput in lines/s);
+//!   unless the features say otherwise), the floor (`harness::floor::RenderFloor`:
+//!   the scrape's lines prerendered, copied, each value formatted with
+//!   `itoa`/`ryu`; checked against the expected exposition), and the
+//!   `prometheus-client` and `prometheus` crates rendering the same families
+//!   (throughput in lines/s);
 //! - `scrape_http_630k`: time to last byte of a full scrape from `promlab`'s
 //!   server over loopback, plain and gzip, per arm.
 //!
@@ -77,6 +80,25 @@ fn render(c: &mut Criterion) {
         });
         summary.arm(arm);
     }
+
+    // The floor, on the expected exposition's lines and values.
+    let expected = harness::expected_answer(&Generator::Rabbitmq {
+        queues: n,
+        awkward_names: false,
+    })
+    .unwrap();
+    let mut floor = harness::floor::RenderFloor::new(&expected);
+    if floor.same_bytes {
+        arms::check("floor", floor.run(), &expected);
+    } else {
+        assert_eq!(
+            floor.lines() as usize,
+            expected.split(|&b| b == b'\n').count() - 1
+        );
+    }
+    group.bench_function("floor", |b| b.iter(|| black_box(floor.run().len())));
+    summary.arm("floor");
+    drop(expected);
 
     let client = prometheus_client_registry(baseline).unwrap();
     let mut text = String::new();

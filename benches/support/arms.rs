@@ -4,15 +4,17 @@
 //!
 //! `cargo bench --features S --bench STAGE` ablates S (the features that
 //! belong to STAGE; all of STAGE's strategies when none does): baseline, each
-//! strategy of S alone, S minus each, S. `-- --test` runs every arm once, with
-//! its verification.
+//! strategy of S alone, S minus each, S, then the workload's extra arms (the
+//! query's other paths) and the stage's floor (`harness::floor`: the least
+//! work the stage allows, checked like every arm). `-- --test` runs every arm
+//! once, with its verification.
 
 #![allow(dead_code)] // each bench uses its part
 
 use criterion::measurement::Measurement;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use promlab::strategy::{Stage, StrategySet};
-use promlab_lab::harness::{self, Generator, Output};
+use promlab_lab::harness::{self, ArmKind, Generator, Output};
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::SystemTime;
@@ -36,8 +38,9 @@ pub fn check(arm: &str, got: &[u8], expected: &[u8]) {
 }
 
 /// Times the harness's workload for `params` (what `promlab ablate` times),
-/// one criterion benchmark per arm, after checking every arm's first run
-/// against the digest `expected`.
+/// one criterion benchmark per arm — the strategy arms, the workload's extra
+/// arms, the floor — after checking every arm's first run: bytes against the
+/// digest `expected`, a floor's units against the workload's.
 pub fn bench_workload<M: Measurement>(
     c: &mut Criterion<M>,
     group_name: &str,
@@ -47,9 +50,26 @@ pub fn bench_workload<M: Measurement>(
 ) {
     let stage = params.stage();
     let mut workload = harness::workloads::build(params).unwrap();
-    let arms = arms(stage);
-    for (arm, set) in &arms {
-        let got = harness::digest(&workload.run(*set).unwrap().bytes().unwrap());
+    let arms: Vec<(String, StrategySet, ArmKind)> = arms(stage)
+        .into_iter()
+        .map(|(name, set)| (name, set, ArmKind::Strategies))
+        .chain(
+            harness::all_arms(stage, StrategySet::NONE, workload.as_ref())
+                .into_iter()
+                .filter(|(_, _, kind)| *kind != ArmKind::Strategies),
+        )
+        .collect();
+    for (arm, set, kind) in &arms {
+        let output = harness::run_arm(workload.as_mut(), *kind, arm, *set).unwrap();
+        if let Output::Units(n) = output {
+            let units = workload.units().0;
+            assert!(
+                n == units,
+                "{group_name}: arm {arm} handled {n} units, {units} expected"
+            );
+            continue;
+        }
+        let got = harness::digest(&output.bytes().unwrap());
         assert!(
             got == expected,
             "{group_name}: arm {arm} produced digest {got}, {expected} expected"
@@ -59,12 +79,15 @@ pub fn bench_workload<M: Measurement>(
     let mut group = c.benchmark_group(group_name);
     group.throughput(Throughput::Elements(workload.units().0));
     configure(&mut group);
-    for (arm, set) in &arms {
+    for (arm, set, kind) in &arms {
         group.bench_function(arm.as_str(), |b| {
-            b.iter(|| match workload.run(*set).unwrap() {
-                Output::Bytes(bytes) => black_box(bytes.len()),
-                Output::Store(dir) => black_box(dir.as_os_str().len()),
-            })
+            b.iter(
+                || match harness::run_arm(workload.as_mut(), *kind, arm, *set).unwrap() {
+                    Output::Bytes(bytes) => black_box(bytes.len()),
+                    Output::Store(dir) => black_box(dir.as_os_str().len()),
+                    Output::Units(n) => black_box(n as usize),
+                },
+            )
         });
         summary.arm(arm);
     }
@@ -99,7 +122,7 @@ impl Summary {
     pub fn print(&self) {
         let medians: Vec<Option<f64>> = self.arms.iter().map(|a| self.median_ns(a)).collect();
         println!(
-            "\n{} — medians of this run, ratio = arm / baseline:",
+            "\n{} — medians of this run, ratio = arm / baseline, ÷ floor = arm / the `floor` arm:",
             self.group
         );
         if std::env::args().any(|a| a == "--test") {
@@ -112,17 +135,23 @@ impl Summary {
         }
         let width = self.arms.iter().map(String::len).max().unwrap_or(0).max(3);
         println!(
-            "  {:<width$}  {:>12}  {:>8}  {:>8}",
-            "arm", "median", "ratio", "speed-up"
+            "  {:<width$}  {:>12}  {:>8}  {:>8}  {:>8}",
+            "arm", "median", "ratio", "speed-up", "÷ floor"
         );
         let base = medians.first().copied().flatten();
+        let floor = self
+            .arms
+            .iter()
+            .position(|a| a == "floor")
+            .and_then(|i| medians[i]);
         for (arm, median) in self.arms.iter().zip(&medians) {
             match (median, base) {
                 (Some(m), Some(b)) => println!(
-                    "  {arm:<width$}  {:>12}  {:>8.3}  {:>7.2}×",
+                    "  {arm:<width$}  {:>12}  {:>8.3}  {:>7.2}×  {:>8}",
                     human(*m),
                     m / b,
-                    b / m
+                    b / m,
+                    floor.map_or("–".to_string(), |f| format!("{:.2}×", m / f))
                 ),
                 (Some(m), None) => println!("  {arm:<width$}  {:>12}", human(*m)),
                 (None, _) => println!("  {arm:<width$}  {:>12}", "not run"),

@@ -362,6 +362,38 @@ impl Ingester {
             .map(|a| a.query(window))
     }
 
+    /// [`Ingester::query`]'s answer as JSON (the bytes `serde_json` makes of
+    /// it), appended to `out`; `false` when there is no such aggregation. A
+    /// closed window's answer is encoded on its first query and kept.
+    pub fn query_json(&self, aggregation: &str, window: Option<i64>, out: &mut Vec<u8>) -> bool {
+        self.accumulator(aggregation)
+            .map(|a| a.query_json(window, out))
+            .is_some()
+    }
+
+    /// [`Ingester::query_json`] without the kept answers: encoded afresh.
+    pub fn encode_query(&self, aggregation: &str, window: Option<i64>, out: &mut Vec<u8>) -> bool {
+        self.accumulator(aggregation)
+            .map(|a| a.encode_query(window, out))
+            .is_some()
+    }
+
+    /// The quantile scan alone, every pane of the window (the query's floor);
+    /// the number of panes, or `None` when there is no such aggregation.
+    pub fn quantile_scan(
+        &self,
+        aggregation: &str,
+        window: Option<i64>,
+        out: &mut Vec<f64>,
+    ) -> Option<usize> {
+        self.accumulator(aggregation)
+            .map(|a| a.quantile_scan(window, out))
+    }
+
+    fn accumulator(&self, aggregation: &str) -> Option<&Accumulator> {
+        self.accumulators.iter().find(|a| a.agg.id == aggregation)
+    }
+
     /// Every aggregation's last closed window, in plan order.
     pub fn query_all(&self) -> Vec<QueryResult> {
         self.accumulators.iter().map(|a| a.query(None)).collect()

@@ -64,6 +64,19 @@ impl PaneSketch {
         }
     }
 
+    /// The quantiles `qs`, in order, onto `out`: what [`PaneSketch::quantile`]
+    /// gives for each (NaN when empty), bit for bit — `bulk-sketch` finds them
+    /// in one resumable scan of the bins ([`BulkSketch::quantiles_into`]).
+    pub fn quantiles_into(&self, qs: &[f64], out: &mut Vec<f64>) {
+        match self {
+            PaneSketch::Reference(s) => out.extend(
+                qs.iter()
+                    .map(|&q| s.quantile(q).ok().flatten().unwrap_or(f64::NAN)),
+            ),
+            PaneSketch::Bulk(s) => s.quantiles_into(qs, out),
+        }
+    }
+
     /// Bytes held by the bins (for the RSS estimate in self-metrics).
     pub fn bins_len(&self) -> usize {
         match self {
@@ -165,6 +178,40 @@ impl BulkSketch {
     }
 }
 
+impl BulkSketch {
+    /// [`BulkSketch::quantile`] of each of `qs` (NaN where `None`), onto `out`:
+    /// the same rank and the same bin, found by one scan that resumes where
+    /// the previous quantile stopped (ascending `qs` walk the bins once) and
+    /// sums eight bins at a time until the rank is within them.
+    pub fn quantiles_into(&self, qs: &[f64], out: &mut Vec<f64>) {
+        let mut cursor = (0, 0);
+        for &q in qs {
+            let value = if !(0.0..=1.0).contains(&q) || self.count() == 0 {
+                f64::NAN
+            } else if q == 0.0 {
+                self.min
+            } else if q == 1.0 {
+                self.max
+            } else {
+                let rank = (q * (self.count() as f64 - 1.0)) as u64;
+                let negative = self.negative.count;
+                if rank < negative {
+                    -self
+                        .config
+                        .value(self.negative.key_at_rank(negative - rank - 1))
+                } else if rank < self.zero_count + negative {
+                    0.0
+                } else {
+                    let rank = rank - self.zero_count - negative;
+                    self.config
+                        .value(self.positive.key_at_rank_from(rank, &mut cursor))
+                }
+            };
+            out.push(value);
+        }
+    }
+}
+
 /// Dense bins over `[lo, lo + bins.len())`, collapsing the lowest keys beyond `limit`.
 #[derive(Clone, Debug)]
 struct BulkStore {
@@ -248,6 +295,31 @@ impl BulkStore {
         }
         self.lo + self.bins.len() as i32 - 1
     }
+
+    /// [`BulkStore::key_at_rank`] from `cursor` = (a bin index, the count
+    /// below it) when the rank is not below that count, else from the start;
+    /// leaves the cursor at the bin found.
+    fn key_at_rank_from(&self, rank: u64, cursor: &mut (usize, u64)) -> i32 {
+        let (mut i, mut below) = if cursor.1 <= rank { *cursor } else { (0, 0) };
+        while let Some(chunk) = self.bins.get(i..i + 8) {
+            let sum: u64 = chunk.iter().sum();
+            if below + sum > rank {
+                break;
+            }
+            below += sum;
+            i += 8;
+        }
+        while let Some(&c) = self.bins.get(i) {
+            if below + c > rank {
+                *cursor = (i, below);
+                return self.lo + i as i32;
+            }
+            below += c;
+            i += 1;
+        }
+        *cursor = (0, 0);
+        self.lo + self.bins.len() as i32 - 1
+    }
 }
 
 #[cfg(test)]
@@ -306,6 +378,20 @@ mod tests {
         fn key_equals_the_crates(v in prop::num::f64::POSITIVE, alpha in 1e-6f64..0.5) {
             let config = Config::new(alpha, 2048, 1e-9);
             prop_assert_eq!(BulkSketch::new(config).key(v), config.key(v));
+        }
+
+        /// The one-scan quantiles are the one-at-a-time ones, bit for bit, in any order of `qs`.
+        #[test]
+        fn quantiles_into_equals_quantile(values in prop::collection::vec(value(), 0..400), limit in 1u32..2048, qs in prop::collection::vec(prop_oneof![0.0f64..=1.0, Just(0.5), Just(0.99), Just(1.0), Just(0.0), Just(-0.5)], 0..8)) {
+            let (reference, bulk) = both(Config::new(0.01, limit, 1e-9), &values);
+            let mut got = Vec::new();
+            bulk.quantiles_into(&qs, &mut got);
+            let mut from_reference = Vec::new();
+            PaneSketch::Reference(Box::new(reference)).quantiles_into(&qs, &mut from_reference);
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let one_at_a_time: Vec<f64> = qs.iter().map(|&q| bulk.quantile(q).unwrap_or(f64::NAN)).collect();
+            prop_assert_eq!(bits(&got), bits(&one_at_a_time));
+            prop_assert_eq!(bits(&got), bits(&from_reference));
         }
 
         #[test]

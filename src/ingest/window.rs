@@ -15,6 +15,7 @@ use crate::text::{write_escaped, Escape};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, OnceLock};
 
 /// Counts of what happened to a request's samples. `accepted` and `late` count
 /// (sample, aggregation) pairs; the others count samples.
@@ -183,7 +184,30 @@ pub struct Accumulator {
     /// Open windows by start; each holds a pane per group id (None until a sample arrives).
     open: BTreeMap<i64, Panes>,
     /// Closed windows, oldest first.
-    closed: VecDeque<(i64, Panes)>,
+    closed: VecDeque<ClosedWindow>,
+    /// The groups in answer order with their labels' JSON, for queries.
+    query_order: Mutex<QueryOrder>,
+}
+
+/// Every group in the order a query answers them (by their labels as a map),
+/// each with the start of its JSON object up to its count; rebuilt when groups
+/// were added since. A group's labels never change.
+#[derive(Default)]
+struct QueryOrder {
+    /// How many groups (ids `0..covered`) this covers.
+    covered: usize,
+    /// Group ids in answer order.
+    sorted: Vec<u32>,
+    /// Per group id: `{"labels":{…},"count":`.
+    heads: Vec<Box<[u8]>>,
+}
+
+/// A closed window: its panes never change again, so its query answer is
+/// encoded once, on the first query, and kept.
+struct ClosedWindow {
+    start: i64,
+    panes: Vec<Option<PaneSketch>>,
+    answer: OnceLock<Box<[u8]>>,
 }
 
 impl Accumulator {
@@ -199,6 +223,7 @@ impl Accumulator {
             overflow: None,
             open: BTreeMap::new(),
             closed: VecDeque::new(),
+            query_order: Mutex::new(QueryOrder::default()),
         }
     }
 
@@ -255,7 +280,7 @@ impl Accumulator {
 
     /// What this aggregation holds of what [`Capacity`] bounds.
     pub fn held(&self) -> Held {
-        let windows = self.closed.iter().map(|(_, p)| p).chain(self.open.values());
+        let windows = self.closed.iter().map(|w| &w.panes).chain(self.open.values());
         let mut held = Held {
             groups: self.group_ids.len(),
             group_bytes: self.group_ids.keys().map(|k| 2 * k.len()).sum(),
@@ -417,7 +442,11 @@ impl Accumulator {
                 break;
             }
             let panes = self.open.remove(&start).expect("first key");
-            self.closed.push_back((start, panes));
+            self.closed.push_back(ClosedWindow {
+                start,
+                panes,
+                answer: OnceLock::new(),
+            });
             if self.closed.len() > self.keep {
                 drop_oldest(&mut self.closed, budget);
             }
@@ -426,22 +455,158 @@ impl Accumulator {
 
     /// The last closed window's start.
     pub fn last_closed(&self) -> Option<i64> {
-        self.closed.back().map(|(s, _)| *s)
+        self.closed.back().map(|w| w.start)
     }
 
     fn window(&self, start: i64) -> Option<(&Vec<Option<PaneSketch>>, bool)> {
-        if let Some((_, panes)) = self.closed.iter().find(|(s, _)| *s == start) {
-            return Some((panes, true));
+        if let Some(w) = self.closed.iter().find(|w| w.start == start) {
+            return Some((&w.panes, true));
         }
         self.open.get(&start).map(|p| (p, false))
+    }
+
+    /// The window a query asks for (`None`: the last closed one), if it exists.
+    fn query_start(&self, window: Option<i64>) -> Option<i64> {
+        window
+            .or_else(|| self.last_closed())
+            .filter(|&s| self.window(s).is_some())
+    }
+
+    /// [`Accumulator::query`] as the JSON `serde_json` makes of it, appended to
+    /// `out`. A closed window's answer is encoded on its first query and kept.
+    pub fn query_json(&self, window: Option<i64>, out: &mut Vec<u8>) {
+        let start = self.query_start(window);
+        match start.and_then(|s| self.closed.iter().find(|w| w.start == s)) {
+            Some(closed) => {
+                let answer = closed.answer.get_or_init(|| {
+                    let mut answer = Vec::new();
+                    self.encode_query(start, &mut answer);
+                    answer.into_boxed_slice()
+                });
+                out.extend_from_slice(answer);
+            }
+            None => self.encode_query(window, out),
+        }
+    }
+
+    /// [`Accumulator::query`]'s JSON, encoded afresh (no `QueryResult`, no
+    /// owned labels, the quantiles in one scan per pane; the group order and
+    /// each group's labels as JSON are kept across queries), appended to `out`.
+    pub fn encode_query(&self, window: Option<i64>, out: &mut Vec<u8>) {
+        let start = self.query_start(window);
+        out.extend_from_slice(b"{\"aggregation\":");
+        json_string(out, &self.agg.id);
+        out.extend_from_slice(b",\"window_start_ms\":");
+        match start {
+            Some(s) => out.extend_from_slice(itoa::Buffer::new().format(s).as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"groups\":[");
+        if let Some((panes, _)) = start.and_then(|s| self.window(s)) {
+            let mut order = self.query_order.lock().unwrap_or_else(|p| p.into_inner());
+            if order.covered != self.groups.len() {
+                *order = self.query_order_now();
+            }
+            // Each quantile's key, as `Quantiles` writes it, once.
+            let keys: Vec<Vec<u8>> = self
+                .agg
+                .quantiles
+                .iter()
+                .map(|q| {
+                    let mut key = Vec::new();
+                    json_string(&mut key, &q.to_string());
+                    key
+                })
+                .collect();
+            let mut values = Vec::with_capacity(keys.len());
+            let mut ints = itoa::Buffer::new();
+            let mut first = true;
+            for &gid in &order.sorted {
+                let Some(Some(pane)) = panes.get(gid as usize) else {
+                    continue;
+                };
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                out.extend_from_slice(&order.heads[gid as usize]);
+                out.extend_from_slice(ints.format(pane.count()).as_bytes());
+                out.extend_from_slice(b",\"quantiles\":{");
+                values.clear();
+                pane.quantiles_into(&self.agg.quantiles, &mut values);
+                for (j, (key, v)) in keys.iter().zip(&values).enumerate() {
+                    if j > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(key);
+                    out.push(b':');
+                    // serde_json's own float form (`null` when not finite).
+                    serde_json::to_writer(&mut *out, v).expect("a float serializes into a Vec");
+                }
+                out.extend_from_slice(b"}}");
+            }
+        }
+        out.extend_from_slice(b"]}");
+    }
+
+    /// Every group's answer order and JSON head, computed afresh.
+    fn query_order_now(&self) -> QueryOrder {
+        let labels: Vec<BTreeMap<&str, &str>> = self
+            .groups
+            .iter()
+            .map(|(labels, _)| {
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect()
+            })
+            .collect();
+        let mut sorted: Vec<u32> = (0..labels.len() as u32).collect();
+        // Stable, as `query`'s sort of the present groups in id order.
+        sorted.sort_by(|&a, &b| labels[a as usize].cmp(&labels[b as usize]));
+        let heads = labels
+            .iter()
+            .map(|labels| {
+                let mut head = b"{\"labels\":{".to_vec();
+                for (j, (k, v)) in labels.iter().enumerate() {
+                    if j > 0 {
+                        head.push(b',');
+                    }
+                    json_string(&mut head, k);
+                    head.push(b':');
+                    json_string(&mut head, v);
+                }
+                head.extend_from_slice(b"},\"count\":");
+                head.into_boxed_slice()
+            })
+            .collect();
+        QueryOrder {
+            covered: self.groups.len(),
+            sorted,
+            heads,
+        }
+    }
+
+    /// The quantile scan alone (the query's floor): every present pane's
+    /// quantiles of one window (`None`: the last closed one) onto `out`, in
+    /// group-id order; returns the panes scanned.
+    pub fn quantile_scan(&self, window: Option<i64>, out: &mut Vec<f64>) -> usize {
+        out.clear();
+        let Some((panes, _)) = self.query_start(window).and_then(|s| self.window(s)) else {
+            return 0;
+        };
+        let mut scanned = 0;
+        for pane in panes.iter().flatten() {
+            pane.quantiles_into(&self.agg.quantiles, out);
+            scanned += 1;
+        }
+        scanned
     }
 
     /// Per group, the quantiles of one window (`None`: the last closed one).
     /// Without such a window the result has no start and no groups.
     pub fn query(&self, window: Option<i64>) -> QueryResult {
-        let start = window
-            .or_else(|| self.last_closed())
-            .filter(|&s| self.window(s).is_some());
+        let start = self.query_start(window);
         let mut groups = Vec::new();
         if let Some((panes, _)) = start.and_then(|s| self.window(s)) {
             for (gid, pane) in panes.iter().enumerate() {
@@ -472,7 +637,7 @@ impl Accumulator {
         let windows = self
             .closed
             .iter()
-            .map(|(s, p)| (*s, p, true))
+            .map(|w| (w.start, &w.panes, true))
             .chain(self.open.iter().map(|(s, p)| (*s, p, false)));
         let mut out = Vec::new();
         for (start, panes, closed) in windows {
@@ -498,7 +663,11 @@ impl Accumulator {
 
     /// Open and closed panes, and their bins (for self-metrics).
     pub fn footprint(&self) -> (usize, usize) {
-        let all = self.closed.iter().map(|(_, p)| p).chain(self.open.values());
+        let all = self
+            .closed
+            .iter()
+            .map(|w| &w.panes)
+            .chain(self.open.values());
         let mut panes = 0;
         let mut bins = 0;
         for p in all.flatten().flatten() {
@@ -515,8 +684,8 @@ type Panes = Vec<Option<PaneSketch>>;
 /// Drops the oldest closed window, giving its slots and bins back to the
 /// budget; false when there is none. Past `keep`, or when the budget runs out:
 /// under memory pressure, history goes before new samples.
-fn drop_oldest(closed: &mut VecDeque<(i64, Panes)>, budget: &mut Budget) -> bool {
-    let Some((_, dropped)) = closed.pop_front() else {
+fn drop_oldest(closed: &mut VecDeque<ClosedWindow>, budget: &mut Budget) -> bool {
+    let Some(ClosedWindow { panes: dropped, .. }) = closed.pop_front() else {
         return false;
     };
     let bins: usize = dropped.iter().flatten().map(PaneSketch::bins_len).sum();
@@ -527,7 +696,7 @@ fn drop_oldest(closed: &mut VecDeque<(i64, Panes)>, budget: &mut Budget) -> bool
 
 /// Takes `grow` pane slots from the budget, dropping closed windows (oldest
 /// first) while they are short; false when even that is not enough.
-fn afford_slots(closed: &mut VecDeque<(i64, Panes)>, budget: &mut Budget, grow: usize) -> bool {
+fn afford_slots(closed: &mut VecDeque<ClosedWindow>, budget: &mut Budget, grow: usize) -> bool {
     loop {
         if budget.held.pane_slots.saturating_add(grow) <= budget.capacity.pane_slots {
             budget.held.pane_slots += grow;
@@ -537,6 +706,11 @@ fn afford_slots(closed: &mut VecDeque<(i64, Panes)>, budget: &mut Budget, grow: 
             return false;
         }
     }
+}
+
+/// `s` as a JSON string, as `serde_json` writes it (it escapes).
+fn json_string(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(out, s).expect("a string serializes into a Vec");
 }
 
 /// One pane's outcome, exactly (quantiles as bits).

@@ -48,6 +48,9 @@ enum Command {
     /// Internal: replay one op log in this process (used by `replay`).
     #[command(hide = true)]
     ReplayOne(promlab_lab::cli::ReplayOneArgs),
+    /// Internal: one ablation arm once, for its peak memory (used by `ablate --peak-rss`).
+    #[command(hide = true)]
+    ArmRss(promlab_lab::cli::ArmRssArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Some(Command::Export(args)) => promlab_lab::cli::export(args),
         Some(Command::Replay(args)) => promlab_lab::cli::replay(args),
         Some(Command::ReplayOne(args)) => promlab_lab::cli::replay_one(args),
+        Some(Command::ArmRss(args)) => promlab_lab::cli::arm_rss(args),
         Some(Command::Ablate(args)) => promlab_lab::cli::ablate(args),
         Some(Command::Report(args)) => promlab_lab::cli::report(args),
         Some(Command::Flamegraph(args)) => promlab_lab::cli::flamegraph(args),

@@ -270,6 +270,10 @@ pub struct AblateArgs {
     /// With --peers: include the embedded-ClickHouse (chdb) aggregation arm.
     #[arg(long, requires = "peers")]
     pub with_clickhouse: bool,
+    /// After timing, run each arm once more in a child process of its own and
+    /// report its peak resident memory (`peak_rss_bytes`).
+    #[arg(long)]
+    pub peak_rss: bool,
 }
 
 impl AblateArgs {
@@ -284,6 +288,7 @@ impl AblateArgs {
             print_digests: false,
             peers: false,
             with_clickhouse: false,
+            peak_rss: false,
         }
     }
 }
@@ -304,8 +309,29 @@ pub fn ablate(args: AblateArgs) -> Result<()> {
         peers: args.peers,
         with_clickhouse: args.with_clickhouse,
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        peak_rss: if args.peak_rss {
+            Some(std::env::current_exe().context("cannot find this executable")?)
+        } else {
+            None
+        },
     };
     crate::harness::ablate(&args.scenarios, &options).map(drop)
+}
+
+/// `promlab arm-rss` (internal, for `ablate --peak-rss`): one arm once, its peak memory.
+#[derive(clap::Args, Debug)]
+pub struct ArmRssArgs {
+    pub scenario: String,
+    #[arg(long)]
+    pub arm: String,
+    #[arg(long)]
+    pub quick: bool,
+}
+
+pub fn arm_rss(args: ArmRssArgs) -> Result<()> {
+    let (peak, before) = crate::harness::rss::measure(&args.scenario, args.quick, &args.arm)?;
+    println!("peak_rss_bytes={peak}\nrss_before_bytes={before}");
+    Ok(())
 }
 
 /// `promlab report`: rewrite the measured tables of `strategies/*.md` and the
@@ -318,6 +344,10 @@ pub struct ReportArgs {
     /// Where the dossiers are.
     #[arg(long, default_value = "strategies")]
     pub strategies_dir: PathBuf,
+    /// The README whose floors table (between `<!-- floors:begin -->` and
+    /// `<!-- floors:end -->`) is regenerated.
+    #[arg(long, default_value = "README.md")]
+    pub readme: PathBuf,
 }
 
 pub fn report(args: ReportArgs) -> Result<()> {
@@ -327,7 +357,7 @@ pub fn report(args: ReportArgs) -> Result<()> {
             crate::harness::dossier::latest_results(std::path::Path::new("experiments/results"))?
         }
     };
-    crate::harness::dossier::regenerate(&results, &args.strategies_dir)?;
+    crate::harness::dossier::regenerate(&results, &args.strategies_dir, Some(&args.readme))?;
     println!("dossiers regenerated from {}", results.display());
     Ok(())
 }

@@ -15,8 +15,11 @@
 //! 3. **reports** a terminal table and a CSV per scenario plus `machine.txt`.
 
 pub mod dossier;
+pub mod floor;
 pub mod peers;
+pub mod query;
 pub mod report;
+pub mod rss;
 pub mod workloads;
 
 use anyhow::{bail, Context, Result};
@@ -78,6 +81,13 @@ pub enum Generator {
     },
     /// Ingest: the requests a real Prometheus sent, `passes` times over.
     PrometheusCaptures { passes: usize },
+    /// Query: the quantiles of every group's last closed window, after the
+    /// feeder's workload (`ticks` seconds of it) was ingested.
+    AsapQuery {
+        groups: u64,
+        series_per_group: u64,
+        ticks: u64,
+    },
 }
 
 impl Generator {
@@ -89,7 +99,9 @@ impl Generator {
                 Stage::Export
             }
             Generator::Rabbitmq { .. } => Stage::Render,
-            Generator::Asap { .. } | Generator::PrometheusCaptures { .. } => Stage::Ingest,
+            Generator::Asap { .. }
+            | Generator::PrometheusCaptures { .. }
+            | Generator::AsapQuery { .. } => Stage::Ingest,
         }
     }
 }
@@ -110,7 +122,7 @@ impl Scenario {
 }
 
 /// The scenarios that ship with promlab (`experiments/scenarios/`), in run order.
-pub const BUILT_IN: [(&str, &str); 7] = [
+pub const BUILT_IN: [(&str, &str); 8] = [
     (
         "write-long-label",
         include_str!("../../../scenarios/write-long-label.toml"),
@@ -132,6 +144,10 @@ pub const BUILT_IN: [(&str, &str); 7] = [
     (
         "prometheus-captures",
         include_str!("../../../scenarios/prometheus-captures.toml"),
+    ),
+    (
+        "asap-query",
+        include_str!("../../../scenarios/asap-query.toml"),
     ),
 ];
 
@@ -168,6 +184,9 @@ pub enum Output<'a> {
     /// A store directory the run wrote into (the write stage's product). Its
     /// state grows run by run, so it is compared after the same number of runs.
     Store(&'a Path),
+    /// A floor's product, which is not the stage's answer: how many units it
+    /// handled (checked against [`Workload::units`]).
+    Units(u64),
 }
 
 impl Output<'_> {
@@ -176,6 +195,7 @@ impl Output<'_> {
         Ok(match self {
             Output::Bytes(bytes) => std::borrow::Cow::Borrowed(bytes),
             Output::Store(dir) => std::borrow::Cow::Owned(workloads::store_bytes(dir)?),
+            Output::Units(n) => std::borrow::Cow::Owned(n.to_le_bytes().to_vec()),
         })
     }
 }
@@ -187,6 +207,62 @@ pub trait Workload {
     fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>>;
     /// How much one run does, and of what (`lines`, `samples`, `ops`).
     fn units(&self) -> (u64, &'static str);
+    /// The stage's floor on the same input: the least work its contract allows
+    /// ([`floor`]). Checked like an arm: bytes against the verified answer, or
+    /// ([`Output::Units`]) the units it handled against [`Workload::units`].
+    fn floor(&mut self) -> Result<Output<'_>>;
+    /// Arms besides the strategy sets and the floor (the query's other paths),
+    /// by name, with the strategy set each runs under.
+    fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
+        Vec::new()
+    }
+    /// One run of an extra arm ([`Workload::extra_arms`]).
+    fn run_extra(&mut self, name: &str, _strategies: StrategySet) -> Result<Output<'_>> {
+        bail!("no extra arm `{name}` in this workload")
+    }
+}
+
+/// What an arm runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArmKind {
+    /// The stage under a strategy set ([`Workload::run`]).
+    Strategies,
+    /// The stage's floor ([`Workload::floor`]).
+    Floor,
+    /// Another path to the same answer ([`Workload::extra_arms`]).
+    Extra,
+}
+
+/// One run of an arm of any kind.
+pub fn run_arm<'w>(
+    workload: &'w mut dyn Workload,
+    kind: ArmKind,
+    name: &str,
+    strategies: StrategySet,
+) -> Result<Output<'w>> {
+    match kind {
+        ArmKind::Strategies => workload.run(strategies),
+        ArmKind::Floor => workload.floor(),
+        ArmKind::Extra => workload.run_extra(name, strategies),
+    }
+}
+
+/// Every arm `promlab ablate` measures for `workload`: the strategy arms of
+/// `set` ([`arms`]), then the workload's extra arms, then its floor.
+pub fn all_arms(
+    stage: Stage,
+    set: StrategySet,
+    workload: &dyn Workload,
+) -> Vec<(String, StrategySet, ArmKind)> {
+    let mut all: Vec<_> = arms(stage, set)
+        .into_iter()
+        .map(|(name, s)| (name, s, ArmKind::Strategies))
+        .collect();
+    for (name, s) in workload.extra_arms() {
+        all.push((name.to_string(), s, ArmKind::Extra));
+    }
+    all.push(("floor".to_string(), StrategySet::NONE, ArmKind::Floor));
+    all
 }
 
 pub fn digest(bytes: &[u8]) -> String {
@@ -201,6 +277,7 @@ pub fn digest(bytes: &[u8]) -> String {
 /// - a generated store (`seed-repro`, `large`): the naive references — the
 ///   reference writer's files from the op logs, exported by the reference
 ///   exporter ([`promlab::reference`]), none of it the code under test;
+/// - the query: the baseline's answer through `QueryResult` and serde;
 /// - write, render and ingest: the baseline run. Their independent checks are
 ///   `promlab verify`'s (store bytes against the reference writer, quantiles
 ///   within α of the exact ones); a quantile JSON cannot come bit for bit from
@@ -237,8 +314,13 @@ pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
         return promlab::reference::exposition::export(dir.path(), &store.registry);
     }
     let mut workload = workloads::build(params)?;
-    let answer = workload.run(StrategySet::NONE)?.bytes()?.into_owned();
-    Ok(answer)
+    let answer = match params {
+        // The query's answer through the path before it was encoded directly:
+        // `QueryResult`s and serde.
+        Generator::AsapQuery { .. } => workload.run_extra("all-serde", StrategySet::NONE)?,
+        _ => workload.run(StrategySet::NONE)?,
+    };
+    Ok(answer.bytes()?.into_owned())
 }
 
 /// The strategy set the benches ablate for `stage`: the build's features that
@@ -316,6 +398,28 @@ fn mismatch_report(
     report
 }
 
+/// Checks what one run of the arm `name` returned: bytes must be the verified
+/// answer, a floor's units the workload's. A store is compared after the rounds.
+fn check_output(
+    scenario: &str,
+    round: usize,
+    name: &str,
+    verified: &[u8],
+    units: u64,
+    output: &Output<'_>,
+) -> Result<()> {
+    match output {
+        Output::Bytes(bytes) if *bytes != verified => bail!(
+            "scenario {scenario}: run {round} of `{name}` differs from its verified output {}",
+            first_difference(verified, bytes, "verified", name)
+        ),
+        Output::Units(n) if *n != units => bail!(
+            "scenario {scenario}: run {round} of `{name}` handled {n} units, not the workload's {units}"
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Options of one ablation run.
 #[derive(Clone, Debug)]
 pub struct AblateOptions {
@@ -332,6 +436,9 @@ pub struct AblateOptions {
     pub peers: bool,
     /// Include the optional embedded-ClickHouse peer (`--with-clickhouse`).
     pub with_clickhouse: bool,
+    /// `--peak-rss`: the `promlab` binary to run each arm once in, as a child
+    /// process, for its peak resident memory ([`rss`]).
+    pub peak_rss: Option<PathBuf>,
 }
 
 /// Timings of one arm.
@@ -339,7 +446,10 @@ pub struct AblateOptions {
 pub struct ArmResult {
     pub arm: String,
     pub strategies: StrategySet,
+    pub kind: ArmKind,
     pub samples: Vec<Duration>,
+    /// `--peak-rss`: the run's own peak resident memory, in bytes (see [`rss`]).
+    pub peak_rss_bytes: Option<u64>,
 }
 
 impl ArmResult {
@@ -416,12 +526,13 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     }
     progress.finish();
     let verified = baseline_output.unwrap_or_default();
-    let arms = arms(
+    let arms = all_arms(
         stage,
         options
             .only
             .unwrap_or_else(StrategySet::all)
             .restrict(stage),
+        workload.as_ref(),
     );
     let mut result = ScenarioResult {
         scenario: scenario.name.clone(),
@@ -438,14 +549,17 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         return Ok(result);
     }
 
-    // 2. Measure the arms, interleaved; what every timed run returned is checked.
+    // 2. Measure the arms, interleaved; what every timed run returned is checked
+    //    (the floor's too: its bytes, or the units it handled).
     let repeats = options.repeats.unwrap_or(size.repeats).max(1);
     let mut results: Vec<ArmResult> = arms
         .iter()
-        .map(|(arm, s)| ArmResult {
+        .map(|(arm, s, kind)| ArmResult {
             arm: arm.clone(),
             strategies: *s,
+            kind: *kind,
             samples: Vec::new(),
+            peak_rss_bytes: None,
         })
         .collect();
     let progress = report::Progress::new(
@@ -454,6 +568,7 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         (repeats * arms.len()) as u64,
         "measure",
     );
+    let units = result.units.0;
     // Digests of the last round's stores: every arm has run as often by then.
     let mut last_stores: Vec<Option<String>> = vec![None; arms.len()];
     // One untimed warm-up round (round 0), then the timed ones.
@@ -461,21 +576,14 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         // Rotate the starting arm each round so no arm always runs first.
         for k in 0..arms.len() {
             let i = (k + round) % arms.len();
+            let (name, set, kind) = &arms[i];
             let start = Instant::now();
-            let output = workload.run(arms[i].1)?;
+            let output = run_arm(workload.as_mut(), *kind, name, *set)?;
             let elapsed = start.elapsed();
-            match output {
-                Output::Bytes(bytes) if bytes != verified.as_slice() => bail!(
-                    "scenario {}: run {round} of `{}` differs from its verified output {}",
-                    scenario.name,
-                    arms[i].1,
-                    first_difference(&verified, bytes, "verified", &arms[i].1.to_string())
-                ),
-                Output::Bytes(_) => {}
-                store @ Output::Store(_) => {
-                    if round == repeats {
-                        last_stores[i] = Some(digest(&store.bytes()?));
-                    }
+            check_output(&scenario.name, round, name, &verified, units, &output)?;
+            if let store @ Output::Store(_) = output {
+                if round == repeats {
+                    last_stores[i] = Some(digest(&store.bytes()?));
                 }
             }
             if round > 0 {
@@ -487,7 +595,7 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     if let Some((i, _)) = last_stores
         .iter()
         .enumerate()
-        .find(|(_, d)| **d != last_stores[0])
+        .find(|(_, d)| d.is_some() && **d != last_stores[0])
     {
         bail!(
             "scenario {}: after {} runs each, `{}` left a store different from the baseline's",
@@ -499,7 +607,14 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     progress.finish();
     result.arms = results;
 
-    // 3. The peers, after ours.
+    // 3. Peak memory, each arm once in a child of its own (`--peak-rss`).
+    if let Some(exe) = &options.peak_rss {
+        for arm in &mut result.arms {
+            arm.peak_rss_bytes = Some(rss::probe(exe, &scenario.name, options.quick, &arm.arm)?);
+        }
+    }
+
+    // 4. The peers, after ours.
     if options.peers {
         (result.peers, result.peers_skipped) = peers::run_for(
             scenario,
@@ -625,7 +740,9 @@ mod tests {
             })
             .collect();
         use Stage::*;
-        let expected = [Write, Export, Export, Export, Render, Ingest, Ingest];
+        let expected = [
+            Write, Export, Export, Export, Render, Ingest, Ingest, Ingest,
+        ];
         assert_eq!(stages, expected.map(|s| (s, s)));
         let asap = load_scenario("asap-1e5").unwrap();
         assert_eq!(
@@ -682,9 +799,12 @@ mod tests {
             progress: false,
             peers: false,
             with_clickhouse: false,
+            peak_rss: None,
         };
         let result = run_scenario(&scenario, &options).unwrap();
-        assert_eq!(result.arms.len(), 8);
+        // Eight strategy arms and the floor.
+        assert_eq!(result.arms.len(), 9);
+        assert_eq!(result.arms[8].kind, ArmKind::Floor);
         assert!(result.arms.iter().all(|a| a.samples.len() == 2));
         assert_eq!(result.digest, scenario.quick.expected);
         // A wrong digest stops the run, naming the strategies.

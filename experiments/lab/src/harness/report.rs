@@ -1,7 +1,7 @@
 //! What an ablation run leaves behind: a terminal table, a CSV per scenario and
 //! `machine.txt`. The columns are documented in `experiments/README.md`.
 
-use super::{AblateOptions, ArmResult, ScenarioResult};
+use super::{AblateOptions, ArmKind, ArmResult, ScenarioResult};
 use crate::machine::{self, Host, LoadAverage};
 use anyhow::{Context, Result};
 use promlab::strategy::StrategySet;
@@ -88,8 +88,26 @@ fn baseline(result: &ScenarioResult) -> &ArmResult {
     result
         .arms
         .iter()
-        .find(|a| a.strategies == StrategySet::NONE)
+        .find(|a| a.kind == ArmKind::Strategies && a.strategies == StrategySet::NONE)
         .expect("every ablation has a baseline arm")
+}
+
+/// The stage's floor arm, if the run had one.
+fn floor(result: &ScenarioResult) -> Option<&ArmResult> {
+    result.arms.iter().find(|a| a.kind == ArmKind::Floor)
+}
+
+/// An arm's name in the terminal table.
+fn label(arm: &ArmResult) -> String {
+    let plain = arm.kind != ArmKind::Strategies
+        || arm.arm == "all"
+        || arm.arm == "baseline"
+        || arm.arm.starts_with("all-");
+    if plain {
+        arm.arm.clone()
+    } else {
+        format!("{} alone", arm.arm)
+    }
 }
 
 /// The terminal table of one scenario.
@@ -109,32 +127,40 @@ pub fn table(result: &ScenarioResult) -> String {
         &result.digest[..12],
         result.arms.first().map_or(0, |arm| arm.samples.len())
     );
+    let floor_median = floor(result).map(|f| f.median().as_secs_f64());
+    let rss = result.arms.iter().any(|a| a.peak_rss_bytes.is_some());
     let _ = writeln!(
         out,
-        "  {:<34} {:>11} {:>11} {:>11} {:>13} {:>9}",
+        "  {:<34} {:>11} {:>11} {:>11} {:>13} {:>9} {:>9}{}",
         "arm",
         "median",
         "min",
         "max",
         &format!("ns/{}", unit.trim_end_matches('s')),
-        "speed-up"
+        "speed-up",
+        "÷ floor",
+        if rss { "   peak RSS" } else { "" }
     );
     for arm in &result.arms {
         let median = arm.median();
         let per_unit = median.as_nanos() as f64 / units.max(1) as f64;
         let _ = writeln!(
             out,
-            "  {:<34} {:>11} {:>11} {:>11} {:>13.1} {:>8.2}×",
-            if arm.arm == "all" || arm.arm == "baseline" || arm.arm.starts_with("all-") {
-                arm.arm.clone()
-            } else {
-                format!("{} alone", arm.arm)
-            },
+            "  {:<34} {:>11} {:>11} {:>11} {:>13.1} {:>8.2}× {:>8}{}",
+            label(arm),
             human(median),
             human(arm.quantile(0.0)),
             human(arm.quantile(1.0)),
             per_unit,
-            base / median.as_secs_f64()
+            base / median.as_secs_f64(),
+            floor_median.map_or("–".to_string(), |f| format!(
+                "{:.2}×",
+                median.as_secs_f64() / f
+            )),
+            arm.peak_rss_bytes.map_or(String::new(), |b| format!(
+                " {:>8.1} MiB",
+                b as f64 / (1 << 20) as f64
+            )),
         );
     }
     if !result.peers.is_empty() || !result.peers_skipped.is_empty() {
@@ -169,23 +195,25 @@ pub fn table(result: &ScenarioResult) -> String {
     out
 }
 
-/// promlab's arm with every strategy of the run on (the last arm).
+/// promlab's arm with every strategy of the run on (the last strategy arm).
 fn all(result: &ScenarioResult) -> &ArmResult {
     result
         .arms
         .iter()
+        .filter(|a| a.kind == ArmKind::Strategies)
         .max_by_key(|a| a.strategies.iter().count())
         .expect("every ablation has arms")
 }
 
 /// The CSV header; see `experiments/README.md`. `notebooks/ablation.ipynb`
 /// reads the columns by name; keep their names and order.
-pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all";
+pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all,ratio_to_floor,peak_rss_bytes";
 
 /// One row of a results CSV, field for column in [`CSV_HEADER`]'s order.
-/// Results written before peers existed lack the last three columns; they
-/// read as `wall`, no RSS and no ratio (as does an empty ratio, which pandas
-/// may leave behind).
+/// Results written before peers existed lack `measure`, `rss_kib` and
+/// `ratio_to_all`; they read as `wall`, no RSS and no ratio (as does an empty
+/// ratio, which pandas may leave behind). Results from before the floor arms
+/// lack the last two and read as none.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ResultRow {
     pub scenario: String,
@@ -214,6 +242,12 @@ pub struct ResultRow {
     pub rss_kib: Option<u64>,
     #[serde(default, serialize_with = "four_decimals_or_empty")]
     pub ratio_to_all: Option<f64>,
+    /// Arm median / the floor arm's median, same run (per unit for a peer).
+    #[serde(default, serialize_with = "four_decimals_or_empty")]
+    pub ratio_to_floor: Option<f64>,
+    /// `--peak-rss`: the arm's own peak resident memory, in bytes (`harness::rss`).
+    #[serde(default)]
+    pub peak_rss_bytes: Option<u64>,
 }
 
 fn wall() -> String {
@@ -240,6 +274,7 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
     let base = baseline(result).median().as_nanos() as f64;
     let units = result.units.0.max(1) as f64;
     let all_per_unit = all(result).median().as_nanos() as f64 / units;
+    let floor_per_unit = floor(result).map(|f| f.median().as_nanos() as f64 / units);
     let nanos = |d: Duration| d.as_nanos() as u64;
     let mut rows = Vec::new();
     for arm in &result.arms {
@@ -249,7 +284,10 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             stage: result.stage.to_string(),
             size: result.size.to_string(),
             arm: arm.arm.clone(),
-            strategies: arm.strategies.to_string(),
+            strategies: match arm.kind {
+                ArmKind::Floor => "floor".to_string(),
+                _ => arm.strategies.to_string(),
+            },
             repeats: arm.samples.len() as u64,
             median_ns: nanos(arm.median()),
             min_ns: nanos(arm.quantile(0.0)),
@@ -264,6 +302,8 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             measure: "wall".to_string(),
             rss_kib: None,
             ratio_to_all: Some(median / units / all_per_unit),
+            ratio_to_floor: floor_per_unit.map(|f| median / units / f),
+            peak_rss_bytes: arm.peak_rss_bytes,
         });
     }
     // Peer rows: per-unit ratios, since a peer counts its own units; no digest,
@@ -290,6 +330,8 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             measure: peer.measure.name().to_string(),
             rss_kib: peer.rss_kib,
             ratio_to_all: Some(per_unit / all_per_unit),
+            ratio_to_floor: floor_per_unit.map(|f| per_unit / f),
+            peak_rss_bytes: None,
         });
     }
     rows
@@ -396,6 +438,8 @@ mod tests {
             measure: "wall".to_string(),
             rss_kib: Some(4096),
             ratio_to_all: Some(1.25),
+            ratio_to_floor: Some(3.5),
+            peak_rss_bytes: Some(1 << 20),
         }
     }
 
@@ -407,7 +451,7 @@ mod tests {
         assert_eq!(text.lines().next(), Some(CSV_HEADER));
         assert_eq!(
             text.lines().nth(1),
-            Some("seed-repro,export,quick,baseline,\"single-read,decode-once\",3,1234567,1000000,1100000,1300000,1400000,2100,lines,587.889,1.5000,0f59dbe0,wall,4096,1.2500")
+            Some("seed-repro,export,quick,baseline,\"single-read,decode-once\",3,1234567,1000000,1100000,1300000,1400000,2100,lines,587.889,1.5000,0f59dbe0,wall,4096,1.2500,3.5000,1048576")
         );
         let mut empty = Vec::new();
         write_rows(&mut empty, &[]).unwrap();
@@ -476,6 +520,10 @@ mod tests {
         );
         assert_eq!((rows[0].measure.as_str(), rows[0].rss_kib), ("wall", None));
         assert_eq!(rows[0].ratio_to_all, None);
+        assert_eq!(
+            (rows[0].ratio_to_floor, rows[0].peak_rss_bytes),
+            (None, None)
+        );
         assert!(read_rows("scenario\nx\n".as_bytes()).is_err());
     }
 }

@@ -36,6 +36,15 @@ pub fn build(params: &Generator) -> Result<Box<dyn Workload>> {
             ticks,
         } => Box::new(Ingest::feeder(*groups, *series_per_group, *ticks)?),
         Generator::PrometheusCaptures { passes } => Box::new(Ingest::captures(*passes)?),
+        Generator::AsapQuery {
+            groups,
+            series_per_group,
+            ticks,
+        } => Box::new(super::query::Query::feeder(
+            *groups,
+            *series_per_group,
+            *ticks,
+        )?),
     })
 }
 
@@ -49,6 +58,7 @@ struct Export {
     exporters: HashMap<StrategySet, promlab::export::Exporter>,
     out: Vec<u8>,
     lines: u64,
+    floor: super::floor::ExportFloor,
 }
 
 impl Export {
@@ -74,6 +84,7 @@ impl Export {
     ) -> Result<Export> {
         let text = promlab::export::export(&dir, &registry, StrategySet::NONE)?;
         let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
+        let floor = super::floor::ExportFloor::new(&dir, text)?;
         Ok(Export {
             _dir: keep,
             dir,
@@ -81,6 +92,7 @@ impl Export {
             exporters: HashMap::new(),
             out: Vec::new(),
             lines,
+            floor,
         })
     }
 
@@ -103,6 +115,11 @@ impl Workload for Export {
     fn units(&self) -> (u64, &'static str) {
         (self.lines, "lines")
     }
+
+    /// Every store file's used region read once, and the exposition written.
+    fn floor(&mut self) -> Result<Output<'_>> {
+        Ok(Output::Bytes(self.floor.run()))
+    }
 }
 
 /// Write: `steps` × (histogram observe + counter increment) with a 195-char label.
@@ -110,6 +127,7 @@ struct LongLabel {
     steps: usize,
     /// One warm writer per strategy set, so runs time the steady state.
     writers: HashMap<StrategySet, (tempfile::TempDir, LongLabelWriter)>,
+    floor: Option<super::floor::WriteFloor>,
 }
 
 impl LongLabel {
@@ -117,6 +135,7 @@ impl LongLabel {
         LongLabel {
             steps,
             writers: HashMap::new(),
+            floor: None,
         }
     }
 
@@ -170,6 +189,15 @@ impl Workload for LongLabel {
     fn units(&self) -> (u64, &'static str) {
         (self.steps as u64, "steps")
     }
+
+    /// The lock pair alone, once per step: the store is not written.
+    fn floor(&mut self) -> Result<Output<'_>> {
+        let floor = match &mut self.floor {
+            Some(floor) => floor,
+            None => self.floor.insert(super::floor::WriteFloor::new()?),
+        };
+        Ok(Output::Units(floor.run(self.steps)?))
+    }
 }
 
 /// Render: RabbitMQ's per-object scrape of a live registry. Each strategy set
@@ -180,6 +208,7 @@ struct Render {
     awkward_names: bool,
     scenarios: HashMap<StrategySet, promlab::render::rabbitmq::RabbitMqNode>,
     body: Vec<u8>,
+    floor: Option<super::floor::RenderFloor>,
 }
 
 impl Render {
@@ -189,6 +218,7 @@ impl Render {
             awkward_names,
             scenarios: HashMap::new(),
             body: Vec::new(),
+            floor: None,
         }
     }
 
@@ -223,6 +253,27 @@ impl Workload for Render {
         let lines = self.body.iter().filter(|&&b| b == b'\n').count();
         (lines as u64, "lines")
     }
+
+    /// The scrape's lines prerendered from the baseline's exposition, copied,
+    /// each value formatted: the same bytes when every value prints in its
+    /// shortest form, otherwise checked by its line count.
+    fn floor(&mut self) -> Result<Output<'_>> {
+        if self.floor.is_none() {
+            let mut body = std::mem::take(&mut self.body);
+            self.scenario(StrategySet::NONE)?
+                .render_per_object(&mut body);
+            self.floor = Some(super::floor::RenderFloor::new(&body));
+            // A scrape's lines are the units, whether the floor runs first or not.
+            self.body = body;
+        }
+        let floor = self.floor.as_mut().expect("built above");
+        if floor.same_bytes {
+            Ok(Output::Bytes(floor.run()))
+        } else {
+            floor.run();
+            Ok(Output::Units(floor.lines()))
+        }
+    }
 }
 
 /// Ingest: remote-write request bodies through the receiver's handler, a new
@@ -234,6 +285,7 @@ struct Ingest {
     samples: u64,
     /// The last run's answer.
     out: Vec<u8>,
+    floor: super::floor::IngestFloor,
 }
 
 /// The plan for Prometheus's own self-scrape: GC pause quantiles by `quantile`, 5 s windows.
@@ -250,8 +302,10 @@ impl Ingest {
         };
         let generator = workload.generator();
         let bodies: Vec<Vec<u8>> = (0..ticks).flat_map(|t| generator.tick_bodies(t)).collect();
+        let plan = promlab::ingest::plan::Plan::default();
         Ok(Ingest {
-            plan: promlab::ingest::plan::Plan::default(),
+            floor: super::floor::IngestFloor::new(&plan)?,
+            plan,
             bodies,
             samples: workload.samples_per_tick() * ticks,
             out: Vec::new(),
@@ -270,6 +324,7 @@ impl Ingest {
             probe.handle(body)?;
         }
         Ok(Ingest {
+            floor: super::floor::IngestFloor::new(&plan)?,
             plan,
             bodies,
             samples: probe.totals().samples,
@@ -300,5 +355,11 @@ impl Workload for Ingest {
 
     fn units(&self) -> (u64, &'static str) {
         (self.samples, "samples")
+    }
+
+    /// Decode, walk, one hash per series, one sketch add per sample; checked
+    /// by the samples it walked.
+    fn floor(&mut self) -> Result<Output<'_>> {
+        Ok(Output::Units(self.floor.run(&self.bodies)?))
     }
 }

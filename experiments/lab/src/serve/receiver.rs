@@ -216,13 +216,11 @@ async fn quantiles(
     State(rx): State<Arc<Receiver>>,
     Query(params): Query<QuantileParams>,
 ) -> Response {
-    let result = rx.lock().query(&params.agg, params.window);
-    match result {
-        Some(result) => {
-            let json = serde_json::to_vec(&result).expect("query results serialize");
-            ([(header::CONTENT_TYPE, "application/json")], json).into_response()
-        }
-        None => (
+    let mut json = Vec::new();
+    let found = rx.lock().query_json(&params.agg, params.window, &mut json);
+    match found {
+        true => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        false => (
             StatusCode::NOT_FOUND,
             format!("no aggregation `{}` in the plan\n", params.agg),
         )

@@ -1,0 +1,452 @@
+//! Each stage's floor: the least work its contract allows, run as one more arm
+//! of the ablation, interleaved with the others on the same input, so every
+//! arm's `ratio_to_floor` says how far it is from the limit on this machine.
+//!
+//! - write: the `flock` pair client_ruby's protocol holds around every
+//!   observe and increment, alone ([`WriteFloor`]);
+//! - export: one pass reading every store file's used region through a
+//!   mapping (what a sidecar cannot avoid reading), plus writing the
+//!   exposition's bytes ([`ExportFloor`]);
+//! - render: prerendered lines copied, each value formatted (`itoa` for
+//!   integers and integral floats, `ryu` for the others) ([`RenderFloor`]);
+//! - ingest: snappy decode, a zero-copy protobuf walk, one hash per series
+//!   (of its label bytes, to find its group's sketch; the labels are read
+//!   only when a series is first seen) and one sketch add per sample (the
+//!   request's values of a group added as one slice) ([`IngestFloor`]);
+//! - query: the quantile scan alone (`Ingester::quantile_scan`, in the query
+//!   workload).
+//!
+//! A floor's output is checked like an arm's where it is the stage's answer
+//! (export; render when every value's shortest form is the exposition's),
+//! otherwise by the units it handled (steps, lines, samples, groups): a lock
+//! pair, a window-less sketch per group or bare quantiles are not the answer.
+
+use anyhow::{bail, Context, Result};
+use promlab::ingest::sketch::BulkSketch;
+use promlab::ingest::wire;
+use promlab::store::{StoreFile, StoreIo};
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::path::Path;
+
+/// Write: `steps` lock pairs on a real store file, as `Client::observe` takes them.
+pub struct WriteFloor {
+    _dir: tempfile::TempDir,
+    file: StoreFile,
+}
+
+impl WriteFloor {
+    pub fn new() -> Result<WriteFloor> {
+        let dir = tempfile::tempdir()?;
+        let file = StoreFile::open(&dir.path().join("metric_lock___4242.bin"), StoreIo::Mapped)?;
+        Ok(WriteFloor { _dir: dir, file })
+    }
+
+    /// `steps` × (`flock(LOCK_EX)` + `flock(LOCK_UN)`); returns the pairs taken.
+    pub fn run(&mut self, steps: usize) -> Result<u64> {
+        for _ in 0..steps {
+            self.file.with_lock(|f| Ok(black_box(f).used()))?;
+        }
+        Ok(steps as u64)
+    }
+}
+
+/// Export: every store file mapped once (as a long-lived exporter keeps them);
+/// a scrape reads each used region in one pass and writes the exposition.
+pub struct ExportFloor {
+    maps: Vec<memmap2::Mmap>,
+    exposition: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl ExportFloor {
+    /// The store in `dir` and the exposition it must give (already verified).
+    pub fn new(dir: &Path, exposition: Vec<u8>) -> Result<ExportFloor> {
+        let mut paths: Vec<_> = std::fs::read_dir(dir)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()?;
+        paths.sort();
+        let mut maps = Vec::new();
+        for path in paths.iter().filter(|p| p.is_file()) {
+            let file = std::fs::File::open(path)?;
+            // SAFETY: the store is not written while the floor reads it (a
+            // benchmark's store is written once, before any arm runs).
+            let map = unsafe { memmap2::Mmap::map(&file) }
+                .with_context(|| format!("cannot map {}", path.display()))?;
+            maps.push(map);
+        }
+        Ok(ExportFloor {
+            maps,
+            exposition,
+            out: Vec::new(),
+        })
+    }
+
+    /// Bytes of store the floor reads per scrape (the used regions).
+    pub fn store_bytes(&self) -> usize {
+        self.maps.iter().map(|m| used_region(m).len()).sum()
+    }
+
+    pub fn run(&mut self) -> &[u8] {
+        let mut sum = 0u64;
+        for map in &self.maps {
+            sum = sum.wrapping_add(checksum(used_region(map)));
+        }
+        black_box(sum);
+        self.out.clear();
+        self.out.extend_from_slice(&self.exposition);
+        &self.out
+    }
+}
+
+/// A store file's used region (its first 4 bytes say how much is used).
+fn used_region(map: &[u8]) -> &[u8] {
+    let used = map
+        .get(..4)
+        .map_or(0, |b| i32::from_le_bytes(b.try_into().expect("4 bytes")));
+    &map[..(used.max(0) as usize).min(map.len())]
+}
+
+/// A sum of 8-byte words: one read of every byte, at memory bandwidth.
+fn checksum(bytes: &[u8]) -> u64 {
+    let words = bytes.chunks_exact(8);
+    let tail = words
+        .remainder()
+        .iter()
+        .fold(0u64, |s, &b| s.wrapping_add(b as u64));
+    words.fold(tail, |s, w| {
+        s.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")))
+    })
+}
+
+/// A value of a prerendered line.
+#[derive(Clone, Copy, Debug)]
+enum Value {
+    /// A comment line: copied whole.
+    None,
+    Int(i64),
+    Float(f64),
+}
+
+/// Render: every line of the scrape prerendered up to its value; a scrape
+/// copies the lines and formats the values.
+pub struct RenderFloor {
+    prefixes: Vec<u8>,
+    /// Per line: the end of its prefix in `prefixes`, and its value.
+    lines: Vec<(usize, Value)>,
+    out: Vec<u8>,
+    /// Whether the floor's bytes are the exposition's (every value's shortest
+    /// form is the one the exposition prints).
+    pub same_bytes: bool,
+}
+
+impl RenderFloor {
+    /// The lines of an exposition (already verified) and their values.
+    pub fn new(exposition: &[u8]) -> RenderFloor {
+        let mut prefixes = Vec::new();
+        let mut lines = Vec::new();
+        for line in exposition.split(|&b| b == b'\n') {
+            let value = match line.iter().rposition(|&b| b == b' ') {
+                Some(at) if !line.starts_with(b"#") => {
+                    let text = std::str::from_utf8(&line[at + 1..]).unwrap_or("");
+                    match (text.parse::<i64>(), text.parse::<f64>()) {
+                        (Ok(i), _) => Some((at + 1, Value::Int(i))),
+                        (_, Ok(f)) => Some((at + 1, Value::Float(f))),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            let (end, value) = value.unwrap_or((line.len(), Value::None));
+            prefixes.extend_from_slice(&line[..end]);
+            lines.push((prefixes.len(), value));
+        }
+        // The split leaves an empty last piece after the final newline.
+        if exposition.ends_with(b"\n") {
+            lines.pop();
+        }
+        let mut floor = RenderFloor {
+            prefixes,
+            lines,
+            out: Vec::new(),
+            same_bytes: false,
+        };
+        floor.run();
+        floor.same_bytes = floor.out == exposition;
+        floor
+    }
+
+    pub fn lines(&self) -> u64 {
+        self.lines.len() as u64
+    }
+
+    pub fn run(&mut self) -> &[u8] {
+        self.out.clear();
+        let mut start = 0;
+        let (mut ints, mut floats) = (itoa::Buffer::new(), ryu::Buffer::new());
+        for &(end, value) in &self.lines {
+            self.out.extend_from_slice(&self.prefixes[start..end]);
+            start = end;
+            match value {
+                Value::None => {}
+                Value::Int(i) => self.out.extend_from_slice(ints.format(i).as_bytes()),
+                // An integral float as an integer and `.0` (what `ryu` prints
+                // for it, without its general path); any other with `ryu`.
+                // (-0.0 is not: `ryu` prints its sign.)
+                Value::Float(f)
+                    if f.fract() == 0.0 && f.abs() < 1e15 && f.to_bits() != (-0.0f64).to_bits() =>
+                {
+                    self.out.extend_from_slice(ints.format(f as i64).as_bytes());
+                    self.out.extend_from_slice(b".0");
+                }
+                Value::Float(f) => self.out.extend_from_slice(floats.format(f).as_bytes()),
+            }
+            self.out.push(b'\n');
+        }
+        &self.out
+    }
+}
+
+/// Ingest: per request, snappy decode and a zero-copy walk of the protobuf;
+/// per series, one hash of its label bytes (as they came) to find its sketch —
+/// the labels themselves are read only the first time a series is seen, to
+/// match the metric name and take the group's label value; per sample, one
+/// sketch add (a group's values of a request in one slice). No windows, no
+/// validation, no canonical series key: what is left is the decoding, the
+/// lookup and the arithmetic no receiver can skip.
+pub struct IngestFloor {
+    metric: Vec<u8>,
+    group_label: Vec<u8>,
+    config: sketches_ddsketch::Config,
+    raw: Vec<u8>,
+}
+
+type BytesMap<V> = HashMap<Box<[u8]>, V, foldhash::fast::RandomState>;
+
+/// One run's state: series → its group's sketch (`None`: not the metric),
+/// and per sketch the request's values, added in one slice per request.
+#[derive(Default)]
+struct IngestState {
+    series: BytesMap<Option<usize>>,
+    groups: BytesMap<usize>,
+    sketches: Vec<BulkSketch>,
+    pending: Vec<Vec<f64>>,
+}
+
+impl IngestFloor {
+    /// For a plan's first aggregation (its metric, its first group-by label).
+    pub fn new(plan: &promlab::ingest::plan::Plan) -> Result<IngestFloor> {
+        let agg = plan
+            .aggregations
+            .first()
+            .context("the plan has no aggregation")?;
+        Ok(IngestFloor {
+            metric: agg.metric.as_bytes().to_vec(),
+            group_label: agg
+                .group_by
+                .first()
+                .cloned()
+                .unwrap_or_default()
+                .into_bytes(),
+            config: agg.sketch_config(),
+            raw: Vec::new(),
+        })
+    }
+
+    /// Every body through the floor into fresh sketches; returns the samples walked.
+    pub fn run(&mut self, bodies: &[Vec<u8>]) -> Result<u64> {
+        let mut state = IngestState::default();
+        let mut samples = 0;
+        for body in bodies {
+            wire::decompress(body, 64 << 20, &mut self.raw)?;
+            let mut request = Fields::new(&self.raw);
+            while let Some((field, series)) = request.next_field()? {
+                if field == 1 {
+                    samples += self.series(series, &mut state)?;
+                }
+            }
+            for (sketch, values) in state.sketches.iter_mut().zip(&mut state.pending) {
+                sketch.add_slice(values);
+                values.clear();
+            }
+        }
+        black_box(&state.sketches);
+        Ok(samples)
+    }
+
+    fn series(&self, series: &[u8], state: &mut IngestState) -> Result<u64> {
+        // The labels' bytes: from the first label field to the end of the last.
+        let mut labels = (usize::MAX, 0);
+        let mut sketch = None;
+        let mut samples = 0;
+        let mut fields = Fields::new(series);
+        loop {
+            let at = fields.at;
+            let Some((field, bytes)) = fields.next_field()? else {
+                break;
+            };
+            match field {
+                1 => labels = (labels.0.min(at), fields.at),
+                2 => {
+                    if samples == 0 {
+                        let key = series.get(labels.0..labels.1).unwrap_or_default();
+                        sketch = match state.series.get(key) {
+                            Some(&found) => found,
+                            None => {
+                                let found = self.first_sight(key, state)?;
+                                state.series.insert(key.into(), found);
+                                found
+                            }
+                        };
+                    }
+                    let mut value = f64::NAN;
+                    let mut sample = Fields::new(bytes);
+                    while let Some((f, b)) = sample.next_field()? {
+                        if f == 1 && b.len() == 8 {
+                            value = f64::from_le_bytes(b.try_into().expect("8 bytes"));
+                        }
+                    }
+                    if let Some(i) = sketch.filter(|_| value.is_finite()) {
+                        state.pending[i].push(value);
+                    }
+                    samples += 1;
+                }
+                _ => {}
+            }
+        }
+        Ok(samples)
+    }
+
+    /// A series seen for the first time: its labels read, its group's sketch
+    /// found or made (`None` when it is not the aggregation's metric).
+    fn first_sight(&self, labels: &[u8], state: &mut IngestState) -> Result<Option<usize>> {
+        let (mut matches, mut group): (bool, &[u8]) = (false, b"");
+        let mut fields = Fields::new(labels);
+        while let Some((_, bytes)) = fields.next_field()? {
+            let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
+            let mut label = Fields::new(bytes);
+            while let Some((f, b)) = label.next_field()? {
+                match f {
+                    1 => name = b,
+                    2 => value = b,
+                    _ => {}
+                }
+            }
+            if name == b"__name__" {
+                matches = value == self.metric.as_slice();
+            } else if name == self.group_label.as_slice() {
+                group = value;
+            }
+        }
+        if !matches {
+            return Ok(None);
+        }
+        Ok(Some(match state.groups.get(group) {
+            Some(&i) => i,
+            None => {
+                state.sketches.push(BulkSketch::new(self.config));
+                state.pending.push(Vec::new());
+                state.groups.insert(group.into(), state.sketches.len() - 1);
+                state.sketches.len() - 1
+            }
+        }))
+    }
+}
+
+/// A protobuf message's fields: (number, payload) for length-delimited and
+/// 64-bit fields, varints and 32-bit fields skipped (payload empty).
+struct Fields<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Fields<'a> {
+    fn new(bytes: &'a [u8]) -> Fields<'a> {
+        Fields { bytes, at: 0 }
+    }
+
+    fn varint(&mut self) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let Some(&b) = self.bytes.get(self.at) else {
+                bail!("truncated varint")
+            };
+            self.at += 1;
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        bail!("varint too long")
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            bail!("truncated field")
+        };
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn next_field(&mut self) -> Result<Option<(u64, &'a [u8])>> {
+        if self.at >= self.bytes.len() {
+            return Ok(None);
+        }
+        let key = self.varint()?;
+        let payload = match key & 7 {
+            0 => {
+                self.varint()?;
+                &[][..]
+            }
+            1 => self.take(8)?,
+            2 => {
+                let n = self.varint()? as usize;
+                self.take(n)?
+            }
+            5 => {
+                self.take(4)?;
+                &[][..]
+            }
+            wire_type => bail!("wire type {wire_type}"),
+        };
+        Ok(Some((key >> 3, payload)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_floor_copies_lines_and_formats_values() {
+        let text = b"# HELP a x\n# TYPE a gauge\na{q=\"1 2\"} 3\nb 0.25\nc 1.0e-05\n";
+        let floor = RenderFloor::new(text);
+        assert_eq!(floor.lines(), 5);
+        // ryu prints 1e-5 where Ruby prints 1.0e-05: not the same bytes.
+        assert!(!floor.same_bytes);
+        let floor = RenderFloor::new(&text[..text.len() - 10]);
+        assert!(floor.same_bytes);
+    }
+
+    #[test]
+    fn ingest_floor_walks_every_sample_of_the_feeder() {
+        let workload = promlab::ingest::feed::FeedWorkload {
+            groups: 3,
+            series_per_group: 4,
+            ..promlab::ingest::feed::FeedWorkload::seed(1_700_000_000_000)
+        };
+        let generator = workload.generator();
+        let bodies: Vec<Vec<u8>> = (0..2).flat_map(|t| generator.tick_bodies(t)).collect();
+        let mut floor = IngestFloor::new(&promlab::ingest::plan::Plan::default()).unwrap();
+        assert_eq!(floor.run(&bodies).unwrap(), workload.samples_per_tick() * 2);
+        assert!(floor.run(&[b"\x05garbage".to_vec()]).is_err());
+    }
+
+    #[test]
+    fn checksum_reads_every_byte() {
+        assert_eq!(checksum(&[1, 0, 0, 0, 0, 0, 0, 0, 2]), 3);
+        assert_eq!(used_region(&[5, 0, 0, 0, 9, 9, 9]), &[5, 0, 0, 0, 9]);
+    }
+}

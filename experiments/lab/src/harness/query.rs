@@ -1,0 +1,169 @@
+//! Query: `/api/v1/quantiles?agg=data` — p50/p90/p99 of every group of the
+//! last closed window — after the feeder's workload was ingested, per arm:
+//! - each strategy set: the in-process answer (`Ingester::query_json`, the
+//!   bytes the receiver sends; a closed window's answer is encoded once and
+//!   kept, since a closed window never changes);
+//! - `all-uncached`: the same bytes encoded afresh on every query;
+//! - `all-serde`: the path before (`Ingester::query` into `QueryResult`s,
+//!   then `serde_json`), for before/after in one run;
+//! - `http`: the same answer over loopback from an in-process receiver;
+//! - `floor`: the quantile scan alone (`Ingester::quantile_scan`).
+//!
+//! The extra arms run every ingest strategy. Each strategy set has its own
+//! ingester, fed once when the set first runs (its first query is verified).
+
+use super::{Output, Workload};
+use crate::http_client::Client;
+use anyhow::{bail, Context, Result};
+use promlab::ingest::feed::{FeedWorkload, Generator};
+use promlab::ingest::pipeline::Ingester;
+use promlab::ingest::plan::Plan;
+use promlab::strategy::{Stage, StrategySet};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// The aggregation the feeder's default plan defines.
+const AGGREGATION: &str = "data";
+
+/// A minute boundary, so `ticks = 66` closes exactly one full 60 s window.
+const START_MS: i64 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000;
+
+pub struct Query {
+    generator: Generator,
+    ticks: u64,
+    ingesters: HashMap<StrategySet, Ingester>,
+    out: Vec<u8>,
+    scan: Vec<f64>,
+    http: Option<Http>,
+}
+
+/// An in-process receiver on loopback, fed the workload under every strategy.
+struct Http {
+    /// Serves the receiver while the workload lives.
+    _runtime: tokio::runtime::Runtime,
+    url: String,
+    client: Client,
+}
+
+impl Query {
+    pub fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Query> {
+        let workload = FeedWorkload {
+            groups,
+            series_per_group,
+            ..FeedWorkload::seed(START_MS)
+        };
+        Ok(Query {
+            generator: workload.generator(),
+            ticks,
+            ingesters: HashMap::new(),
+            out: Vec::new(),
+            scan: Vec::new(),
+            http: None,
+        })
+    }
+
+    /// A receiver's state after the workload, as it runs (no flush: the last
+    /// closed window is the one the watermark closed).
+    fn ingest(&self, strategies: StrategySet) -> Result<Ingester> {
+        let mut ingester = Ingester::new(Plan::default(), strategies);
+        for t in 0..self.ticks {
+            for body in self.generator.tick_bodies(t) {
+                ingester.handle(&body)?;
+            }
+        }
+        Ok(ingester)
+    }
+
+    fn ingester(&mut self, strategies: StrategySet) -> Result<&Ingester> {
+        // Only the ingest strategies change an ingester.
+        let key = strategies.restrict(Stage::Ingest);
+        if !self.ingesters.contains_key(&key) {
+            let ingester = self.ingest(key)?;
+            self.ingesters.insert(key, ingester);
+        }
+        Ok(&self.ingesters[&key])
+    }
+
+    fn http(&mut self) -> Result<&Http> {
+        if self.http.is_none() {
+            let ingester = self.ingest(StrategySet::all().restrict(Stage::Ingest))?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()?;
+            let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+            let addr = listener.local_addr()?;
+            let receiver = crate::serve::receiver::Receiver::new(ingester, None, 32 << 20);
+            let app = crate::serve::receiver::app(receiver);
+            runtime.spawn(async move { axum::serve(listener, app).await });
+            self.http = Some(Http {
+                _runtime: runtime,
+                url: format!("http://{addr}/api/v1/quantiles?agg={AGGREGATION}"),
+                client: Client::new(Some(Duration::from_secs(30)), 1),
+            });
+        }
+        Ok(self.http.as_ref().expect("started above"))
+    }
+}
+
+impl Workload for Query {
+    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        if !self
+            .ingester(strategies)?
+            .query_json(AGGREGATION, None, &mut out)
+        {
+            bail!("no aggregation `{AGGREGATION}`");
+        }
+        self.out = out;
+        Ok(Output::Bytes(&self.out))
+    }
+
+    /// The groups of the feeder's workload (each has a pane in the window).
+    fn units(&self) -> (u64, &'static str) {
+        (self.generator.workload.groups, "groups")
+    }
+
+    /// The quantiles of every group's pane, no labels, no sorting, no JSON.
+    fn floor(&mut self) -> Result<Output<'_>> {
+        let mut scan = std::mem::take(&mut self.scan);
+        let groups = self
+            .ingester(StrategySet::all())?
+            .quantile_scan(AGGREGATION, None, &mut scan)
+            .context("no aggregation")?;
+        std::hint::black_box(&scan);
+        self.scan = scan;
+        Ok(Output::Units(groups as u64))
+    }
+
+    fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
+        let all = StrategySet::all().restrict(Stage::Ingest);
+        vec![("all-uncached", all), ("all-serde", all), ("http", all)]
+    }
+
+    fn run_extra(&mut self, name: &str, strategies: StrategySet) -> Result<Output<'_>> {
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        match name {
+            "all-uncached" => {
+                self.ingester(strategies)?
+                    .encode_query(AGGREGATION, None, &mut out);
+            }
+            "all-serde" => {
+                let result = self.ingester(strategies)?.query(AGGREGATION, None);
+                serde_json::to_writer(&mut out, &result.context("no aggregation")?)?;
+            }
+            "http" => {
+                let http = self.http()?;
+                let (status, _) = http.client.get_into(&http.url, &[], &mut out)?;
+                if status != 200 {
+                    bail!("GET {}: status {status}", http.url);
+                }
+            }
+            _ => bail!("no extra arm `{name}`"),
+        }
+        self.out = out;
+        Ok(Output::Bytes(&self.out))
+    }
+}
