@@ -12,6 +12,7 @@
 //! | [`KeySource`] | [`Strategy::KeyCache`] | `EncodePerCall`: sort and form-encode the label set on every call | `CachePerProcess`: each series' key encoded once per process, the caller's label set hashed once per call (an observe writes two series of it), the key remembering its value offset once looked up |
 //! | [`Lookups`] | [`Strategy::IncrementOnce`] | `ReadThenWrite`: an increment looks the entry up for the read and again for the write | `Once`: one lookup |
 //! | [`PidSource`] | [`Strategy::IncrementOnce`] | `AskOs`: `getpid` on every call | `Cached`: cached, cleared in a forked child |
+//! | [`ClockReads`] | [`Strategy::IncrementOnce`] | `PerWrite`: `clock_gettime` for every value written | `PerOp`: one reading per locked operation, shared by its writes (an observe's bucket and sum) |
 //! | [`StoreIo`] | [`Strategy::MmapStore`] | `Syscalls`: seek + read / write per value | `Mapped`: values through a shared mapping |
 //!
 //! No combined variant: the seams compose. Where two interact, it is through
@@ -45,6 +46,7 @@ pub struct WriteSeams {
     pub keys: KeySource,
     pub lookups: Lookups,
     pub pid: PidSource,
+    pub clock: ClockReads,
     pub io: StoreIo,
 }
 
@@ -66,6 +68,11 @@ impl WriteSeams {
                 PidSource::Cached
             } else {
                 PidSource::AskOs
+            },
+            clock: if once {
+                ClockReads::PerOp
+            } else {
+                ClockReads::PerWrite
             },
             io: if s.contains(Strategy::MmapStore) {
                 StoreIo::Mapped
@@ -106,6 +113,19 @@ impl PidSource {
             PidSource::Cached => cached_pid(),
         }
     }
+}
+
+/// How often the monotonic clock is read for the timestamps written beside
+/// values ([`Strategy::IncrementOnce`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockReads {
+    /// For every value written, as client_ruby's `write_value` does.
+    PerWrite,
+    /// Once per locked operation: an observe's bucket and sum get the same
+    /// reading, taken under the lock. No reader can tell: the lock hides the
+    /// time between the two writes, and only `most_recent` (gauges, one write
+    /// per operation) compares timestamps.
+    PerOp,
 }
 
 /// How values reach a store file ([`Strategy::MmapStore`]).
@@ -312,11 +332,11 @@ impl StoreFile {
         }
     }
 
-    /// Writes a value and the current monotonic time at a value offset.
-    pub fn write_at(&mut self, pos: usize, value: f64) -> Result<()> {
+    /// Writes a value and its timestamp (monotonic-clock seconds) at a value offset.
+    pub fn write_at(&mut self, pos: usize, value: f64, timestamp: f64) -> Result<()> {
         let mut buf = [0u8; 16];
         buf[..8].copy_from_slice(&value.to_le_bytes());
-        buf[8..].copy_from_slice(&monotonic_seconds().to_le_bytes());
+        buf[8..].copy_from_slice(&timestamp.to_le_bytes());
         match &mut self.io {
             Io::Syscalls => {
                 self.file.seek(SeekFrom::Start(pos as u64))?;
@@ -391,12 +411,15 @@ fn series_extra(def: &MetricDef, series: usize) -> Extra<'_> {
 
 /// A caller's label set for the length of one call: an observe touches two
 /// series of it, and with `key-cache` the second one reuses the cache entry
-/// the first one found instead of hashing the labels again.
+/// the first one found instead of hashing the labels again; with
+/// `ClockReads::PerOp`, it reuses the first one's timestamp too.
 struct CallLabels<'l> {
     labels: &'l [(&'l str, &'l str)],
     /// With `key-cache`: the pid of the process state and the label set's
     /// place in that state's cache, once found.
     cached: Option<(u32, usize)>,
+    /// With `ClockReads::PerOp`: the call's clock reading, once taken.
+    timestamp: Option<f64>,
 }
 
 impl<'l> CallLabels<'l> {
@@ -404,6 +427,15 @@ impl<'l> CallLabels<'l> {
         CallLabels {
             labels,
             cached: None,
+            timestamp: None,
+        }
+    }
+
+    /// The timestamp of a value this call writes.
+    fn timestamp(&mut self, reads: ClockReads) -> f64 {
+        match reads {
+            ClockReads::PerWrite => monotonic_seconds(),
+            ClockReads::PerOp => *self.timestamp.get_or_insert_with(monotonic_seconds),
         }
     }
 }
@@ -417,6 +449,9 @@ struct KeyCache {
     index: hashbrown::HashTable<(u64, usize)>,
     sets: Vec<CachedLabelSet>,
     hasher: foldhash::fast::RandomState,
+    /// The place of the label set found last: a caller mostly repeats its
+    /// label set, and comparing it costs a third of hashing it (a 195-byte value).
+    last: Option<usize>,
 }
 
 struct CachedLabelSet {
@@ -442,18 +477,16 @@ impl KeyCache {
         series: usize,
         validate: impl FnOnce() -> Result<()>,
     ) -> Result<usize> {
+        if let Some(i) = self.last {
+            if same_labels(&self.sets[i].labels, labels) {
+                return Ok(i);
+            }
+        }
         let hash = self.hasher.hash_one(labels);
         let sets = &self.sets;
-        let same = |&(h, i): &(u64, usize)| {
-            let cached = &sets[i].labels;
-            h == hash
-                && cached.len() == labels.len()
-                && cached
-                    .iter()
-                    .zip(labels)
-                    .all(|((k, v), (k2, v2))| &**k == *k2 && &**v == *v2)
-        };
+        let same = |&(h, i): &(u64, usize)| h == hash && same_labels(&sets[i].labels, labels);
         if let Some(&(_, i)) = self.index.find(hash, same) {
+            self.last = Some(i);
             return Ok(i);
         }
         validate()?;
@@ -466,8 +499,18 @@ impl KeyCache {
             series: (0..series).map(|_| None).collect(),
         });
         self.index.insert_unique(hash, (hash, i), |&(h, _)| h);
+        self.last = Some(i);
         Ok(i)
     }
+}
+
+/// Whether a cached label set is the caller's, pair by pair.
+fn same_labels(cached: &[(Box<str>, Box<str>)], labels: &[(&str, &str)]) -> bool {
+    cached.len() == labels.len()
+        && cached
+            .iter()
+            .zip(labels)
+            .all(|((k, v), (k2, v2))| &**k == *k2 && &**v == *v2)
 }
 
 /// A series' store key as the key seam hands it out.
@@ -675,6 +718,11 @@ impl Client {
     /// This process's state for a metric, (re)opened when the pid changed (after fork).
     fn state(&mut self, id: MetricId) -> Result<&mut ProcessState> {
         let pid = self.pid();
+        self.state_of(id, pid)
+    }
+
+    /// [`Client::state`] for a pid the caller has already asked for.
+    fn state_of(&mut self, id: MetricId, pid: u32) -> Result<&mut ProcessState> {
         let metric = &mut self.metrics[id.0];
         match &mut metric.state {
             Some(state) if state.pid == pid => {}
@@ -703,7 +751,7 @@ impl Client {
         let dialect = self.config.dialect;
         let keys_from = self.seams.keys;
         let pid = self.pid();
-        self.state(id)?;
+        self.state_of(id, pid)?;
         let MetricStore {
             def,
             aggregation,
@@ -746,9 +794,10 @@ impl Client {
         series: usize,
         value: f64,
     ) -> Result<()> {
+        let clock = self.seams.clock;
         let (mut key, file) = self.key_and_file(id, set, series)?;
         let pos = key.position(file)?;
-        file.write_at(pos, value)
+        file.write_at(pos, value, set.timestamp(clock))
     }
 
     fn increment_raw(
@@ -758,19 +807,19 @@ impl Client {
         series: usize,
         by: f64,
     ) -> Result<()> {
-        let lookups = self.seams.lookups;
+        let WriteSeams { lookups, clock, .. } = self.seams;
         let (mut key, file) = self.key_and_file(id, set, series)?;
         match lookups {
             Lookups::Once => {
                 let pos = key.position(file)?;
                 let value = file.read_at(pos)?;
-                file.write_at(pos, value + by)
+                file.write_at(pos, value + by, set.timestamp(clock))
             }
             Lookups::ReadThenWrite => {
                 let read_pos = key.position(file)?;
                 let value = file.read_at(read_pos)?;
                 let write_pos = key.position(file)?;
-                file.write_at(write_pos, value + by)
+                file.write_at(write_pos, value + by, set.timestamp(clock))
             }
         }
     }
@@ -804,6 +853,7 @@ mod tests {
             );
             assert_eq!(seams.lookups == Lookups::Once, once);
             assert_eq!(seams.pid == PidSource::Cached, once);
+            assert_eq!(seams.clock == ClockReads::PerOp, once);
             assert_eq!(seams.io == StoreIo::Mapped, s.contains(Strategy::MmapStore));
         }
     }
