@@ -876,4 +876,97 @@ mod tests {
             assert_eq!(seams.io == StoreIo::Mapped, s.contains(Strategy::MmapStore));
         }
     }
+
+    #[test]
+    fn key_cache_finds_each_label_set_whichever_came_last() {
+        let mut cache = KeyCache::default();
+        let ok = || Ok(());
+        let a = cache
+            .label_set(&[("statement", "SELECT 1")], 1, ok)
+            .unwrap();
+        let b = cache
+            .label_set(&[("statement", "SELECT 2")], 1, ok)
+            .unwrap();
+        assert_ne!(a, b);
+        // The last set is compared, not trusted: same length, other bytes.
+        assert_eq!(
+            cache
+                .label_set(&[("statement", "SELECT 1")], 1, ok)
+                .unwrap(),
+            a
+        );
+        assert_eq!(
+            cache
+                .label_set(&[("statement", "SELECT 1")], 1, ok)
+                .unwrap(),
+            a
+        );
+        assert_eq!(
+            cache
+                .label_set(&[("statement", "SELECT 2")], 1, ok)
+                .unwrap(),
+            b
+        );
+        let mut reused = String::from("SELECT 1");
+        assert_eq!(
+            cache.label_set(&[("statement", &reused)], 1, ok).unwrap(),
+            a
+        );
+        reused.replace_range(7.., "2");
+        assert_eq!(
+            cache.label_set(&[("statement", &reused)], 1, ok).unwrap(),
+            b
+        );
+        assert_eq!(cache.sets.len(), 2);
+    }
+
+    /// The timestamps of a histogram's bucket and sum after each of three observes.
+    fn observe_timestamps(strategies: StrategySet) -> Vec<(f64, f64)> {
+        let registry = Registry::from_json(
+            r#"{"metrics": [{"name": "t_seconds", "type": "histogram", "help": "h",
+                "labels": ["l"], "buckets": ["1.0"], "aggregation": "sum"}]}"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = ClientConfig {
+            dialect: Dialect::Uri,
+            strategies,
+            pid_override: Some(4242),
+        };
+        let mut client = Client::new(dir.path(), &registry, config).unwrap();
+        let id = client.metric("t_seconds").unwrap();
+        let path = file_path(dir.path(), "t_seconds", 4242);
+        (0..3)
+            .map(|_| {
+                client.observe(id, &[("l", "x")], 0.5).unwrap();
+                let bytes = std::fs::read(&path).unwrap();
+                let used = i32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+                let stamps: Vec<f64> = entries(&bytes, used)
+                    .map(|e| e.unwrap().timestamp())
+                    .collect();
+                // Series `le=1.0` (the bucket observed), `+Inf`, `sum`, in order of first write.
+                assert_eq!(stamps.len(), 2, "bucket and sum");
+                (stamps[0], stamps[1])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn timestamps_are_clock_readings_once_per_op_with_increment_once() {
+        for strategies in StrategySet::combinations(crate::strategy::Stage::Write) {
+            let per_op = WriteSeams::resolve(strategies).clock == ClockReads::PerOp;
+            let stamps = observe_timestamps(strategies);
+            let mut last = 0.0;
+            for &(bucket, sum) in &stamps {
+                assert!(
+                    bucket > 0.0 && sum >= bucket && bucket >= last,
+                    "{stamps:?}"
+                );
+                if per_op {
+                    assert_eq!(bucket, sum, "one reading per observe: {stamps:?}");
+                }
+                last = sum;
+            }
+        }
+    }
 }
