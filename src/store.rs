@@ -12,6 +12,7 @@
 //! | [`KeySource`] | [`Strategy::KeyCache`] | `EncodePerCall`: sort and form-encode the label set on every call | `CachePerProcess`: each series' key encoded once per process, the caller's label set hashed once per call (an observe writes two series of it), the key remembering its value offset once looked up |
 //! | [`Lookups`] | [`Strategy::IncrementOnce`] | `ReadThenWrite`: an increment looks the entry up for the read and again for the write | `Once`: one lookup |
 //! | [`PidSource`] | [`Strategy::IncrementOnce`] | `AskOs`: `getpid` on every call | `Cached`: cached, cleared in a forked child |
+//! | [`ClockReads`] | [`Strategy::IncrementOnce`] | `PerWrite`: `clock_gettime` for every value written | `PerOp`: one reading per locked operation, shared by its writes (an observe's bucket and sum) |
 //! | [`StoreIo`] | [`Strategy::MmapStore`] | `Syscalls`: seek + read / write per value | `Mapped`: values through a shared mapping |
 //!
 //! No combined variant: the seams compose. Where two interact, it is through
@@ -45,6 +46,7 @@ pub struct WriteSeams {
     pub keys: KeySource,
     pub lookups: Lookups,
     pub pid: PidSource,
+    pub clock: ClockReads,
     pub io: StoreIo,
 }
 
@@ -66,6 +68,11 @@ impl WriteSeams {
                 PidSource::Cached
             } else {
                 PidSource::AskOs
+            },
+            clock: if once {
+                ClockReads::PerOp
+            } else {
+                ClockReads::PerWrite
             },
             io: if s.contains(Strategy::MmapStore) {
                 StoreIo::Mapped
@@ -106,6 +113,19 @@ impl PidSource {
             PidSource::Cached => cached_pid(),
         }
     }
+}
+
+/// How often the monotonic clock is read for the timestamps written beside
+/// values ([`Strategy::IncrementOnce`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockReads {
+    /// For every value written, as client_ruby's `write_value` does.
+    PerWrite,
+    /// Once per locked operation: an observe's bucket and sum get the same
+    /// reading, taken under the lock. No reader can tell: the lock hides the
+    /// time between the two writes, and only `most_recent` (gauges, one write
+    /// per operation) compares timestamps.
+    PerOp,
 }
 
 /// How values reach a store file ([`Strategy::MmapStore`]).
@@ -333,34 +353,47 @@ impl StoreFile {
         Ok(pos)
     }
 
-    /// The value at a value offset.
+    /// The value at a value offset. Inlined: through a mapping it is one
+    /// load, and the syscalls stay out of line.
+    #[inline]
     pub fn read_at(&mut self, pos: usize) -> Result<f64> {
         match &self.io {
-            Io::Syscalls => {
-                let mut buf = [0u8; 8];
-                self.file.seek(SeekFrom::Start(pos as u64))?;
-                self.file.read_exact(&mut buf)?;
-                Ok(f64::from_le_bytes(buf))
-            }
+            Io::Syscalls => self.read_by_syscalls(pos),
             Io::Mapped(map) => Ok(f64::from_le_bytes(
                 map[pos..pos + 8].try_into().expect("8 bytes"),
             )),
         }
     }
 
-    /// Writes a value and the current monotonic time at a value offset.
-    pub fn write_at(&mut self, pos: usize, value: f64) -> Result<()> {
+    #[inline(never)]
+    fn read_by_syscalls(&mut self, pos: usize) -> Result<f64> {
+        let mut buf = [0u8; 8];
+        self.file.seek(SeekFrom::Start(pos as u64))?;
+        self.file.read_exact(&mut buf)?;
+        Ok(f64::from_le_bytes(buf))
+    }
+
+    /// Writes a value and its timestamp (monotonic-clock seconds) at a value
+    /// offset. Inlined, like [`StoreFile::read_at`].
+    #[inline]
+    pub fn write_at(&mut self, pos: usize, value: f64, timestamp: f64) -> Result<()> {
         let mut buf = [0u8; 16];
         buf[..8].copy_from_slice(&value.to_le_bytes());
-        buf[8..].copy_from_slice(&monotonic_seconds().to_le_bytes());
+        buf[8..].copy_from_slice(&timestamp.to_le_bytes());
         match &mut self.io {
-            Io::Syscalls => {
-                self.file.seek(SeekFrom::Start(pos as u64))?;
-                self.file.write_all(&buf)?;
-                self.file.flush()?;
+            Io::Syscalls => self.write_by_syscalls(pos, &buf),
+            Io::Mapped(map) => {
+                map[pos..pos + 16].copy_from_slice(&buf);
+                Ok(())
             }
-            Io::Mapped(map) => map[pos..pos + 16].copy_from_slice(&buf),
         }
+    }
+
+    #[inline(never)]
+    fn write_by_syscalls(&mut self, pos: usize, buf: &[u8; 16]) -> Result<()> {
+        self.file.seek(SeekFrom::Start(pos as u64))?;
+        self.file.write_all(buf)?;
+        self.file.flush()?;
         Ok(())
     }
 
@@ -427,12 +460,15 @@ fn series_extra(def: &MetricDef, series: usize) -> Extra<'_> {
 
 /// A caller's label set for the length of one call: an observe touches two
 /// series of it, and with `key-cache` the second one reuses the cache entry
-/// the first one found instead of hashing the labels again.
+/// the first one found instead of hashing the labels again; with
+/// `ClockReads::PerOp`, it reuses the first one's timestamp too.
 struct CallLabels<'l> {
     labels: &'l [(&'l str, &'l str)],
     /// With `key-cache`: the pid of the process state and the label set's
     /// place in that state's cache, once found.
     cached: Option<(u32, usize)>,
+    /// With `ClockReads::PerOp`: the call's clock reading, once taken.
+    timestamp: Option<f64>,
 }
 
 impl<'l> CallLabels<'l> {
@@ -440,6 +476,15 @@ impl<'l> CallLabels<'l> {
         CallLabels {
             labels,
             cached: None,
+            timestamp: None,
+        }
+    }
+
+    /// The timestamp of a value this call writes.
+    fn timestamp(&mut self, reads: ClockReads) -> f64 {
+        match reads {
+            ClockReads::PerWrite => monotonic_seconds(),
+            ClockReads::PerOp => *self.timestamp.get_or_insert_with(monotonic_seconds),
         }
     }
 }
@@ -453,6 +498,9 @@ struct KeyCache {
     index: hashbrown::HashTable<(u64, usize)>,
     sets: Vec<CachedLabelSet>,
     hasher: foldhash::fast::RandomState,
+    /// The place of the label set found last: a caller mostly repeats its
+    /// label set, and comparing it costs a third of hashing it (a 195-byte value).
+    last: Option<usize>,
 }
 
 struct CachedLabelSet {
@@ -478,18 +526,16 @@ impl KeyCache {
         series: usize,
         validate: impl FnOnce() -> Result<()>,
     ) -> Result<usize> {
+        if let Some(i) = self.last {
+            if same_labels(&self.sets[i].labels, labels) {
+                return Ok(i);
+            }
+        }
         let hash = self.hasher.hash_one(labels);
         let sets = &self.sets;
-        let same = |&(h, i): &(u64, usize)| {
-            let cached = &sets[i].labels;
-            h == hash
-                && cached.len() == labels.len()
-                && cached
-                    .iter()
-                    .zip(labels)
-                    .all(|((k, v), (k2, v2))| &**k == *k2 && &**v == *v2)
-        };
+        let same = |&(h, i): &(u64, usize)| h == hash && same_labels(&sets[i].labels, labels);
         if let Some(&(_, i)) = self.index.find(hash, same) {
+            self.last = Some(i);
             return Ok(i);
         }
         validate()?;
@@ -502,8 +548,18 @@ impl KeyCache {
             series: (0..series).map(|_| None).collect(),
         });
         self.index.insert_unique(hash, (hash, i), |&(h, _)| h);
+        self.last = Some(i);
         Ok(i)
     }
+}
+
+/// Whether a cached label set is the caller's, pair by pair.
+fn same_labels(cached: &[(Box<str>, Box<str>)], labels: &[(&str, &str)]) -> bool {
+    cached.len() == labels.len()
+        && cached
+            .iter()
+            .zip(labels)
+            .all(|((k, v), (k2, v2))| &**k == *k2 && &**v == *v2)
 }
 
 /// A series' store key as the key seam hands it out.
@@ -711,20 +767,31 @@ impl Client {
     /// This process's state for a metric, (re)opened when the pid changed (after fork).
     fn state(&mut self, id: MetricId) -> Result<&mut ProcessState> {
         let pid = self.pid();
-        let metric = &mut self.metrics[id.0];
-        match &mut metric.state {
+        self.state_of(id, pid)
+    }
+
+    /// [`Client::state`] for a pid the caller has already asked for.
+    /// Inlined: the check is a compare, the opening stays out of line.
+    #[inline]
+    fn state_of(&mut self, id: MetricId, pid: u32) -> Result<&mut ProcessState> {
+        match &self.metrics[id.0].state {
             Some(state) if state.pid == pid => {}
-            slot => {
-                let path = file_path(&self.dir, &metric.def.name, pid);
-                let file = StoreFile::open(&path, self.seams.io)?;
-                *slot = Some(ProcessState {
-                    pid,
-                    file,
-                    keys: KeyCache::default(),
-                });
-            }
+            _ => self.open_state(id, pid)?,
         }
-        Ok(metric.state.as_mut().expect("just opened"))
+        Ok(self.metrics[id.0].state.as_mut().expect("just opened"))
+    }
+
+    #[inline(never)]
+    fn open_state(&mut self, id: MetricId, pid: u32) -> Result<()> {
+        let metric = &mut self.metrics[id.0];
+        let path = file_path(&self.dir, &metric.def.name, pid);
+        let file = StoreFile::open(&path, self.seams.io)?;
+        metric.state = Some(ProcessState {
+            pid,
+            file,
+            keys: KeyCache::default(),
+        });
+        Ok(())
     }
 
     /// The store key of one series of a label set (validated) and the file to
@@ -739,7 +806,7 @@ impl Client {
         let dialect = self.config.dialect;
         let keys_from = self.seams.keys;
         let pid = self.pid();
-        self.state(id)?;
+        self.state_of(id, pid)?;
         let MetricStore {
             def,
             aggregation,
@@ -782,9 +849,10 @@ impl Client {
         series: usize,
         value: f64,
     ) -> Result<()> {
+        let clock = self.seams.clock;
         let (mut key, file) = self.key_and_file(id, set, series)?;
         let pos = key.position(file)?;
-        file.write_at(pos, value)
+        file.write_at(pos, value, set.timestamp(clock))
     }
 
     fn increment_raw(
@@ -794,19 +862,19 @@ impl Client {
         series: usize,
         by: f64,
     ) -> Result<()> {
-        let lookups = self.seams.lookups;
+        let WriteSeams { lookups, clock, .. } = self.seams;
         let (mut key, file) = self.key_and_file(id, set, series)?;
         match lookups {
             Lookups::Once => {
                 let pos = key.position(file)?;
                 let value = file.read_at(pos)?;
-                file.write_at(pos, value + by)
+                file.write_at(pos, value + by, set.timestamp(clock))
             }
             Lookups::ReadThenWrite => {
                 let read_pos = key.position(file)?;
                 let value = file.read_at(read_pos)?;
                 let write_pos = key.position(file)?;
-                file.write_at(write_pos, value + by)
+                file.write_at(write_pos, value + by, set.timestamp(clock))
             }
         }
     }
@@ -840,7 +908,101 @@ mod tests {
             );
             assert_eq!(seams.lookups == Lookups::Once, once);
             assert_eq!(seams.pid == PidSource::Cached, once);
+            assert_eq!(seams.clock == ClockReads::PerOp, once);
             assert_eq!(seams.io == StoreIo::Mapped, s.contains(Strategy::MmapStore));
+        }
+    }
+
+    #[test]
+    fn key_cache_finds_each_label_set_whichever_came_last() {
+        let mut cache = KeyCache::default();
+        let ok = || Ok(());
+        let a = cache
+            .label_set(&[("statement", "SELECT 1")], 1, ok)
+            .unwrap();
+        let b = cache
+            .label_set(&[("statement", "SELECT 2")], 1, ok)
+            .unwrap();
+        assert_ne!(a, b);
+        // The last set is compared, not trusted: same length, other bytes.
+        assert_eq!(
+            cache
+                .label_set(&[("statement", "SELECT 1")], 1, ok)
+                .unwrap(),
+            a
+        );
+        assert_eq!(
+            cache
+                .label_set(&[("statement", "SELECT 1")], 1, ok)
+                .unwrap(),
+            a
+        );
+        assert_eq!(
+            cache
+                .label_set(&[("statement", "SELECT 2")], 1, ok)
+                .unwrap(),
+            b
+        );
+        let mut reused = String::from("SELECT 1");
+        assert_eq!(
+            cache.label_set(&[("statement", &reused)], 1, ok).unwrap(),
+            a
+        );
+        reused.replace_range(7.., "2");
+        assert_eq!(
+            cache.label_set(&[("statement", &reused)], 1, ok).unwrap(),
+            b
+        );
+        assert_eq!(cache.sets.len(), 2);
+    }
+
+    /// The timestamps of a histogram's bucket and sum after each of three observes.
+    fn observe_timestamps(strategies: StrategySet) -> Vec<(f64, f64)> {
+        let registry = Registry::from_json(
+            r#"{"metrics": [{"name": "t_seconds", "type": "histogram", "help": "h",
+                "labels": ["l"], "buckets": ["1.0"], "aggregation": "sum"}]}"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = ClientConfig {
+            dialect: Dialect::Uri,
+            strategies,
+            pid_override: Some(4242),
+        };
+        let mut client = Client::new(dir.path(), &registry, config).unwrap();
+        let id = client.metric("t_seconds").unwrap();
+        let path = file_path(dir.path(), "t_seconds", 4242);
+        (0..3)
+            .map(|_| {
+                client.observe(id, &[("l", "x")], 0.5).unwrap();
+                let bytes = std::fs::read(&path).unwrap();
+                let used = i32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+                let stamps: Vec<f64> = entries(&bytes, used)
+                    .map(|e| e.unwrap().timestamp())
+                    .collect();
+                // Series `le=1.0` (the bucket observed), `+Inf`, `sum`, in order of first write.
+                assert_eq!(stamps.len(), 2, "bucket and sum");
+                (stamps[0], stamps[1])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn timestamps_are_clock_readings_once_per_op_with_increment_once() {
+        for strategies in StrategySet::combinations(crate::strategy::Stage::Write) {
+            let per_op = WriteSeams::resolve(strategies).clock == ClockReads::PerOp;
+            let stamps = observe_timestamps(strategies);
+            let mut last = 0.0;
+            for &(bucket, sum) in &stamps {
+                assert!(
+                    bucket > 0.0 && sum >= bucket && bucket >= last,
+                    "{stamps:?}"
+                );
+                if per_op {
+                    assert_eq!(bucket, sum, "one reading per observe: {stamps:?}");
+                }
+                last = sum;
+            }
         }
     }
 }
