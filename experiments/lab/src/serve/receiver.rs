@@ -20,6 +20,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
+// Parsed here by axum's `Query` (serde_urlencoded), as the fuzz target parses it.
+use promlab::ingest::query::QuantileParams;
 use promlab::ingest::wire;
 use promlab::strategy::StrategySet;
 use promlab::text::FamilyEncoder;
@@ -153,12 +155,6 @@ fn write_inner(rx: &Receiver, headers: &HeaderMap, body: &[u8]) -> (StatusCode, 
             ),
         }
     })
-}
-
-#[derive(serde::Deserialize)]
-struct QuantileParams {
-    agg: String,
-    window: Option<i64>,
 }
 
 async fn quantiles(

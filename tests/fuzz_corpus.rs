@@ -1,0 +1,88 @@
+//! The fuzz targets' committed corpus (`fuzz/corpus/<target>/`) and the inputs
+//! that once failed them (`fuzz/regressions/<target>/`), replayed through the
+//! same bodies the targets call (`promlab::fuzzing`): every input must pass
+//! (no panic, every strategy seam and reference agreeing). Fuzzing itself is
+//! `cargo fuzz` (fuzz/README.md); this keeps what it found from coming back.
+
+use std::path::{Path, PathBuf};
+
+fn inputs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .map(|e| e.expect("corpus entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
+fn replay(target: &str, body: fn(&[u8])) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let corpus = inputs(&root.join("corpus").join(target));
+    assert!(!corpus.is_empty(), "no corpus for {target}");
+    for path in corpus
+        .iter()
+        .chain(&inputs(&root.join("regressions").join(target)))
+    {
+        let data = std::fs::read(path).expect("corpus input");
+        let outcome = std::panic::catch_unwind(|| body(&data));
+        assert!(outcome.is_ok(), "{target} fails on {}", path.display());
+    }
+}
+
+fn body(target: &str) -> fn(&[u8]) {
+    promlab::fuzzing::TARGETS
+        .iter()
+        .find(|(name, _)| *name == target)
+        .expect("a target")
+        .1
+}
+
+#[test]
+fn store_file() {
+    replay("store_file", body("store_file"));
+}
+
+#[test]
+fn form_key() {
+    replay("form_key", body("form_key"));
+}
+
+#[test]
+fn registry_json() {
+    replay("registry_json", body("registry_json"));
+}
+
+#[test]
+fn plan_toml() {
+    replay("plan_toml", body("plan_toml"));
+}
+
+#[test]
+fn remote_write() {
+    replay("remote_write", body("remote_write"));
+}
+
+#[test]
+fn quantiles_query() {
+    replay("quantiles_query", body("quantiles_query"));
+}
+
+/// Every target of `fuzz/fuzz_targets/` has its body here, and the other way round.
+#[test]
+fn every_target_is_replayed() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/fuzz_targets");
+    let mut files: Vec<String> = inputs(&dir)
+        .iter()
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut bodies: Vec<String> = promlab::fuzzing::TARGETS
+        .iter()
+        .map(|(name, _)| name.to_string())
+        .collect();
+    bodies.sort();
+    assert_eq!(files, bodies);
+}
