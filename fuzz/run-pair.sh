@@ -10,7 +10,8 @@ for spec in "$@"; do
     t=${spec%%:*}; ml=${spec##*:}
     mkdir -p corpus-work/$t artifacts/$t logs
     seeds=(); for d in corpus/$t seeds/$t; do [ -d $d ] && seeds+=($d); done
-    $B/$t -fork=1 -ignore_crashes=1 -ignore_ooms=1 -ignore_timeouts=1 -timeout=10 -rss_limit_mb=2048 \
+    dict=(); [ -f $t.dict ] && dict=(-dict=$t.dict)
+    $B/$t "${dict[@]}" -fork=1 -ignore_crashes=1 -ignore_ooms=1 -ignore_timeouts=1 -timeout=10 -rss_limit_mb=2048 \
         -max_total_time=$secs -max_len=$ml -print_final_stats=1 -artifact_prefix=artifacts/$t/ \
         corpus-work/$t "${seeds[@]}" > logs/$t${TAG:-}.log 2>&1 &
 done

@@ -121,6 +121,12 @@ impl Plan {
     }
 
     pub fn validate(&self) -> Result<()> {
+        // Windows and lateness are i64 milliseconds: a larger count of seconds
+        // would wrap (2^61 s wraps to a zero-length window, a division by zero).
+        const MAX_SECS: u64 = (i64::MAX / 1000) as u64;
+        if self.lateness_secs > MAX_SECS {
+            bail!("lateness_secs must be at most {MAX_SECS}");
+        }
         if self.keep_windows == 0 {
             bail!("keep_windows must be at least 1");
         }
@@ -134,6 +140,12 @@ impl Plan {
             }
             if a.window_secs == 0 {
                 bail!("aggregation `{}`: window_secs must be positive", a.id);
+            }
+            if a.window_secs > MAX_SECS {
+                bail!(
+                    "aggregation `{}`: window_secs must be at most {MAX_SECS}",
+                    a.id
+                );
             }
             if !(a.relative_accuracy > 0.0 && a.relative_accuracy < 1.0) {
                 bail!(
