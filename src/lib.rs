@@ -23,6 +23,8 @@
 pub mod compare;
 pub mod export;
 pub mod formenc;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ingest;
 pub mod mapguard;
 pub mod ops;

@@ -11,6 +11,7 @@
 pub mod feed;
 pub mod pipeline;
 pub mod plan;
+pub mod query;
 pub mod seams;
 pub mod sketch;
 pub mod window;

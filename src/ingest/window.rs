@@ -280,7 +280,11 @@ impl Accumulator {
 
     /// What this aggregation holds of what [`Capacity`] bounds.
     pub fn held(&self) -> Held {
-        let windows = self.closed.iter().map(|w| &w.panes).chain(self.open.values());
+        let windows = self
+            .closed
+            .iter()
+            .map(|w| &w.panes)
+            .chain(self.open.values());
         let mut held = Held {
             groups: self.group_ids.len(),
             group_bytes: self.group_ids.keys().map(|k| 2 * k.len()).sum(),

@@ -26,6 +26,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use promlab::ingest::pipeline::{Ingester, Limits};
 use promlab::ingest::plan::Plan;
+// Parsed here by axum's `Query` (serde_urlencoded), as the fuzz target parses it.
+use promlab::ingest::query::QuantileParams;
 use promlab::ingest::wire;
 use promlab::strategy::StrategySet;
 use promlab::text::FamilyEncoder;
@@ -204,12 +206,6 @@ fn write_inner(rx: &Receiver, headers: &HeaderMap, body: &[u8]) -> (StatusCode, 
             ),
         }
     })
-}
-
-#[derive(serde::Deserialize)]
-struct QuantileParams {
-    agg: String,
-    window: Option<i64>,
 }
 
 async fn quantiles(
