@@ -224,7 +224,7 @@ impl FileReader {
         &mut self,
         path: &Path,
         deadline: Instant,
-        visit: &mut dyn FnMut(Entry<'_>),
+        visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
         match self.read {
             FileRead::EntryByEntry => {
@@ -257,7 +257,7 @@ impl FileReader {
         &mut self,
         path: &Path,
         deadline: Instant,
-        visit: &mut dyn FnMut(Entry<'_>),
+        visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path).map_err(open_failure)?;
@@ -400,7 +400,7 @@ fn map_file(file: &File) -> FileResult<Option<memmap2::Mmap>> {
 fn walk_mapped(
     file: &File,
     map: &Option<memmap2::Mmap>,
-    visit: &mut dyn FnMut(Entry<'_>),
+    visit: &mut impl FnMut(Entry<'_>),
 ) -> FileResult<()> {
     let Some(map) = map else {
         return Ok(());
@@ -433,7 +433,7 @@ fn walk_mapped(
 }
 
 /// Walks a file's bytes (mapped or read) up to `used`.
-fn walk(map: &[u8], visit: &mut dyn FnMut(Entry<'_>)) -> Result<()> {
+fn walk(map: &[u8], visit: &mut impl FnMut(Entry<'_>)) -> Result<()> {
     let used = check_used(map[..4].try_into().expect("4 bytes"), map.len() as u64)?;
     for entry in entries(map, used) {
         visit(entry?);
@@ -581,6 +581,8 @@ struct RawKeys {
     files: AHashMap<PathBuf, Vec<usize>>,
     /// `files` of this scrape: files gone from the store drop out of it.
     next_files: AHashMap<PathBuf, Vec<usize>>,
+    /// The file read last in this scrape (its ids are in `next_files`).
+    last_read: Option<PathBuf>,
     hint: Vec<usize>,
     this_file: Vec<usize>,
 }
@@ -601,20 +603,31 @@ fn hash_raw_key(key: &[u8]) -> u64 {
 
 impl RawKeys {
     fn start_file(&mut self, path: &Path) {
-        match self.files.remove(path) {
-            Some(own) => self.hint = own,
-            None => std::mem::swap(&mut self.hint, &mut self.this_file),
-        }
+        // The hint's buffer becomes this file's list: a warm scrape moves id
+        // lists between files and scrapes instead of copying them.
+        let spare = match self.files.remove(path) {
+            Some(own) => std::mem::replace(&mut self.hint, own),
+            None => {
+                let last = self.last_read.as_ref().and_then(|p| self.next_files.get(p));
+                let mut hint = std::mem::take(&mut self.this_file);
+                hint.clear();
+                hint.extend_from_slice(last.map_or(&[][..], Vec::as_slice));
+                std::mem::replace(&mut self.hint, hint)
+            }
+        };
+        self.this_file = spare;
         self.this_file.clear();
     }
 
     fn end_file(&mut self, path: &Path) {
-        self.next_files
-            .insert(path.to_path_buf(), self.this_file.clone());
+        let ids = std::mem::take(&mut self.this_file);
+        self.next_files.insert(path.to_path_buf(), ids);
+        self.last_read = Some(path.to_path_buf());
     }
 
     fn end_scrape(&mut self) {
         self.files = std::mem::take(&mut self.next_files);
+        self.last_read = None;
     }
 
     fn padded(&self, id: usize) -> &[u8] {
