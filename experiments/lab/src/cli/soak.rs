@@ -1055,7 +1055,9 @@ fn hold_slow_connections(run: &Run, rx: &Server, slow: &SlowState, until: Instan
 
 /// What the receiver counted, from its own /metrics, against what the clients saw.
 struct Accounting {
-    /// `promlab_ingest_samples_total` and every `promlab_ingest_samples_<reason>_total`.
+    /// `promlab_ingest_samples_total`, every `promlab_ingest_samples_<reason>_total`
+    /// and `promlab_receiver_samples_dropped_total` (samples counted and dropped
+    /// past a limit, summed over reasons).
     counters: BTreeMap<String, f64>,
     error: Option<String>,
 }
@@ -1065,7 +1067,12 @@ fn receiver_accounting(rx: &Server) -> Accounting {
     let client = Client::new(Some(Duration::from_secs(10)), 1);
     match client.get(&rx.url("/metrics"), &[]) {
         Ok(r) if r.status == 200 => Accounting {
-            counters: parse_flat(&r.text(), "promlab_ingest_samples_"),
+            counters: {
+                let text = r.text();
+                let mut counters = parse_flat(&text, "promlab_ingest_samples_");
+                counters.extend(parse_flat(&text, "promlab_receiver_samples_dropped_"));
+                counters
+            },
             error: None,
         },
         Ok(r) => Accounting {
@@ -2165,6 +2172,7 @@ fn md_cell(s: &str) -> String {
 fn short(counter: &str) -> &str {
     counter
         .strip_prefix("promlab_ingest_samples_")
+        .or_else(|| counter.strip_prefix("promlab_receiver_samples_"))
         .and_then(|s| s.strip_suffix("_total"))
         .unwrap_or(counter)
 }

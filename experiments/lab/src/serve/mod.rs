@@ -98,8 +98,12 @@ pub fn run(
 }
 
 /// The accept loop: one task per connection, at most [`ServerLimits::connection_cap`]
-/// at once; on a shutdown signal, stops accepting, asks every connection to
-/// finish, and closes those still open after `shutdown_timeout`.
+/// at once. At the cap, the connection that has waited longest without
+/// sending a whole request is closed to make room: otherwise clients that
+/// trickle their headers (up to `header_timeout` each) would keep every slot
+/// and every legitimate client waiting behind them in the backlog. On a
+/// shutdown signal, stops accepting, asks every connection to finish, and
+/// closes those still open after `shutdown_timeout`.
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -109,17 +113,15 @@ async fn serve_connections(
     use hyper_util::service::TowerToHyperService;
     let cap = limits.connection_cap();
     let slots = Arc::new(tokio::sync::Semaphore::new(cap));
+    let waiting = Arc::new(WaitingForRequest::default());
     let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut accept_failures = 0u64;
+    let mut evictions = 0u64;
     loop {
         while connections.try_join_next().is_some() {}
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-            _ = &mut shutdown => break,
-        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -135,8 +137,33 @@ async fn serve_connections(
             },
             _ = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(router.clone());
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if waiting.evict_oldest() {
+                    evictions += 1;
+                    if evictions.is_power_of_two() {
+                        eprintln!(
+                            "promlab: {cap} connections open; closed the one waiting longest \
+                             for its request ({evictions} so far)"
+                        );
+                    }
+                }
+                tokio::select! {
+                    slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+                    _ = &mut shutdown => break,
+                }
+            }
+        };
+        let (id, evicted) = waiting.add();
+        let inner = TowerToHyperService::new(router.clone());
+        let first_request = Arc::clone(&waiting);
+        let service = hyper::service::service_fn(move |request| {
+            first_request.remove(id);
+            hyper::service::Service::call(&inner, request)
+        });
         let mut closing = closing_rx.clone();
+        let waiting = Arc::clone(&waiting);
         connections.spawn(async move {
             let _slot = slot;
             let connection = hyper::server::conn::http1::Builder::new()
@@ -144,11 +171,17 @@ async fn serve_connections(
                 .header_read_timeout(limits.header_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => return,
-                _ = closing.wait_for(|&closing| closing) => connection.as_mut().graceful_shutdown(),
+            let shutting_down = tokio::select! {
+                _ = connection.as_mut() => false,
+                // Dropping the connection closes the socket.
+                _ = evicted.notified() => false,
+                _ = closing.wait_for(|&closing| closing) => true,
+            };
+            if shutting_down {
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
             }
-            let _ = connection.await;
+            waiting.remove(id);
         });
     }
     drop(listener);
@@ -164,6 +197,46 @@ async fn serve_connections(
             limits.shutdown_timeout
         );
         connections.shutdown().await;
+    }
+}
+
+/// Connections that have not yet sent a whole request, oldest first, each
+/// with the signal that closes it.
+#[derive(Default)]
+struct WaitingForRequest {
+    connections: std::sync::Mutex<(
+        u64,
+        std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>,
+    )>,
+}
+
+impl WaitingForRequest {
+    fn add(&self) -> (u64, Arc<tokio::sync::Notify>) {
+        let mut guard = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let (next, waiting) = &mut *guard;
+        let id = *next;
+        *next += 1;
+        let evicted = Arc::new(tokio::sync::Notify::new());
+        waiting.insert(id, Arc::clone(&evicted));
+        (id, evicted)
+    }
+
+    fn remove(&self, id: u64) {
+        let mut guard = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        guard.1.remove(&id);
+    }
+
+    /// Closes the connection that has waited longest; false when none waits.
+    fn evict_oldest(&self) -> bool {
+        let mut guard = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.1.pop_first() {
+            Some((_, evicted)) => {
+                // A stored permit: the connection closes even if it is not yet polling.
+                evicted.notify_one();
+                true
+            }
+            None => false,
+        }
     }
 }
 
