@@ -609,8 +609,12 @@ impl Ingester {
         if !sc.routed.is_empty() {
             // Offsets in first-touch order, then scatter.
             let total = sc.offsets_from_counts();
-            sc.ts.resize(total, 0);
-            sc.values.resize(total, 0.0);
+            // Every slot below `total` is written by the scatter before it is
+            // read, so the arrays only grow (no zeroing per request).
+            if sc.ts.len() < total {
+                sc.ts.resize(total, 0);
+                sc.values.resize(total, 0.0);
+            }
             for &i in &sc.routed {
                 let (d0, d1) = sc.dest_ranges[i as usize];
                 let dests = &dest_ids[d0 as usize..d1 as usize];
@@ -919,8 +923,6 @@ impl RouteScratch {
             self.counts[d as usize] = 0;
         }
         self.touched.clear();
-        self.ts.clear();
-        self.values.clear();
     }
 }
 
