@@ -142,9 +142,10 @@ fn bins_at_their_limit_drop_samples_and_come_back_as_windows_expire() {
             .handle(&body(&[("a", NOW - 600_000, 1.0)]))
             .unwrap();
         assert_eq!(first.accepted, 1, "{set}");
-        // Its window is still open: the bins are spent, nothing to give back.
+        // Its window is still open: the bins are spent, nothing to give back,
+        // and a new group's pane gets no sketch.
         let full = ingester
-            .handle(&body(&[("a", NOW - 590_000, 1.0)]))
+            .handle(&body(&[("c", NOW - 590_000, 1.0)]))
             .unwrap();
         assert_eq!(full.over_bin_limit, 1, "{set}: {full:?}");
         // This one closes the first window, but is dropped too (checked before).
@@ -162,6 +163,45 @@ fn bins_at_their_limit_drop_samples_and_come_back_as_windows_expire() {
             (2, 2),
             "{set}: {total:?}"
         );
+    }
+}
+
+/// A flood of new groups past the bin limit cannot starve the groups already
+/// there: their panes keep taking samples, up to twice the limit.
+#[test]
+fn groups_already_there_keep_their_panes_past_the_bin_limit() {
+    for set in sets() {
+        let plan = Plan {
+            lateness_secs: 0,
+            keep_windows: 1,
+            ..Plan::default()
+        };
+        let mut probe = Ingester::new(plan.clone(), set).with_limits(serving());
+        probe.handle(&body(&[("a", NOW - 600_000, 1.0)])).unwrap();
+        let one_pane = probe.held().bins;
+
+        let mut limits = serving();
+        limits.capacity.bins = one_pane;
+        let mut ingester = Ingester::new(plan, set).with_limits(limits);
+        let first = ingester
+            .handle(&body(&[("a", NOW - 600_000, 1.0)]))
+            .unwrap();
+        assert_eq!(first.accepted, 1, "{set}");
+        // The limit is reached: new groups are dropped ...
+        let flood: Vec<(String, i64, f64)> = (0..100)
+            .map(|i| (format!("new{i}"), NOW - 595_000, 1.0))
+            .collect();
+        let flood: Vec<(&str, i64, f64)> =
+            flood.iter().map(|(g, t, v)| (g.as_str(), *t, *v)).collect();
+        let dropped = ingester.handle(&body(&flood)).unwrap();
+        assert_eq!(dropped.over_bin_limit, 100, "{set}: {dropped:?}");
+        // ... while the group already there keeps taking samples (same value, same bin).
+        let kept = ingester
+            .handle(&body(&[("a", NOW - 590_000, 1.0)]))
+            .unwrap();
+        assert_eq!(kept.accepted, 1, "{set}: {kept:?}");
+        let held = ingester.held().bins;
+        assert!(held <= 2 * one_pane, "{set}: {held} bins held");
     }
 }
 

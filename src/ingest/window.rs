@@ -110,7 +110,9 @@ pub struct Capacity {
     pub group_bytes: usize,
     /// Pane slots: per window, one per group id up to the highest that has a pane there.
     pub pane_slots: usize,
-    /// Sketch bins (8 bytes each), over every pane.
+    /// Sketch bins (8 bytes each), over every pane. Past this, no new pane
+    /// gets a sketch, but panes that exist still take samples, up to twice
+    /// this: a flood of new groups cannot starve the groups already there.
     pub bins: usize,
 }
 
@@ -374,8 +376,16 @@ impl Accumulator {
         let n = values.len() as u64;
         while budget.held.bins >= budget.capacity.bins && drop_oldest(&mut self.closed, budget) {}
         if budget.held.bins >= budget.capacity.bins {
-            stats.over_bin_limit += n;
-            return;
+            // Only panes that already have a sketch may grow past the limit, to twice it.
+            let has_sketch = self
+                .open
+                .get(&start)
+                .and_then(|panes| panes.get(gid as usize))
+                .is_some_and(Option::is_some);
+            if !has_sketch || budget.held.bins >= budget.capacity.bins.saturating_mul(2) {
+                stats.over_bin_limit += n;
+                return;
+            }
         }
         let Some(pane) = self.pane(start, gid, budget) else {
             stats.over_pane_limit += n;

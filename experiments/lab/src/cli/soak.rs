@@ -1059,6 +1059,8 @@ struct Accounting {
     /// and `promlab_receiver_samples_dropped_total` (samples counted and dropped
     /// past a limit, summed over reasons).
     counters: BTreeMap<String, f64>,
+    /// `promlab_receiver_samples_dropped_total` by its `reason` label.
+    dropped_by_reason: BTreeMap<String, f64>,
     error: Option<String>,
 }
 
@@ -1066,21 +1068,24 @@ fn receiver_accounting(rx: &Server) -> Accounting {
     rx.watch();
     let client = Client::new(Some(Duration::from_secs(10)), 1);
     match client.get(&rx.url("/metrics"), &[]) {
-        Ok(r) if r.status == 200 => Accounting {
-            counters: {
-                let text = r.text();
-                let mut counters = parse_flat(&text, "promlab_ingest_samples_");
-                counters.extend(parse_flat(&text, "promlab_receiver_samples_dropped_"));
-                counters
-            },
-            error: None,
-        },
+        Ok(r) if r.status == 200 => {
+            let text = r.text();
+            let mut counters = parse_flat(&text, "promlab_ingest_samples_");
+            counters.extend(parse_flat(&text, "promlab_receiver_samples_dropped_"));
+            Accounting {
+                counters,
+                dropped_by_reason: dropped_by_reason(&text),
+                error: None,
+            }
+        }
         Ok(r) => Accounting {
             counters: BTreeMap::new(),
+            dropped_by_reason: BTreeMap::new(),
             error: Some(format!("/metrics answered {}", r.status)),
         },
         Err(e) => Accounting {
             counters: BTreeMap::new(),
+            dropped_by_reason: BTreeMap::new(),
             error: Some(format!("/metrics: {e:#}")),
         },
     }
@@ -1088,6 +1093,18 @@ fn receiver_accounting(rx: &Server) -> Accounting {
 
 /// Every sample of the families whose name starts with `prefix` and ends in
 /// `_total`, summed over their labels.
+/// `promlab_receiver_samples_dropped_total{reason="…"} n` lines, by reason.
+fn dropped_by_reason(text: &str) -> BTreeMap<String, f64> {
+    let prefix = "promlab_receiver_samples_dropped_total{reason=\"";
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter_map(|rest| {
+            let (reason, value) = rest.split_once("\"} ")?;
+            Some((reason.to_owned(), value.trim().parse::<f64>().ok()?))
+        })
+        .collect()
+}
+
 fn parse_flat(text: &str, prefix: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| l.starts_with(prefix)) {
@@ -1879,12 +1896,18 @@ impl Report<'_> {
                 "receiver.no-lost-samples",
                 lost == 0.0 && sent == counted,
                 format!(
-                    "samples in 2xx answers {sent}, receiver counted {counted}, accounted for by {}; lost {lost}",
+                    "samples in 2xx answers {sent}, receiver counted {counted}, accounted for by {} (dropped by reason: {}); lost {lost}",
                     self.accounting
                         .counters
                         .iter()
                         .filter(|(k, _)| *k != "promlab_ingest_samples_total")
                         .map(|(k, v)| format!("{} {v}", short(k)))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    self.accounting
+                        .dropped_by_reason
+                        .iter()
+                        .map(|(reason, v)| format!("{reason} {v}"))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
@@ -2131,6 +2154,11 @@ impl Report<'_> {
         line(format!("| samples in 2xx answers (clients) | {sent} |"));
         for (k, v) in &self.accounting.counters {
             line(format!("| {k} | {v} |"));
+        }
+        for (reason, v) in &self.accounting.dropped_by_reason {
+            line(format!(
+                "| promlab_receiver_samples_dropped_total{{reason=\"{reason}\"}} | {v} |"
+            ));
         }
         match self.lost() {
             Some((_, _, lost)) => line(format!("| lost (sent − accounted for) | {lost} |")),
