@@ -99,9 +99,11 @@ pub fn run(
 
 /// The accept loop: one task per connection, at most [`ServerLimits::connection_cap`]
 /// at once. At the cap, the connection that has waited longest without
-/// sending a whole request is closed to make room: otherwise clients that
-/// trickle their headers (up to `header_timeout` each) would keep every slot
-/// and every legitimate client waiting behind them in the backlog. On a
+/// sending a whole request is closed to make room, once it has waited a
+/// quarter of `header_timeout` (a client served promptly sends its headers
+/// well within that): otherwise clients that trickle their headers (up to
+/// `header_timeout` each) would keep every slot and every legitimate client
+/// waiting behind them in the backlog. On a
 /// shutdown signal, stops accepting, asks every connection to finish, and
 /// closes those still open after `shutdown_timeout`.
 async fn serve_connections(
@@ -140,7 +142,7 @@ async fn serve_connections(
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                if waiting.evict_oldest() {
+                if waiting.evict_oldest(limits.header_timeout / 4) {
                     evictions += 1;
                     if evictions.is_power_of_two() {
                         eprintln!(
@@ -201,13 +203,15 @@ async fn serve_connections(
 }
 
 /// Connections that have not yet sent a whole request, oldest first, each
-/// with the signal that closes it.
+/// with when it was accepted and the signal that closes it.
 #[derive(Default)]
 struct WaitingForRequest {
-    connections: std::sync::Mutex<(
-        u64,
-        std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>,
-    )>,
+    connections: std::sync::Mutex<(u64, std::collections::BTreeMap<u64, Waiting>)>,
+}
+
+struct Waiting {
+    since: std::time::Instant,
+    evicted: Arc<tokio::sync::Notify>,
 }
 
 impl WaitingForRequest {
@@ -217,7 +221,13 @@ impl WaitingForRequest {
         let id = *next;
         *next += 1;
         let evicted = Arc::new(tokio::sync::Notify::new());
-        waiting.insert(id, Arc::clone(&evicted));
+        waiting.insert(
+            id,
+            Waiting {
+                since: std::time::Instant::now(),
+                evicted: Arc::clone(&evicted),
+            },
+        );
         (id, evicted)
     }
 
@@ -226,16 +236,18 @@ impl WaitingForRequest {
         guard.1.remove(&id);
     }
 
-    /// Closes the connection that has waited longest; false when none waits.
-    fn evict_oldest(&self) -> bool {
+    /// Closes the connection that has waited longest, if it has waited at
+    /// least `min_wait`; false when none has.
+    fn evict_oldest(&self, min_wait: Duration) -> bool {
         let mut guard = self.connections.lock().unwrap_or_else(|e| e.into_inner());
-        match guard.1.pop_first() {
-            Some((_, evicted)) => {
+        let waiting = &mut guard.1;
+        match waiting.first_entry() {
+            Some(oldest) if oldest.get().since.elapsed() >= min_wait => {
                 // A stored permit: the connection closes even if it is not yet polling.
-                evicted.notify_one();
+                oldest.remove().evicted.notify_one();
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 }
