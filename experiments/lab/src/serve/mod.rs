@@ -61,6 +61,9 @@ impl ServerLimits {
     }
 }
 
+/// Threads of the blocking pool, where requests do their work.
+const BLOCKING_THREADS: usize = 16;
+
 /// Binds `listen`, tells `announce` the bound address (tests and scripts read
 /// that line to learn the port of `--listen 127.0.0.1:0`), and serves `router`
 /// within `limits` until Ctrl-C or SIGTERM. Blocking: builds its own runtime,
@@ -76,6 +79,9 @@ pub fn run(
     if let Some(n) = worker_threads {
         builder.worker_threads(n);
     }
+    // Ingests and scrapes run on the blocking pool, each thread with its own
+    // reused buffers: a bounded pool bounds those too (more requests wait).
+    builder.max_blocking_threads(BLOCKING_THREADS);
     let runtime = builder
         .enable_all()
         .build()
@@ -100,7 +106,7 @@ pub fn run(
 /// The accept loop: one task per connection, at most [`ServerLimits::connection_cap`]
 /// at once. At the cap, the connection that has waited longest without
 /// sending a whole request is closed to make room, once it has waited a
-/// quarter of `header_timeout` (a client served promptly sends its headers
+/// tenth of `header_timeout` (a client served promptly sends its headers
 /// well within that): otherwise clients that trickle their headers (up to
 /// `header_timeout` each) would keep every slot and every legitimate client
 /// waiting behind them in the backlog. On a
@@ -142,7 +148,7 @@ async fn serve_connections(
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                if waiting.evict_oldest(limits.header_timeout / 4) {
+                if waiting.evict_oldest(limits.header_timeout / 10) {
                     evictions += 1;
                     if evictions.is_power_of_two() {
                         eprintln!(

@@ -161,9 +161,22 @@ thread_local! {
 }
 
 async fn write(State(rx): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes) -> Response {
-    let response = write_inner(&rx, &headers, &body);
+    let receiver = Arc::clone(&rx);
+    let response = off_the_runtime(move || write_inner(&receiver, &headers, &body)).await;
     rx.count(response.0);
     response.into_response()
+}
+
+/// Runs `work` on the blocking pool: ingesting takes CPU and the ingester's
+/// lock (a baseline 50,000-row request, about a second), and on a runtime
+/// worker it would stop that worker accepting and reading other connections
+/// meanwhile — with two workers, a busy receiver would not read a new
+/// client's headers for seconds.
+async fn off_the_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
 }
 
 fn write_inner(rx: &Receiver, headers: &HeaderMap, body: &[u8]) -> (StatusCode, String) {
@@ -212,8 +225,13 @@ async fn quantiles(
     State(rx): State<Arc<Receiver>>,
     Query(params): Query<QuantileParams>,
 ) -> Response {
-    let mut json = Vec::new();
-    let found = rx.lock().query_json(&params.agg, params.window, &mut json);
+    let agg = params.agg.clone();
+    let (found, json) = off_the_runtime(move || {
+        let mut json = Vec::new();
+        let found = rx.lock().query_json(&agg, params.window, &mut json);
+        (found, json)
+    })
+    .await;
     match found {
         true => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
         false => (
@@ -239,8 +257,9 @@ async fn reload(State(rx): State<Arc<Receiver>>) -> Response {
 }
 
 async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
-    let (totals, cache, generation, footprint, held, limits) = {
-        let ingester = rx.lock();
+    let receiver = Arc::clone(&rx);
+    let (totals, cache, generation, footprint, held, limits) = off_the_runtime(move || {
+        let ingester = receiver.lock();
         (
             ingester.totals(),
             ingester.cache_stats(),
@@ -249,7 +268,8 @@ async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
             ingester.held(),
             *ingester.limits(),
         )
-    };
+    })
+    .await;
     let lookups = cache.hits + cache.misses;
     let hit_rate = if lookups == 0 {
         0.0
