@@ -68,6 +68,22 @@ pub fn new_entry(key: &[u8]) -> Vec<u8> {
     entry
 }
 
+/// A store file's used region holding `entries` (raw key, value) as
+/// client_ruby appends them, timestamps zero: files laid by hand, for tests
+/// and the reliability suite.
+pub fn file_bytes<'a>(entries: impl IntoIterator<Item = (&'a [u8], f64)>) -> Vec<u8> {
+    let mut bytes = vec![0u8; HEADER_SIZE];
+    for (key, value) in entries {
+        let mut entry = new_entry(key);
+        let at = entry.len() - 16;
+        entry[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        bytes.extend_from_slice(&entry);
+    }
+    let used = bytes.len() as i32;
+    bytes[..4].copy_from_slice(&used.to_le_bytes());
+    bytes
+}
+
 /// Reads `used` from the header: at least 8, at most the file's size; 0 (a
 /// file created but never written) reads as empty, as client_ruby does.
 pub fn check_used(header: [u8; 4], file_len: u64) -> Result<usize> {

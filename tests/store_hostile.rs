@@ -7,22 +7,13 @@
 
 use promlab::export::{export_with_report, EntrySkip, Exporter, FileSkip};
 use promlab::registry::Registry;
-use promlab::storefile::{file_path, new_entry};
+use promlab::storefile::{file_bytes, file_path, new_entry};
 use promlab::strategy::{Stage, StrategySet};
 use std::path::Path;
 
 /// A store file's bytes: header, then each (raw key, value) as client_ruby appends it.
 fn store_bytes(entries: &[(&[u8], f64)]) -> Vec<u8> {
-    let mut bytes = vec![0u8; 8];
-    for (key, value) in entries {
-        let mut entry = new_entry(key);
-        let at = entry.len() - 16;
-        entry[at..at + 8].copy_from_slice(&value.to_le_bytes());
-        bytes.extend_from_slice(&entry);
-    }
-    let used = bytes.len() as i32;
-    bytes[..4].copy_from_slice(&used.to_le_bytes());
-    bytes
+    file_bytes(entries.iter().copied())
 }
 
 fn write_file(dir: &Path, metric: &str, pid: u32, entries: &[(&[u8], f64)]) {

@@ -142,15 +142,8 @@ const REGISTRY: &str = r#"{"metrics": [
 
 /// A store file's bytes with `entries` (raw key, value), sized `size` (at least its used region).
 fn store_bytes(entries: &[(Vec<u8>, f64)], size: usize) -> Vec<u8> {
-    let mut bytes = vec![0u8; 8];
-    for (key, value) in entries {
-        let mut entry = promlab::storefile::new_entry(key);
-        let at = entry.len() - 16;
-        entry[at..at + 8].copy_from_slice(&value.to_le_bytes());
-        bytes.extend_from_slice(&entry);
-    }
-    let used = bytes.len() as i32;
-    bytes[..4].copy_from_slice(&used.to_le_bytes());
+    let mut bytes =
+        promlab::storefile::file_bytes(entries.iter().map(|(key, value)| (key.as_slice(), *value)));
     bytes.resize(size.max(bytes.len()), 0);
     bytes
 }

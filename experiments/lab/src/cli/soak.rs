@@ -1252,15 +1252,7 @@ impl ChurnState {
 /// A store file as client_ruby lays it out: `used`, then entries of
 /// (padded length, key, padding, value, timestamp), `len` bytes in all (sparse).
 fn raw_store_file(entries: &[(&[u8], f64)], len: u64) -> Vec<u8> {
-    let mut bytes = vec![0u8; 8];
-    for (key, value) in entries {
-        let mut entry = promlab::storefile::new_entry(key);
-        let at = entry.len() - 16;
-        entry[at..at + 8].copy_from_slice(&value.to_le_bytes());
-        bytes.extend_from_slice(&entry);
-    }
-    let used = bytes.len() as i32;
-    bytes[..4].copy_from_slice(&used.to_le_bytes());
+    let mut bytes = promlab::storefile::file_bytes(entries.iter().copied());
     bytes.resize(bytes.len().max(len as usize), 0);
     bytes
 }
