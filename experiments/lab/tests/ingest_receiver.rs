@@ -1,67 +1,18 @@
 //! The remote-write receiver over HTTP: status codes, the feeder, queries, self-metrics.
 
-use promlab_lab::http_client::Client;
-use std::io::{BufRead, BufReader};
+mod support;
+
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
-/// `promlab serve` on a free loopback port; killed on drop.
-pub struct Server {
-    child: Child,
-    pub addr: String,
-}
-
-impl Server {
-    pub fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_promlab"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn promlab serve");
-        let mut line = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_string();
-        Server { child, addr }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One request: (status, body as text).
-pub fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> (u16, String) {
-    let url = format!("http://{addr}{path}");
-    let response = Client::new(Some(Duration::from_secs(20)), 1)
-        .request(method, &url, headers, body)
-        .unwrap_or_else(|e| panic!("{method} {url}: {e:#}"));
-    (response.status, response.text())
-}
+use std::process::Command;
+use support::{http, serve};
 
 const REMOTE_WRITE: [(&str, &str); 2] = [
     ("Content-Type", "application/x-protobuf"),
     ("Content-Encoding", "snappy"),
 ];
 
-fn write(addr: &str, body: &[u8]) -> (u16, String) {
+fn write(addr: SocketAddr, body: &[u8]) -> (u16, String) {
     http(addr, "POST", "/api/v1/write", &REMOTE_WRITE, body)
 }
 
@@ -96,8 +47,8 @@ fn status_codes() {
         .join("../..")
         .join("tests/fixtures/remote-write/prometheus-2.42/0000.bin");
     let body = std::fs::read(fixture).unwrap();
-    let server = Server::start(&["--max-body-bytes", "100000", "--strategies", "all"]);
-    let addr = &server.addr;
+    let server = serve(&["--max-body-bytes", "100000", "--strategies", "all"]);
+    let addr = server.addr;
     assert_eq!(write(addr, &body).0, 204);
     assert_eq!(
         http(
@@ -181,7 +132,7 @@ fn feeder_to_receiver_to_quantiles() {
         "lateness_secs = 0\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\ngroup_by = [\"label_0\"]\nwindow_secs = 1\n",
     )
     .unwrap();
-    let server = Server::start(&["--plan", plan.to_str().unwrap()]);
+    let server = serve(&["--plan", plan.to_str().unwrap()]);
     let url = format!("http://{}/api/v1/write", server.addr);
     let status = Command::new(env!("CARGO_BIN_EXE_promlab"))
         .args([
@@ -199,7 +150,7 @@ fn feeder_to_receiver_to_quantiles() {
         .status()
         .unwrap();
     assert!(status.success());
-    let (status, body) = http(&server.addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
+    let (status, body) = http(server.addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
     assert_eq!(status, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(json["aggregation"], "data");
@@ -210,7 +161,7 @@ fn feeder_to_receiver_to_quantiles() {
     assert_eq!(groups[0]["count"], 3);
     // Window 0 is still kept and can be named.
     let (_, body) = http(
-        &server.addr,
+        server.addr,
         "GET",
         "/api/v1/quantiles?agg=data&window=0",
         &[],
@@ -219,9 +170,9 @@ fn feeder_to_receiver_to_quantiles() {
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(json["window_start_ms"], 0);
     // Reload bumps the generation and keeps the unchanged aggregation's windows.
-    let (status, msg) = http(&server.addr, "POST", "/-/reload", &[], b"");
+    let (status, msg) = http(server.addr, "POST", "/-/reload", &[], b"");
     assert_eq!(status, 200, "{msg}");
     assert!(msg.contains("generation 2"), "{msg}");
-    let (_, body) = http(&server.addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
+    let (_, body) = http(server.addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
     assert!(body.contains("\"window_start_ms\":1000"), "{body}");
 }

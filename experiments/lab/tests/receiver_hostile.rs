@@ -3,70 +3,34 @@
 //! half-open clients. Loopback only; every wait bounded.
 
 use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WriteRequest};
-use promlab_lab::http_client::Client;
 use promlab_lab::machine::ProcessStats;
 use prost::Message;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::{http, Served};
+
+mod support;
 
 /// `promlab serve ARGS` on a free loopback port, optionally with an open-file
 /// limit; killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
-}
+struct Server(Served);
 
 impl Server {
     fn start(args: &[&str], max_files: Option<u64>) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_promlab"));
-        command
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .stderr(Stdio::piped());
-        if let Some(n) = max_files {
-            // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child before exec.
-            unsafe {
-                command.pre_exec(move || {
-                    let limit = libc::rlimit {
-                        rlim_cur: n,
-                        rlim_max: n,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let mut child = command.spawn().expect("spawn promlab serve");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split(|c: char| c == '/' || c.is_whitespace()).next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_string();
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            while stderr.read_line(&mut sink).is_ok_and(|n| n > 0) {
-                sink.clear();
-            }
-        });
-        Server { child, addr }
+        Server(match max_files {
+            Some(n) => support::serve_with_max_files(args, n),
+            None => support::serve(args),
+        })
     }
 
     fn get(&self, path: &str) -> (u16, String) {
-        http(&self.addr, "GET", path, &[], b"")
+        self.0.http("GET", path, &[], b"")
     }
 
     fn write(&self, body: &[u8]) -> (u16, String) {
-        http(&self.addr, "POST", "/api/v1/write", &REMOTE_WRITE, body)
+        self.0.http("POST", "/api/v1/write", &REMOTE_WRITE, body)
     }
 
     /// A counter or gauge of `/metrics`, by its full sample name (with labels).
@@ -81,15 +45,8 @@ impl Server {
     }
 
     fn peak_rss_mib(&self) -> f64 {
-        let stats = ProcessStats::of(self.child.id()).unwrap();
+        let stats = ProcessStats::of(self.0.pid()).unwrap();
         stats.peak_rss_kib.unwrap() as f64 / 1024.0
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -97,20 +54,6 @@ const REMOTE_WRITE: [(&str, &str); 2] = [
     ("Content-Type", "application/x-protobuf"),
     ("Content-Encoding", "snappy"),
 ];
-
-fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> (u16, String) {
-    let url = format!("http://{addr}{path}");
-    let response = Client::new(Some(Duration::from_secs(30)), 1)
-        .request(method, &url, headers, body)
-        .unwrap_or_else(|e| panic!("{method} {url}: {e:#}"));
-    (response.status, response.text())
-}
 
 /// A request of `data` series, one per (group, timestamp, value).
 fn request(samples: impl IntoIterator<Item = (String, i64, f64)>) -> Vec<u8> {
@@ -246,7 +189,7 @@ fn cardinality_attack_stays_under_the_memory_budget() {
 #[test]
 fn slow_clients_do_not_block_a_request() {
     let server = Server::start(&["--header-timeout-secs", "2"], Some(256));
-    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    let addr = server.0.addr;
     let open = move || {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
         s.set_write_timeout(Some(Duration::from_millis(200))).ok()?;
@@ -273,7 +216,7 @@ fn slow_clients_do_not_block_a_request() {
     // Past the header timeout, so the slow clients are coming back as they are cut off.
     std::thread::sleep(Duration::from_secs(3));
     let started = Instant::now();
-    let (status, _) = http(&server.addr, "GET", "/metrics", &[], b"");
+    let (status, _) = http(server.0.addr, "GET", "/metrics", &[], b"");
     let waited = started.elapsed();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (reopened, rounds) = trickle.join().unwrap();
@@ -290,7 +233,7 @@ fn slow_clients_do_not_block_a_request() {
 #[test]
 fn sigterm_with_half_open_clients_exits_within_the_deadline() {
     let mut server = Server::start(&["--shutdown-timeout-secs", "2"], None);
-    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    let addr = server.0.addr;
     // Half-open: headers sent, body promised but never sent; and headers half sent.
     let mut clients = Vec::new();
     for i in 0..20 {
@@ -305,22 +248,7 @@ fn sigterm_with_half_open_clients_exits_within_the_deadline() {
     }
     std::thread::sleep(Duration::from_millis(500));
     let started = Instant::now();
-    // SAFETY: kill sends a signal to our own child.
-    assert_eq!(
-        unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) },
-        0
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 10 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = server.0.terminate(Duration::from_secs(10));
     let took = started.elapsed();
     eprintln!(
         "SIGTERM with 20 half-open clients: exited ({status}) after {:.2} s",
@@ -348,7 +276,7 @@ fn content_type_and_oversized_header() {
         ),
     ] {
         let (status, body) = http(
-            &server.addr,
+            server.0.addr,
             "POST",
             "/api/v1/write",
             &[
@@ -420,7 +348,7 @@ fn the_sidecar_has_the_same_header_timeout() {
         ],
         None,
     );
-    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    let addr = server.0.addr;
     let mut slow = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
     slow.write_all(b"GET /metrics/per-object HTTP/1.1\r\nHost: x\r\n")
         .unwrap();

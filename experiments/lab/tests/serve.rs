@@ -8,78 +8,17 @@
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
+mod support;
 
-use promlab_lab::http_client::{Client, Response};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::{get, serve, try_get, Reaped};
 
 const QUEUES: usize = 50;
 const SERIES_PER_QUEUE: usize = promlab::render::rabbitmq::SERIES_PER_QUEUE;
-
-/// A child process killed (and reaped) when dropped, so no test leaves one behind.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `promlab serve ARGS --listen 127.0.0.1:0` and reads the bound address from its stderr.
-fn serve(args: &[&str]) -> (Reaped, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_promlab"))
-        .arg("serve")
-        .args(args)
-        .args(["--listen", "127.0.0.1:0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn promlab serve");
-    let stderr = child.stderr.take().unwrap();
-    let child = Reaped(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        // Keep draining stderr for the life of the child.
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[promlab serve] {line}");
-            if let Some(addr) = line
-                .rsplit("http://")
-                .next()
-                .filter(|_| line.contains(" on http://"))
-            {
-                let _ = tx.send(
-                    addr.split_whitespace()
-                        .next()
-                        .unwrap_or_default()
-                        .parse::<SocketAddr>()
-                        .expect("address in the serving line"),
-                );
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("promlab serve did not report its address");
-    (child, addr)
-}
-
-/// The lab's client: it does not decompress, so a gzip answer's body is the gzip bytes.
-fn client() -> Client {
-    Client::new(Some(Duration::from_secs(20)), 1)
-}
-
-fn try_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<Response> {
-    client().get(&format!("http://{addr}{path}"), headers)
-}
-
-fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
-    try_get(addr, path, headers).unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e:#}"))
-}
 
 const GZIP: [(&str, &str); 1] = [("Accept-Encoding", "gzip")];
 
@@ -158,13 +97,14 @@ fn store_args(dir: &Path) -> Vec<String> {
 
 #[test]
 fn scenario_endpoints_over_http() {
-    let (_server, addr) = serve(&[
+    let server = serve(&[
         "--scenario",
         "rabbitmq",
         "--queues",
         "20",
         "--awkward-names",
     ]);
+    let addr = server.addr;
 
     let plain = get(addr, "/metrics/per-object", &[]);
     assert_eq!(plain.status, 200);
@@ -223,7 +163,8 @@ fn store_mode_serves_the_ruby_exposition() {
     for strategies in ["none", "all"] {
         let mut args = store_args(&dir);
         args.extend(["--strategies".to_string(), strategies.to_string()]);
-        let (_server, addr) = serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let server = serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let addr = server.addr;
         store_mode_scrapes(addr, &expected);
     }
 }
@@ -322,16 +263,18 @@ fn real_prometheus_scrapes_both_modes() {
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     let queues = QUEUES.to_string();
-    let (_scenario, scenario_addr) = serve(&[
+    let scenario = serve(&[
         "--scenario",
         "rabbitmq",
         "--queues",
         &queues,
         "--awkward-names",
     ]);
+    let scenario_addr = scenario.addr;
     let store_dir = fixture(STORE_FIXTURE);
     let args = store_args(&store_dir);
-    let (_store, store_addr) = serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let store = serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let store_addr = store.addr;
     let store_samples = samples(&std::fs::read(store_dir.join("expected.prom")).unwrap());
 
     let data = tempfile::tempdir().unwrap();

@@ -8,122 +8,36 @@
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
+mod support;
 
-use promlab_lab::http_client::{Client, Response};
-use std::io::{BufRead, BufReader};
+use promlab_lab::http_client::Response;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A child process killed (and reaped) when dropped.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Reaped {
-    fn assert_alive(&mut self) {
-        assert!(
-            self.0.try_wait().unwrap().is_none(),
-            "promlab serve died: {:?}",
-            self.0.try_wait()
-        );
-    }
-
-    /// SIGTERM, then the exit within `within`.
-    fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
-        // SAFETY: kill on our own child's pid.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < within,
-                "promlab serve ignored SIGTERM for {within:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
+use support::Served;
 
 /// `promlab serve --store DIR --registry REG --strategies S --listen 127.0.0.1:0`,
-/// under `ulimit -n` when given; returns the child, its address and its stderr lines.
-fn serve(
-    store: &Path,
-    registry: &Path,
-    strategies: &str,
-    fd_limit: Option<u32>,
-) -> (Reaped, SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
-    let exe = env!("CARGO_BIN_EXE_promlab");
+/// under `ulimit -n` when given.
+fn serve(store: &Path, registry: &Path, strategies: &str, fd_limit: Option<u64>) -> Served {
     let args = [
-        "serve",
         "--store",
         store.to_str().unwrap(),
         "--registry",
         registry.to_str().unwrap(),
         "--strategies",
         strategies,
-        "--listen",
-        "127.0.0.1:0",
     ];
-    let mut command = match fd_limit {
-        Some(n) => {
-            let mut c = Command::new("bash");
-            c.arg("-c")
-                .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
-                .arg(exe)
-                .args(args);
-            c
-        }
-        None => {
-            let mut c = Command::new(exe);
-            c.args(args);
-            c
-        }
-    };
-    let mut child = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn promlab serve");
-    let stderr = child.stderr.take().unwrap();
-    let child = Reaped(child);
-    let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let kept = lines.clone();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[promlab serve] {line}");
-            if let Some(addr) = line
-                .rsplit("http://")
-                .next()
-                .filter(|_| line.contains(" on http://"))
-            {
-                let addr = addr.split_whitespace().next().unwrap_or_default();
-                let _ = tx.send(addr.parse::<SocketAddr>().expect("address"));
-            }
-            kept.lock().unwrap().push(line);
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("promlab serve did not report its address");
-    (child, addr, lines)
+    match fd_limit {
+        Some(n) => support::serve_with_max_files(&args, n),
+        None => support::serve(&args),
+    }
 }
 
 fn get(addr: SocketAddr, path: &str) -> Response {
-    Client::new(Some(Duration::from_secs(30)), 1)
-        .get(&format!("http://{addr}{path}"), &[])
-        .unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e:#}"))
+    support::get(addr, path, &[])
 }
 
 /// The value of `promlab_store_files_skipped_total{reason="..."}`.
@@ -182,7 +96,8 @@ fn a_file_truncated_while_mapped_never_kills_the_sidecar() {
     )
     .unwrap();
     for strategies in ["none", "single-read", "all"] {
-        let (mut child, addr, _) = serve(&store, &registry, strategies, None);
+        let mut child = serve(&store, &registry, strategies, None);
+        let addr = child.addr;
         let stop = Arc::new(AtomicBool::new(false));
         let truncator = {
             let (stop, path, big) = (stop.clone(), file(&store, 1), big.clone());
@@ -279,7 +194,8 @@ fn a_fifo_named_like_a_store_file_does_not_hang() {
     // SAFETY: mkfifo with a valid C string.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
     for strategies in ["none", "all"] {
-        let (mut child, addr, lines) = serve(&store, &registry, strategies, None);
+        let mut child = serve(&store, &registry, strategies, None);
+        let addr = child.addr;
         for _ in 0..3 {
             let response = get(addr, "/metrics");
             assert_eq!(response.status, 200);
@@ -292,9 +208,8 @@ fn a_fifo_named_like_a_store_file_does_not_hang() {
         let status = child.terminate(Duration::from_secs(10));
         assert!(status.success() || status.code().is_some(), "{status:?}");
         // Logged once, not per scrape.
-        let logged = lines
-            .lock()
-            .unwrap()
+        let logged = child
+            .stderr_lines()
             .iter()
             .filter(|l| l.contains("not_regular"))
             .count();
@@ -323,7 +238,8 @@ fn many_files_under_a_low_descriptor_limit() {
     for pid in 1..=1500 {
         std::fs::write(file(&store, pid), &bytes).unwrap();
     }
-    let (mut child, addr, _) = serve(&store, &registry, "all", Some(256));
+    let mut child = serve(&store, &registry, "all", Some(256));
+    let addr = child.addr;
     for _ in 0..3 {
         let response = get(addr, "/metrics");
         assert_eq!(response.status, 200);
@@ -348,7 +264,8 @@ fn file_churn_and_growth_never_fail_a_scrape() {
     )
     .unwrap();
     for strategies in ["none", "single-read", "all"] {
-        let (mut child, addr, _) = serve(&store, &registry, strategies, None);
+        let mut child = serve(&store, &registry, strategies, None);
+        let addr = child.addr;
         let stop = Arc::new(AtomicBool::new(false));
         let churner = {
             let (stop, store) = (stop.clone(), store.clone());
@@ -412,7 +329,8 @@ fn a_corrupt_file_is_counted_not_served() {
         store_bytes(&[(b"co%20de=1".to_vec(), 1.0)], 4096),
     )
     .unwrap();
-    let (_child, addr, _) = serve(&store, &registry, "all", None);
+    let server = serve(&store, &registry, "all", None);
+    let addr = server.addr;
     let response = get(addr, "/metrics");
     assert_eq!(response.status, 200);
     assert_eq!(
@@ -443,7 +361,8 @@ fn a_file_locked_forever_is_skipped_in_bounded_time() {
     .unwrap();
     let held = std::fs::File::open(file(&store, 2)).unwrap();
     promlab::storefile::flock(held.as_raw_fd(), libc::LOCK_EX).unwrap();
-    let (mut child, addr, _) = serve(&store, &registry, "all", None);
+    let mut child = serve(&store, &registry, "all", None);
+    let addr = child.addr;
     let started = Instant::now();
     let other = std::thread::spawn(move || get(addr, "/metrics"));
     let response = get(addr, "/metrics");
