@@ -4,7 +4,10 @@
 //! combination must print the same exposition as the baseline.
 
 mod common;
+#[path = "common/generators.rs"]
+mod generators;
 
+use generators::{label_value, value};
 use promlab::formenc::Dialect;
 use promlab::ops::{Op, OpKind, OpLog, OpValue};
 use promlab::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
@@ -12,50 +15,6 @@ use promlab::store::{Client, ClientConfig};
 use promlab::strategy::{Stage, StrategySet};
 use proptest::prelude::*;
 use std::path::Path;
-
-/// Label values with everything that needs escaping somewhere.
-fn label_value() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just(String::new()),
-        "[a-z0-9 ]{1,12}",
-        proptest::collection::vec(
-            prop_oneof![
-                Just("&".to_string()),
-                Just("=".to_string()),
-                Just("%".to_string()),
-                Just("+".to_string()),
-                Just("~".to_string()),
-                Just("*".to_string()),
-                Just("\"".to_string()),
-                Just("\\".to_string()),
-                Just("\n".to_string()),
-                Just(" ".to_string()),
-                Just("é日".to_string()),
-                "[a-zA-Z0-9_.-]{1,4}",
-                any::<char>().prop_map(|c| c.to_string()),
-            ],
-            1..8
-        )
-        .prop_map(|parts| parts.concat()),
-    ]
-}
-
-fn value() -> impl Strategy<Value = f64> {
-    prop_oneof![
-        Just(0.0),
-        Just(-0.0),
-        Just(f64::INFINITY),
-        Just(f64::NEG_INFINITY),
-        Just(f64::NAN),
-        Just(5e-324),
-        Just(2.2250738585072014e-308),
-        Just(1e300),
-        Just(1e-300),
-        Just(0.1),
-        -1e6f64..1e6,
-        any::<f64>(),
-    ]
-}
 
 fn metric_def(index: usize) -> impl Strategy<Value = MetricDef> {
     let kind = prop_oneof![

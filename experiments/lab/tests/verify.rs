@@ -6,6 +6,7 @@
 //! each strategy alone and all of the stage's strategies against the naive
 //! reference (memchr-style, one macro); and `promlab verify --quick` exits 0.
 
+use generators::value;
 use promlab::formenc::Dialect;
 use promlab::ops::OpLog;
 use promlab::reference;
@@ -15,40 +16,15 @@ use promlab_lab::verify::{self, generate, Case};
 use proptest::prelude::*;
 use std::path::Path;
 
-/// Label values with everything that needs escaping somewhere.
+#[path = "../../../tests/common/generators.rs"]
+mod generators;
+
+/// Label values with everything that needs escaping somewhere, and the
+/// awkward ones the generated scenarios use.
 fn label_value() -> impl Strategy<Value = String> {
     prop_oneof![
-        Just(String::new()),
         prop::sample::select(generate::AWKWARD.to_vec()).prop_map(String::from),
-        prop::collection::vec(
-            prop_oneof![
-                prop::sample::select(vec![
-                    "&", "=", "%", "+", "~", "*", "\"", "\\", "\n", " ", "é日", "%2B", "\\n"
-                ])
-                .prop_map(String::from),
-                "[a-zA-Z0-9_.-]{1,4}",
-                any::<char>().prop_map(|c| c.to_string()),
-            ],
-            1..6
-        )
-        .prop_map(|parts| parts.concat()),
-    ]
-}
-
-fn value() -> impl Strategy<Value = f64> {
-    prop_oneof![
-        1 => Just(0.0),
-        1 => Just(-0.0),
-        1 => Just(f64::INFINITY),
-        1 => Just(f64::NEG_INFINITY),
-        1 => Just(f64::NAN),
-        1 => Just(5e-324),
-        1 => Just(1e20),
-        1 => Just(1e-300),
-        1 => Just(0.1),
-        4 => (-7.0f64..7.0).prop_map(|e| 10f64.powf(e)),
-        2 => -1e6f64..1e6,
-        1 => any::<f64>(),
+        generators::label_value(),
     ]
 }
 
