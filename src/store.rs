@@ -727,8 +727,13 @@ impl Client {
         let metric = &self.metrics[id.0];
         match metric.def.kind {
             MetricType::Histogram => {
-                // The first bound >= value (client_ruby's bsearch), else +Inf.
-                let bucket = metric.bucket_bounds.partition_point(|&bound| bound < value);
+                // The first bound >= value (client_ruby's bsearch), else +Inf; no
+                // bound is >= NaN, so Ruby counts NaN in +Inf too.
+                let bucket = if value.is_nan() {
+                    metric.bucket_bounds.len()
+                } else {
+                    metric.bucket_bounds.partition_point(|&bound| bound < value)
+                };
                 let sum = metric.def.buckets.len() + 1;
                 self.with_file_lock(id, |client| {
                     let mut set = CallLabels::new(labels);
@@ -985,6 +990,40 @@ mod tests {
                 (stamps[0], stamps[1])
             })
             .collect()
+    }
+
+    /// Ruby's `buckets.bsearch { |b| b >= value }` finds no bucket for NaN, so
+    /// client_ruby counts a NaN observation in `+Inf` (and the sum turns NaN).
+    #[test]
+    fn a_nan_observation_counts_in_the_inf_bucket_as_in_client_ruby() {
+        let registry = Registry::from_json(
+            r#"{"metrics": [{"name": "t_seconds", "type": "histogram", "help": "h",
+                "labels": ["l"], "buckets": ["0.5", "1.0"], "aggregation": "sum"}]}"#,
+        )
+        .unwrap();
+        for strategies in StrategySet::combinations(crate::strategy::Stage::Write) {
+            let dir = tempfile::tempdir().unwrap();
+            let config = ClientConfig {
+                dialect: Dialect::Uri,
+                strategies,
+                pid_override: Some(4242),
+            };
+            let mut client = Client::new(dir.path(), &registry, config).unwrap();
+            let id = client.metric("t_seconds").unwrap();
+            client.observe(id, &[("l", "x")], f64::NAN).unwrap();
+            client.observe(id, &[("l", "x")], 0.75).unwrap();
+            let bytes = std::fs::read(file_path(dir.path(), "t_seconds", 4242)).unwrap();
+            let used = i32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+            let written: Vec<(String, f64)> = entries(&bytes, used)
+                .map(|e| e.unwrap())
+                .map(|e| (String::from_utf8_lossy(e.key()).into_owned(), e.value()))
+                .collect();
+            let le = |key: &str| key.rsplit("le=").next().unwrap().to_owned();
+            let les: Vec<String> = written.iter().map(|(k, _)| le(k)).collect();
+            assert_eq!(les, ["%2BInf", "sum", "1.0"], "{strategies:?}: {written:?}");
+            assert_eq!(written[0].1, 1.0);
+            assert!(written[1].1.is_nan());
+        }
     }
 
     #[test]
