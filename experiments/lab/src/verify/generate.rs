@@ -132,11 +132,11 @@ pub fn op(pid: u32, pick: Pick, pool: &[String]) -> Op {
             v,
             vec![("env", value(pick.labels[0]))],
         ),
-        // NaN observes are left out: Ruby's `bsearch` puts one in `+Inf`, promlab in the first bucket.
+        // NaN too: Ruby's `bsearch` finds no bucket for it, so it counts in `+Inf`.
         7 => op(
             "latency_seconds",
             OpKind::Observe,
-            if v.is_nan() { 1.0 } else { v },
+            v,
             vec![("route", value(pick.labels[0]))],
         ),
         8 => op("tiny_seconds", OpKind::Observe, finite * 1e-3, vec![]),
