@@ -119,21 +119,20 @@ fn checksum(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A value of a prerendered line.
-#[derive(Clone, Copy, Debug)]
-enum Value {
-    /// A comment line: copied whole.
-    None,
-    Int(i64),
-    Float(f64),
-}
-
-/// Render: every line of the scrape prerendered up to its value; a scrape
-/// copies the lines and formats the values.
+/// Render: the scrape's text prerendered around its values; a scrape copies
+/// the text and formats each value, nothing else. The text between two values
+/// (a line's newline, any comment lines, the next line's `name{labels} `) is
+/// one piece, so a line costs one copy and one value: the least a scrape whose
+/// values change can do.
 pub struct RenderFloor {
-    prefixes: Vec<u8>,
-    /// Per line: the end of its prefix in `prefixes`, and its value.
-    lines: Vec<(usize, Value)>,
+    /// The pieces back to back: piece `i` precedes value `i`; the last, after
+    /// the last value, ends the text.
+    text: Vec<u8>,
+    /// The end of each piece in `text` but the last (one per value).
+    ends: Vec<u32>,
+    values: Vec<f64>,
+    lines: u64,
+    /// The scrape's buffer, at its largest size (see [`RenderFloor::run`]).
     out: Vec<u8>,
     /// Whether the floor's bytes are the exposition's (every value's shortest
     /// form is the one the exposition prints).
@@ -143,69 +142,85 @@ pub struct RenderFloor {
 impl RenderFloor {
     /// The lines of an exposition (already verified) and their values.
     pub fn new(exposition: &[u8]) -> RenderFloor {
-        let mut prefixes = Vec::new();
-        let mut lines = Vec::new();
-        for line in exposition.split(|&b| b == b'\n') {
-            let value = match line.iter().rposition(|&b| b == b' ') {
-                Some(at) if !line.starts_with(b"#") => {
-                    let text = std::str::from_utf8(&line[at + 1..]).unwrap_or("");
-                    match (text.parse::<i64>(), text.parse::<f64>()) {
-                        (Ok(i), _) => Some((at + 1, Value::Int(i))),
-                        (_, Ok(f)) => Some((at + 1, Value::Float(f))),
-                        _ => None,
-                    }
-                }
+        let mut text = Vec::new();
+        let mut ends = Vec::new();
+        let mut values = Vec::new();
+        for line in exposition.split_inclusive(|&b| b == b'\n') {
+            let body = line.strip_suffix(b"\n").unwrap_or(line);
+            let value = match body.iter().rposition(|&b| b == b' ') {
+                Some(at) if !body.starts_with(b"#") => std::str::from_utf8(&body[at + 1..])
+                    .ok()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .map(|v| (at + 1, v)),
                 _ => None,
             };
-            let (end, value) = value.unwrap_or((line.len(), Value::None));
-            prefixes.extend_from_slice(&line[..end]);
-            lines.push((prefixes.len(), value));
+            match value {
+                Some((at, value)) => {
+                    text.extend_from_slice(&body[..at]);
+                    ends.push(u32::try_from(text.len()).expect("a scrape under 4 GiB"));
+                    values.push(value);
+                    text.extend_from_slice(&line[body.len()..]);
+                }
+                None => text.extend_from_slice(line),
+            }
         }
-        // The split leaves an empty last piece after the final newline.
-        if exposition.ends_with(b"\n") {
-            lines.pop();
-        }
+        let lines = exposition.iter().filter(|&&b| b == b'\n').count() as u64;
         let mut floor = RenderFloor {
-            prefixes,
+            text,
+            ends,
+            values,
             lines,
             out: Vec::new(),
             same_bytes: false,
         };
-        floor.run();
-        floor.same_bytes = floor.out == exposition;
+        floor.same_bytes = floor.run() == exposition;
         floor
     }
 
     pub fn lines(&self) -> u64 {
-        self.lines.len() as u64
+        self.lines
     }
 
     pub fn run(&mut self) -> &[u8] {
-        self.out.clear();
+        // `out` is as long as the longest scrape (every value at its longest
+        // form), written from the start: each copy is one bounds check and a
+        // `memcpy`, with no growth check.
+        let bound = self.text.len() + self.values.len() * MAX_VALUE_LEN;
+        if self.out.len() < bound {
+            self.out.resize(bound, 0);
+        }
+        let out = &mut self.out[..];
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
         let mut start = 0;
         let (mut ints, mut floats) = (itoa::Buffer::new(), ryu::Buffer::new());
-        for &(end, value) in &self.lines {
-            self.out.extend_from_slice(&self.prefixes[start..end]);
-            start = end;
-            match value {
-                Value::None => {}
-                Value::Int(i) => self.out.extend_from_slice(ints.format(i).as_bytes()),
-                // An integral float as an integer and `.0` (what `ryu` prints
-                // for it, without its general path); any other with `ryu`.
-                // (-0.0 is not: `ryu` prints its sign.)
-                Value::Float(f)
-                    if f.fract() == 0.0 && f.abs() < 1e15 && f.to_bits() != (-0.0f64).to_bits() =>
-                {
-                    self.out.extend_from_slice(ints.format(f as i64).as_bytes());
-                    self.out.extend_from_slice(b".0");
-                }
-                Value::Float(f) => self.out.extend_from_slice(floats.format(f).as_bytes()),
+        for (&end, &value) in self.ends.iter().zip(&self.values) {
+            put(&self.text[start..end as usize]);
+            start = end as usize;
+            // An integral value as an integer and `.0` (what `ryu` prints for
+            // it, without its general path; a cast round trip tests that
+            // without libm's `trunc`); any other with `ryu`. (-0.0 is not:
+            // `ryu` prints its sign.)
+            if value.abs() < 1e15
+                && (value as i64) as f64 == value
+                && value.to_bits() != (-0.0f64).to_bits()
+            {
+                put(ints.format(value as i64).as_bytes());
+                put(b".0");
+            } else {
+                put(floats.format(value).as_bytes());
             }
-            self.out.push(b'\n');
         }
-        &self.out
+        put(&self.text[start..]);
+        &self.out[..at]
     }
 }
+
+/// The longest value `RenderFloor` writes: `ryu`'s longest form (24 bytes).
+const MAX_VALUE_LEN: usize = 24;
 
 /// Ingest: per request, snappy decode and a zero-copy walk of the protobuf;
 /// per series, one hash of its label bytes (as they came) to find its sketch —
