@@ -51,10 +51,22 @@ impl WriteFloor {
     }
 }
 
-/// Export: every store file mapped once (as a long-lived exporter keeps them);
-/// a scrape reads each used region in one pass and writes the exposition.
+/// Export: every store file mapped once (as a long-lived exporter keeps
+/// them); a scrape checks every byte the exposition depends on and writes the
+/// exposition. Each file's `used` and each entry's length and padded key are
+/// compared with a copy of what the store held when the floor was built
+/// (every distinct entry's bytes once, as an exporter's catalogue keeps its
+/// raw keys), each value is read, and the exposition's bytes are copied.
+/// What is left out is all an exporter adds to that: walking the entries by
+/// their lengths, finding each key's series, folding values, grouping and
+/// formatting.
 pub struct ExportFloor {
     maps: Vec<memmap2::Mmap>,
+    /// Per file: its header's `used`, and per entry where its length starts in the
+    /// file, where its bytes (length and padded key) start in `distinct`, and
+    /// how many there are.
+    plans: Vec<(i32, Vec<(usize, usize, usize)>)>,
+    distinct: Vec<u8>,
     exposition: Vec<u8>,
     out: Vec<u8>,
 }
@@ -67,16 +79,35 @@ impl ExportFloor {
             .collect::<Result<_, _>>()?;
         paths.sort();
         let mut maps = Vec::new();
+        let mut plans = Vec::new();
+        let mut distinct = Vec::new();
+        let mut starts: HashMap<Vec<u8>, usize> = HashMap::new();
         for path in paths.iter().filter(|p| p.is_file()) {
             let file = std::fs::File::open(path)?;
             // SAFETY: the store is not written while the floor reads it (a
             // benchmark's store is written once, before any arm runs).
             let map = unsafe { memmap2::Mmap::map(&file) }
                 .with_context(|| format!("cannot map {}", path.display()))?;
+            let used = used_region(&map).len();
+            let header = header(&map);
+            let mut plan = Vec::new();
+            for entry in promlab::storefile::entries(&map, used) {
+                let entry = entry.with_context(|| format!("{}", path.display()))?;
+                let at = entry.value_offset - entry.padded_key.len() - 4;
+                let bytes = &map[at..entry.value_offset];
+                let start = *starts.entry(bytes.to_vec()).or_insert_with(|| {
+                    distinct.extend_from_slice(bytes);
+                    distinct.len() - bytes.len()
+                });
+                plan.push((at, start, bytes.len()));
+            }
+            plans.push((header, plan));
             maps.push(map);
         }
         Ok(ExportFloor {
             maps,
+            plans,
+            distinct,
             exposition,
             out: Vec::new(),
         })
@@ -87,36 +118,37 @@ impl ExportFloor {
         self.maps.iter().map(|m| used_region(m).len()).sum()
     }
 
-    pub fn run(&mut self) -> &[u8] {
-        let mut sum = 0u64;
-        for map in &self.maps {
-            sum = sum.wrapping_add(checksum(used_region(map)));
+    /// One scrape; fails if the store changed since the floor was built.
+    pub fn run(&mut self) -> Result<&[u8]> {
+        let mut sum = 0.0f64;
+        for (map, (used, plan)) in self.maps.iter().zip(&self.plans) {
+            if header(map) != *used {
+                bail!("a store file's used size changed under the floor");
+            }
+            for &(at, start, len) in plan {
+                if map[at..at + len] != self.distinct[start..start + len] {
+                    bail!("a store entry changed under the floor");
+                }
+                let value = &map[at + len..at + len + 8];
+                sum += f64::from_le_bytes(value.try_into().expect("8 bytes"));
+            }
         }
         black_box(sum);
         self.out.clear();
         self.out.extend_from_slice(&self.exposition);
-        &self.out
+        Ok(&self.out)
     }
 }
 
-/// A store file's used region (its first 4 bytes say how much is used).
-fn used_region(map: &[u8]) -> &[u8] {
-    let used = map
-        .get(..4)
-        .map_or(0, |b| i32::from_le_bytes(b.try_into().expect("4 bytes")));
-    &map[..(used.max(0) as usize).min(map.len())]
+/// A store file's `used` as its first 4 bytes say (0 when it has none).
+fn header(map: &[u8]) -> i32 {
+    map.get(..4)
+        .map_or(0, |b| i32::from_le_bytes(b.try_into().expect("4 bytes")))
 }
 
-/// A sum of 8-byte words: one read of every byte, at memory bandwidth.
-fn checksum(bytes: &[u8]) -> u64 {
-    let words = bytes.chunks_exact(8);
-    let tail = words
-        .remainder()
-        .iter()
-        .fold(0u64, |s, &b| s.wrapping_add(b as u64));
-    words.fold(tail, |s, w| {
-        s.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")))
-    })
+/// A store file's used region.
+fn used_region(map: &[u8]) -> &[u8] {
+    &map[..(header(map).max(0) as usize).min(map.len())]
 }
 
 /// Render: the scrape's text prerendered around its values; a scrape copies
@@ -460,8 +492,22 @@ mod tests {
     }
 
     #[test]
-    fn checksum_reads_every_byte() {
-        assert_eq!(checksum(&[1, 0, 0, 0, 0, 0, 0, 0, 2]), 3);
+    fn export_floor_compares_every_key_and_fails_on_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let entries: [(&[u8], f64); 2] = [(b"a=1", 1.0), (b"a=22", 2.0)];
+        let bytes = promlab::storefile::file_bytes(entries);
+        for pid in [1, 2] {
+            std::fs::write(dir.path().join(format!("metric_x___{pid}.bin")), &bytes).unwrap();
+        }
+        let mut floor = ExportFloor::new(dir.path(), b"x 3.0\n".to_vec()).unwrap();
+        assert_eq!(floor.run().unwrap(), b"x 3.0\n");
+        // Both files' entries are the same: kept once, without their values.
+        assert_eq!(floor.distinct.len(), bytes.len() - 8 - 2 * 16);
+        let mut changed = bytes.clone();
+        let at = changed.windows(4).position(|w| w == b"a=22").unwrap();
+        changed[at + 3] = b'3';
+        std::fs::write(dir.path().join("metric_x___2.bin"), &changed).unwrap();
+        assert!(floor.run().is_err());
         assert_eq!(used_region(&[5, 0, 0, 0, 9, 9, 9]), &[5, 0, 0, 0, 9]);
     }
 }
