@@ -468,7 +468,7 @@ mod tests {
 
     #[test]
     fn render_floor_copies_lines_and_formats_values() {
-        let text = b"# HELP a x\n# TYPE a gauge\na{q=\"1 2\"} 3\nb 0.25\nc 1.0e-05\n";
+        let text = b"# HELP a x\n# TYPE a gauge\na{q=\"1 2\"} 3.0\nb 0.25\nc 1.0e-05\n";
         let floor = RenderFloor::new(text);
         assert_eq!(floor.lines(), 5);
         // ryu prints 1e-5 where Ruby prints 1.0e-05: not the same bytes.
