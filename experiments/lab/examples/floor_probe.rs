@@ -9,13 +9,24 @@
 //! ```
 //! `render ARM N [QUEUES]`: the RabbitMQ per-object scrape (`ARM` a strategy
 //! set, or `floor`); `export ARM N`: a long-lived exporter's warm scrape of
-//! the large client_ruby fixture (`large-v5-uri`).
+//! the large client_ruby fixture (`large-v5-uri`), or one of the experiments
+//! on its key compare: `compare-catalogue` (every entry's padded key against
+//! a copy of the distinct keys), `compare-previous` (the parts it shares with
+//! the file's previous key against that key, the rest against the copy),
+//! `compare-words` (against the copy, without `memcmp`). Prints wall and
+//! thread CPU time per run (CPU time is the steadier on a shared machine).
 
 use anyhow::{bail, Context, Result};
 use promlab::render::rabbitmq::RabbitMqNode;
 use promlab::strategy::StrategySet;
 use promlab_lab::harness::floor::{ExportFloor, RenderFloor};
 use std::time::{Duration, Instant};
+
+/// One entry of a compare experiment: where its padded key starts in the
+/// file, where its copy starts in the distinct keys and its length, the
+/// prefix and unpadded suffix it shares with the file's previous key, and
+/// that key's unpadded length.
+type Planned = (usize, usize, usize, usize, usize, usize);
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -59,12 +70,13 @@ fn main() -> Result<()> {
                 paths.sort();
                 for path in paths {
                     let file = std::fs::File::open(&path)?;
+                    // SAFETY: nothing writes the unpacked fixture.
                     maps.push(unsafe { memmap2::Mmap::map(&file) }?);
                 }
                 let mut distinct: std::collections::HashMap<Vec<u8>, (usize, usize)> =
                     Default::default();
                 let mut bytes = Vec::new();
-                let mut plan: Vec<Vec<(usize, usize, usize, usize, usize, usize)>> = Vec::new();
+                let mut plan: Vec<Vec<Planned>> = Vec::new();
                 for map in &maps {
                     let used = i32::from_le_bytes(map[..4].try_into()?) as usize;
                     let mut per = Vec::new();
@@ -93,6 +105,7 @@ fn main() -> Result<()> {
                 let previous = arm == "compare-previous";
                 let words = arm == "compare-words";
                 let mut out = Vec::new();
+                let mut first = true;
                 Box::new(move || {
                     let _keep = &dir;
                     let mut same = 0usize;
@@ -115,6 +128,9 @@ fn main() -> Result<()> {
                             }
                             last = at;
                         }
+                    }
+                    if std::mem::replace(&mut first, false) {
+                        eprintln!("{same} comparisons equal");
                     }
                     std::hint::black_box(same);
                     out.clear();
@@ -180,6 +196,8 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// `a == b` by XOR/OR of 8-byte words, without an early exit (an
+/// experiment: slower here than `memcmp`).
 #[inline(never)]
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {

@@ -62,13 +62,19 @@ impl WriteFloor {
 /// formatting.
 pub struct ExportFloor {
     maps: Vec<memmap2::Mmap>,
-    /// Per file: its header's `used`, and per entry where its length starts in the
-    /// file, where its bytes (length and padded key) start in `distinct`, and
-    /// how many there are.
-    plans: Vec<(i32, Vec<(usize, usize, usize)>)>,
+    /// Per file: what the floor checks in it.
+    plans: Vec<FilePlan>,
     distinct: Vec<u8>,
     exposition: Vec<u8>,
     out: Vec<u8>,
+}
+
+/// One store file as the floor built: its header's `used`, and per entry
+/// where its length starts in the file, where its bytes (length and padded
+/// key) start in `ExportFloor::distinct`, and how many there are.
+struct FilePlan {
+    used: i32,
+    entries: Vec<(usize, usize, usize)>,
 }
 
 impl ExportFloor {
@@ -101,7 +107,10 @@ impl ExportFloor {
                 });
                 plan.push((at, start, bytes.len()));
             }
-            plans.push((header, plan));
+            plans.push(FilePlan {
+                used: header,
+                entries: plan,
+            });
             maps.push(map);
         }
         Ok(ExportFloor {
@@ -121,11 +130,11 @@ impl ExportFloor {
     /// One scrape; fails if the store changed since the floor was built.
     pub fn run(&mut self) -> Result<&[u8]> {
         let mut sum = 0.0f64;
-        for (map, (used, plan)) in self.maps.iter().zip(&self.plans) {
-            if header(map) != *used {
+        for (map, plan) in self.maps.iter().zip(&self.plans) {
+            if header(map) != plan.used {
                 bail!("a store file's used size changed under the floor");
             }
-            for &(at, start, len) in plan {
+            for &(at, start, len) in &plan.entries {
                 if map[at..at + len] != self.distinct[start..start + len] {
                     bail!("a store entry changed under the floor");
                 }
