@@ -51,12 +51,30 @@ impl WriteFloor {
     }
 }
 
-/// Export: every store file mapped once (as a long-lived exporter keeps them);
-/// a scrape reads each used region in one pass and writes the exposition.
+/// Export: every store file mapped once (as a long-lived exporter keeps
+/// them); a scrape checks every byte the exposition depends on and writes the
+/// exposition. Each file's `used` and each entry's length and padded key are
+/// compared with a copy of what the store held when the floor was built
+/// (every distinct entry's bytes once, as an exporter's catalogue keeps its
+/// raw keys), each value is read, and the exposition's bytes are copied.
+/// What is left out is all an exporter adds to that: walking the entries by
+/// their lengths, finding each key's series, folding values, grouping and
+/// formatting.
 pub struct ExportFloor {
     maps: Vec<memmap2::Mmap>,
+    /// Per file: what the floor checks in it.
+    plans: Vec<FilePlan>,
+    distinct: Vec<u8>,
     exposition: Vec<u8>,
     out: Vec<u8>,
+}
+
+/// One store file as the floor built: its header's `used`, and per entry
+/// where its length starts in the file, where its bytes (length and padded
+/// key) start in `ExportFloor::distinct`, and how many there are.
+struct FilePlan {
+    used: i32,
+    entries: Vec<(usize, usize, usize)>,
 }
 
 impl ExportFloor {
@@ -67,16 +85,38 @@ impl ExportFloor {
             .collect::<Result<_, _>>()?;
         paths.sort();
         let mut maps = Vec::new();
+        let mut plans = Vec::new();
+        let mut distinct = Vec::new();
+        let mut starts: HashMap<Vec<u8>, usize> = HashMap::new();
         for path in paths.iter().filter(|p| p.is_file()) {
             let file = std::fs::File::open(path)?;
             // SAFETY: the store is not written while the floor reads it (a
             // benchmark's store is written once, before any arm runs).
             let map = unsafe { memmap2::Mmap::map(&file) }
                 .with_context(|| format!("cannot map {}", path.display()))?;
+            let used = used_region(&map).len();
+            let header = header(&map);
+            let mut plan = Vec::new();
+            for entry in promlab::storefile::entries(&map, used) {
+                let entry = entry.with_context(|| format!("{}", path.display()))?;
+                let at = entry.value_offset - entry.padded_key.len() - 4;
+                let bytes = &map[at..entry.value_offset];
+                let start = *starts.entry(bytes.to_vec()).or_insert_with(|| {
+                    distinct.extend_from_slice(bytes);
+                    distinct.len() - bytes.len()
+                });
+                plan.push((at, start, bytes.len()));
+            }
+            plans.push(FilePlan {
+                used: header,
+                entries: plan,
+            });
             maps.push(map);
         }
         Ok(ExportFloor {
             maps,
+            plans,
+            distinct,
             exposition,
             out: Vec::new(),
         })
@@ -87,53 +127,53 @@ impl ExportFloor {
         self.maps.iter().map(|m| used_region(m).len()).sum()
     }
 
-    pub fn run(&mut self) -> &[u8] {
-        let mut sum = 0u64;
-        for map in &self.maps {
-            sum = sum.wrapping_add(checksum(used_region(map)));
+    /// One scrape; fails if the store changed since the floor was built.
+    pub fn run(&mut self) -> Result<&[u8]> {
+        let mut sum = 0.0f64;
+        for (map, plan) in self.maps.iter().zip(&self.plans) {
+            if header(map) != plan.used {
+                bail!("a store file's used size changed under the floor");
+            }
+            for &(at, start, len) in &plan.entries {
+                if map[at..at + len] != self.distinct[start..start + len] {
+                    bail!("a store entry changed under the floor");
+                }
+                let value = &map[at + len..at + len + 8];
+                sum += f64::from_le_bytes(value.try_into().expect("8 bytes"));
+            }
         }
         black_box(sum);
         self.out.clear();
         self.out.extend_from_slice(&self.exposition);
-        &self.out
+        Ok(&self.out)
     }
 }
 
-/// A store file's used region (its first 4 bytes say how much is used).
+/// A store file's `used` as its first 4 bytes say (0 when it has none).
+fn header(map: &[u8]) -> i32 {
+    map.get(..4)
+        .map_or(0, |b| i32::from_le_bytes(b.try_into().expect("4 bytes")))
+}
+
+/// A store file's used region.
 fn used_region(map: &[u8]) -> &[u8] {
-    let used = map
-        .get(..4)
-        .map_or(0, |b| i32::from_le_bytes(b.try_into().expect("4 bytes")));
-    &map[..(used.max(0) as usize).min(map.len())]
+    &map[..(header(map).max(0) as usize).min(map.len())]
 }
 
-/// A sum of 8-byte words: one read of every byte, at memory bandwidth.
-fn checksum(bytes: &[u8]) -> u64 {
-    let words = bytes.chunks_exact(8);
-    let tail = words
-        .remainder()
-        .iter()
-        .fold(0u64, |s, &b| s.wrapping_add(b as u64));
-    words.fold(tail, |s, w| {
-        s.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")))
-    })
-}
-
-/// A value of a prerendered line.
-#[derive(Clone, Copy, Debug)]
-enum Value {
-    /// A comment line: copied whole.
-    None,
-    Int(i64),
-    Float(f64),
-}
-
-/// Render: every line of the scrape prerendered up to its value; a scrape
-/// copies the lines and formats the values.
+/// Render: the scrape's text prerendered around its values; a scrape copies
+/// the text and formats each value, nothing else. The text between two values
+/// (a line's newline, any comment lines, the next line's `name{labels} `) is
+/// one piece, so a line costs one copy and one value: the least a scrape whose
+/// values change can do.
 pub struct RenderFloor {
-    prefixes: Vec<u8>,
-    /// Per line: the end of its prefix in `prefixes`, and its value.
-    lines: Vec<(usize, Value)>,
+    /// The pieces back to back: piece `i` precedes value `i`; the last, after
+    /// the last value, ends the text.
+    text: Vec<u8>,
+    /// The end of each piece in `text` but the last (one per value).
+    ends: Vec<u32>,
+    values: Vec<f64>,
+    lines: u64,
+    /// The scrape's buffer, at its largest size (see [`RenderFloor::run`]).
     out: Vec<u8>,
     /// Whether the floor's bytes are the exposition's (every value's shortest
     /// form is the one the exposition prints).
@@ -143,69 +183,85 @@ pub struct RenderFloor {
 impl RenderFloor {
     /// The lines of an exposition (already verified) and their values.
     pub fn new(exposition: &[u8]) -> RenderFloor {
-        let mut prefixes = Vec::new();
-        let mut lines = Vec::new();
-        for line in exposition.split(|&b| b == b'\n') {
-            let value = match line.iter().rposition(|&b| b == b' ') {
-                Some(at) if !line.starts_with(b"#") => {
-                    let text = std::str::from_utf8(&line[at + 1..]).unwrap_or("");
-                    match (text.parse::<i64>(), text.parse::<f64>()) {
-                        (Ok(i), _) => Some((at + 1, Value::Int(i))),
-                        (_, Ok(f)) => Some((at + 1, Value::Float(f))),
-                        _ => None,
-                    }
-                }
+        let mut text = Vec::new();
+        let mut ends = Vec::new();
+        let mut values = Vec::new();
+        for line in exposition.split_inclusive(|&b| b == b'\n') {
+            let body = line.strip_suffix(b"\n").unwrap_or(line);
+            let value = match body.iter().rposition(|&b| b == b' ') {
+                Some(at) if !body.starts_with(b"#") => std::str::from_utf8(&body[at + 1..])
+                    .ok()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .map(|v| (at + 1, v)),
                 _ => None,
             };
-            let (end, value) = value.unwrap_or((line.len(), Value::None));
-            prefixes.extend_from_slice(&line[..end]);
-            lines.push((prefixes.len(), value));
+            match value {
+                Some((at, value)) => {
+                    text.extend_from_slice(&body[..at]);
+                    ends.push(u32::try_from(text.len()).expect("a scrape under 4 GiB"));
+                    values.push(value);
+                    text.extend_from_slice(&line[body.len()..]);
+                }
+                None => text.extend_from_slice(line),
+            }
         }
-        // The split leaves an empty last piece after the final newline.
-        if exposition.ends_with(b"\n") {
-            lines.pop();
-        }
+        let lines = exposition.iter().filter(|&&b| b == b'\n').count() as u64;
         let mut floor = RenderFloor {
-            prefixes,
+            text,
+            ends,
+            values,
             lines,
             out: Vec::new(),
             same_bytes: false,
         };
-        floor.run();
-        floor.same_bytes = floor.out == exposition;
+        floor.same_bytes = floor.run() == exposition;
         floor
     }
 
     pub fn lines(&self) -> u64 {
-        self.lines.len() as u64
+        self.lines
     }
 
     pub fn run(&mut self) -> &[u8] {
-        self.out.clear();
+        // `out` is as long as the longest scrape (every value at its longest
+        // form), written from the start: each copy is one bounds check and a
+        // `memcpy`, with no growth check.
+        let bound = self.text.len() + self.values.len() * MAX_VALUE_LEN;
+        if self.out.len() < bound {
+            self.out.resize(bound, 0);
+        }
+        let out = &mut self.out[..];
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
         let mut start = 0;
         let (mut ints, mut floats) = (itoa::Buffer::new(), ryu::Buffer::new());
-        for &(end, value) in &self.lines {
-            self.out.extend_from_slice(&self.prefixes[start..end]);
-            start = end;
-            match value {
-                Value::None => {}
-                Value::Int(i) => self.out.extend_from_slice(ints.format(i).as_bytes()),
-                // An integral float as an integer and `.0` (what `ryu` prints
-                // for it, without its general path); any other with `ryu`.
-                // (-0.0 is not: `ryu` prints its sign.)
-                Value::Float(f)
-                    if f.fract() == 0.0 && f.abs() < 1e15 && f.to_bits() != (-0.0f64).to_bits() =>
-                {
-                    self.out.extend_from_slice(ints.format(f as i64).as_bytes());
-                    self.out.extend_from_slice(b".0");
-                }
-                Value::Float(f) => self.out.extend_from_slice(floats.format(f).as_bytes()),
+        for (&end, &value) in self.ends.iter().zip(&self.values) {
+            put(&self.text[start..end as usize]);
+            start = end as usize;
+            // An integral value as an integer and `.0` (what `ryu` prints for
+            // it, without its general path; a cast round trip tests that
+            // without libm's `trunc`); any other with `ryu`. (-0.0 is not:
+            // `ryu` prints its sign.)
+            if value.abs() < 1e15
+                && (value as i64) as f64 == value
+                && value.to_bits() != (-0.0f64).to_bits()
+            {
+                put(ints.format(value as i64).as_bytes());
+                put(b".0");
+            } else {
+                put(floats.format(value).as_bytes());
             }
-            self.out.push(b'\n');
         }
-        &self.out
+        put(&self.text[start..]);
+        &self.out[..at]
     }
 }
+
+/// The longest value `RenderFloor` writes: `ryu`'s longest form (24 bytes).
+const MAX_VALUE_LEN: usize = 24;
 
 /// Ingest: per request, snappy decode and a zero-copy walk of the protobuf;
 /// per series, one hash of its label bytes (as they came) to find its sketch —
@@ -421,7 +477,7 @@ mod tests {
 
     #[test]
     fn render_floor_copies_lines_and_formats_values() {
-        let text = b"# HELP a x\n# TYPE a gauge\na{q=\"1 2\"} 3\nb 0.25\nc 1.0e-05\n";
+        let text = b"# HELP a x\n# TYPE a gauge\na{q=\"1 2\"} 3.0\nb 0.25\nc 1.0e-05\n";
         let floor = RenderFloor::new(text);
         assert_eq!(floor.lines(), 5);
         // ryu prints 1e-5 where Ruby prints 1.0e-05: not the same bytes.
@@ -445,8 +501,22 @@ mod tests {
     }
 
     #[test]
-    fn checksum_reads_every_byte() {
-        assert_eq!(checksum(&[1, 0, 0, 0, 0, 0, 0, 0, 2]), 3);
+    fn export_floor_compares_every_key_and_fails_on_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let entries: [(&[u8], f64); 2] = [(b"a=1", 1.0), (b"a=22", 2.0)];
+        let bytes = promlab::storefile::file_bytes(entries);
+        for pid in [1, 2] {
+            std::fs::write(dir.path().join(format!("metric_x___{pid}.bin")), &bytes).unwrap();
+        }
+        let mut floor = ExportFloor::new(dir.path(), b"x 3.0\n".to_vec()).unwrap();
+        assert_eq!(floor.run().unwrap(), b"x 3.0\n");
+        // Both files' entries are the same: kept once, without their values.
+        assert_eq!(floor.distinct.len(), bytes.len() - 8 - 2 * 16);
+        let mut changed = bytes.clone();
+        let at = changed.windows(4).position(|w| w == b"a=22").unwrap();
+        changed[at + 3] = b'3';
+        std::fs::write(dir.path().join("metric_x___2.bin"), &changed).unwrap();
+        assert!(floor.run().is_err());
         assert_eq!(used_region(&[5, 0, 0, 0, 9, 9, 9]), &[5, 0, 0, 0, 9]);
     }
 }

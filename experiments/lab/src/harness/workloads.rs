@@ -118,7 +118,7 @@ impl Workload for Export {
 
     /// Every store file's used region read once, and the exposition written.
     fn floor(&mut self) -> Result<Output<'_>> {
-        Ok(Output::Bytes(self.floor.run()))
+        Ok(Output::Bytes(self.floor.run()?))
     }
 }
 
