@@ -1054,6 +1054,10 @@ mod tests {
             assert_eq!(seams.lookups == Lookups::Once, once);
             assert_eq!(seams.pid == PidSource::Cached, once);
             assert_eq!(seams.clock == ClockReads::PerOp, once);
+            assert_eq!(
+                seams.clock_source == ClockSource::CoarseUnlessCompared,
+                once
+            );
             assert_eq!(seams.io == StoreIo::Mapped, s.contains(Strategy::MmapStore));
         }
     }
@@ -1147,6 +1151,93 @@ mod tests {
                     assert_eq!(bucket, sum, "one reading per observe: {stamps:?}");
                 }
                 last = sum;
+            }
+        }
+    }
+    #[test]
+    fn only_most_recent_keeps_the_precise_clock() {
+        let registry = Registry::from_json(
+            r#"{"metrics": [
+                {"name": "g_sum", "type": "gauge", "aggregation": "sum"},
+                {"name": "g_max", "type": "gauge", "aggregation": "max"},
+                {"name": "g_min", "type": "gauge", "aggregation": "min"},
+                {"name": "g_all", "type": "gauge", "aggregation": "all"},
+                {"name": "g_recent", "type": "gauge", "aggregation": "most_recent"},
+                {"name": "c_total", "type": "counter"},
+                {"name": "h_seconds", "type": "histogram"}]}"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for strategies in StrategySet::combinations(crate::strategy::Stage::Write) {
+            let config = ClientConfig {
+                strategies,
+                ..ClientConfig::default()
+            };
+            let client = Client::new(dir.path(), &registry, config).unwrap();
+            let coarse =
+                WriteSeams::resolve(strategies).clock_source == ClockSource::CoarseUnlessCompared;
+            for metric in &client.metrics {
+                let expected = if coarse && metric.aggregation != ProcessAggregation::MostRecent {
+                    Clock::MonotonicCoarse
+                } else {
+                    Clock::Monotonic
+                };
+                assert_eq!(
+                    metric.stamps, expected,
+                    "{} under {strategies}",
+                    metric.def.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_coarse_clock_is_the_monotonic_clock_as_of_its_last_tick() {
+        for _ in 0..1000 {
+            let coarse = Clock::MonotonicCoarse.seconds();
+            let precise = Clock::Monotonic.seconds();
+            let coarse_after = Clock::MonotonicCoarse.seconds();
+            assert!(coarse > 0.0 && coarse <= precise, "{coarse} {precise}");
+            // One tick (1–10 ms) behind at most.
+            assert!(precise - coarse < 0.05, "{coarse} {precise}");
+            assert!(coarse_after >= coarse, "{coarse} {coarse_after}");
+        }
+    }
+
+    mod bucket_of {
+        use super::super::bucket_of;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+
+            /// Counting the bounds below the value finds client_ruby's
+            /// bucket (the first bound >= value), as the binary search does,
+            /// on sorted bounds with repeats, values on the bounds, NaN, ±inf.
+            #[test]
+            fn equals_the_binary_search(
+                mut bounds in proptest::collection::vec(
+                    prop_oneof![-1e3f64..1e3, (-4i32..4).prop_map(f64::from)], 0..48),
+                pick in any::<prop::sample::Index>(),
+                value in prop_oneof![
+                    -2e3f64..2e3,
+                    (-4i32..4).prop_map(f64::from),
+                    Just(f64::NAN),
+                    Just(f64::INFINITY),
+                    Just(f64::NEG_INFINITY),
+                ],
+                on_a_bound in any::<bool>(),
+            ) {
+                bounds.sort_by(f64::total_cmp);
+                let value = if on_a_bound && !bounds.is_empty() {
+                    bounds[pick.index(bounds.len())]
+                } else {
+                    value
+                };
+                prop_assert_eq!(
+                    bucket_of(&bounds, value),
+                    bounds.partition_point(|&bound| bound < value)
+                );
             }
         }
     }
