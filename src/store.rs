@@ -13,6 +13,7 @@
 //! | [`Lookups`] | [`Strategy::IncrementOnce`] | `ReadThenWrite`: an increment looks the entry up for the read and again for the write | `Once`: one lookup |
 //! | [`PidSource`] | [`Strategy::IncrementOnce`] | `AskOs`: `getpid` on every call | `Cached`: cached, cleared in a forked child |
 //! | [`ClockReads`] | [`Strategy::IncrementOnce`] | `PerWrite`: `clock_gettime` for every value written | `PerOp`: one reading per locked operation, shared by its writes (an observe's bucket and sum) |
+//! | [`ClockSource`] | [`Strategy::IncrementOnce`] | `Monotonic`: `CLOCK_MONOTONIC` for every metric | `CoarseUnlessCompared`: `CLOCK_MONOTONIC_COARSE` where the aggregation discards timestamps, `CLOCK_MONOTONIC` for `most_recent` |
 //! | [`StoreIo`] | [`Strategy::MmapStore`] | `Syscalls`: seek + read / write per value | `Mapped`: values through a shared mapping |
 //!
 //! No combined variant: the seams compose. Where two interact, it is through
