@@ -13,6 +13,7 @@
 //! | [`Lookups`] | [`Strategy::IncrementOnce`] | `ReadThenWrite`: an increment looks the entry up for the read and again for the write | `Once`: one lookup |
 //! | [`PidSource`] | [`Strategy::IncrementOnce`] | `AskOs`: `getpid` on every call | `Cached`: cached, cleared in a forked child |
 //! | [`ClockReads`] | [`Strategy::IncrementOnce`] | `PerWrite`: `clock_gettime` for every value written | `PerOp`: one reading per locked operation, shared by its writes (an observe's bucket and sum) |
+//! | [`ClockSource`] | [`Strategy::IncrementOnce`] | `Monotonic`: `CLOCK_MONOTONIC` for every metric | `CoarseUnlessCompared`: `CLOCK_MONOTONIC_COARSE` where the aggregation discards timestamps, `CLOCK_MONOTONIC` for `most_recent` |
 //! | [`StoreIo`] | [`Strategy::MmapStore`] | `Syscalls`: seek + read / write per value | `Mapped`: values through a shared mapping |
 //!
 //! No combined variant: the seams compose. Where two interact, it is through
@@ -47,6 +48,7 @@ pub struct WriteSeams {
     pub lookups: Lookups,
     pub pid: PidSource,
     pub clock: ClockReads,
+    pub clock_source: ClockSource,
     pub io: StoreIo,
 }
 
@@ -73,6 +75,11 @@ impl WriteSeams {
                 ClockReads::PerOp
             } else {
                 ClockReads::PerWrite
+            },
+            clock_source: if once {
+                ClockSource::CoarseUnlessCompared
+            } else {
+                ClockSource::Monotonic
             },
             io: if s.contains(Strategy::MmapStore) {
                 StoreIo::Mapped
@@ -128,6 +135,56 @@ pub enum ClockReads {
     PerOp,
 }
 
+/// Which clock the timestamps written beside values come from
+/// ([`Strategy::IncrementOnce`]), resolved per metric into a [`Clock`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockSource {
+    /// `CLOCK_MONOTONIC` for every metric, as client_ruby's
+    /// `Process.clock_gettime(Process::CLOCK_MONOTONIC)`.
+    Monotonic,
+    /// `CLOCK_MONOTONIC_COARSE` (the same clock as of the last tick: a vDSO
+    /// read without the TSC, 5 ns instead of 31–37 here) for metrics whose
+    /// aggregation discards timestamps, `CLOCK_MONOTONIC` for `most_recent`,
+    /// the one aggregation that compares them.
+    CoarseUnlessCompared,
+}
+
+impl ClockSource {
+    /// The clock of a metric aggregated across processes by `aggregation`.
+    pub fn for_aggregation(self, aggregation: ProcessAggregation) -> Clock {
+        match (self, aggregation) {
+            (ClockSource::CoarseUnlessCompared, ProcessAggregation::MostRecent) => Clock::Monotonic,
+            (ClockSource::CoarseUnlessCompared, _) => Clock::MonotonicCoarse,
+            (ClockSource::Monotonic, _) => Clock::Monotonic,
+        }
+    }
+}
+
+/// One metric's timestamp clock ([`ClockSource::for_aggregation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clock {
+    Monotonic,
+    MonotonicCoarse,
+}
+
+impl Clock {
+    /// Seconds of the monotonic clock, as Ruby's `Process.clock_gettime`
+    /// gives them: `tv_sec + tv_nsec * 1e-9`.
+    pub fn seconds(self) -> f64 {
+        let id = match self {
+            Clock::Monotonic => libc::CLOCK_MONOTONIC,
+            Clock::MonotonicCoarse => libc::CLOCK_MONOTONIC_COARSE,
+        };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec to write into.
+        unsafe { libc::clock_gettime(id, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+}
+
 /// How values reach a store file ([`Strategy::MmapStore`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreIo {
@@ -164,17 +221,6 @@ fn cached_pid() -> u32 {
     let pid = os_pid();
     CACHED_PID.store(pid, Ordering::Relaxed);
     pid
-}
-
-/// Monotonic-clock seconds, as Ruby's `Process.clock_gettime(CLOCK_MONOTONIC)`.
-fn monotonic_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write into.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 // ---------------------------------------------------------------------------
@@ -389,6 +435,26 @@ impl StoreFile {
         }
     }
 
+    /// Adds `by` to the value at a value offset and writes the timestamp
+    /// beside it: one read and one write of the same 16 bytes (through a
+    /// mapping, one bounds check). Inlined, like [`StoreFile::read_at`].
+    #[inline]
+    pub fn add_at(&mut self, pos: usize, by: f64, timestamp: f64) -> Result<()> {
+        match &mut self.io {
+            Io::Syscalls => {
+                let value = self.read_by_syscalls(pos)?;
+                self.write_at(pos, value + by, timestamp)
+            }
+            Io::Mapped(map) => {
+                let slot: &mut [u8; 16] = (&mut map[pos..pos + 16]).try_into().expect("16 bytes");
+                let value = f64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
+                slot[..8].copy_from_slice(&(value + by).to_le_bytes());
+                slot[8..].copy_from_slice(&timestamp.to_le_bytes());
+                Ok(())
+            }
+        }
+    }
+
     #[inline(never)]
     fn write_by_syscalls(&mut self, pos: usize, buf: &[u8; 16]) -> Result<()> {
         self.file.seek(SeekFrom::Start(pos as u64))?;
@@ -458,37 +524,6 @@ fn series_extra(def: &MetricDef, series: usize) -> Extra<'_> {
     }
 }
 
-/// A caller's label set for the length of one call: an observe touches two
-/// series of it, and with `key-cache` the second one reuses the cache entry
-/// the first one found instead of hashing the labels again; with
-/// `ClockReads::PerOp`, it reuses the first one's timestamp too.
-struct CallLabels<'l> {
-    labels: &'l [(&'l str, &'l str)],
-    /// With `key-cache`: the pid of the process state and the label set's
-    /// place in that state's cache, once found.
-    cached: Option<(u32, usize)>,
-    /// With `ClockReads::PerOp`: the call's clock reading, once taken.
-    timestamp: Option<f64>,
-}
-
-impl<'l> CallLabels<'l> {
-    fn new(labels: &'l [(&'l str, &'l str)]) -> Self {
-        CallLabels {
-            labels,
-            cached: None,
-            timestamp: None,
-        }
-    }
-
-    /// The timestamp of a value this call writes.
-    fn timestamp(&mut self, reads: ClockReads) -> f64 {
-        match reads {
-            ClockReads::PerWrite => monotonic_seconds(),
-            ClockReads::PerOp => *self.timestamp.get_or_insert_with(monotonic_seconds),
-        }
-    }
-}
-
 /// This process's label sets, each with the store keys of its series,
 /// encoded on first use. It lives beside the store file in the per-process
 /// state, so it is dropped with the file when a forked child reopens its own.
@@ -526,10 +561,8 @@ impl KeyCache {
         series: usize,
         validate: impl FnOnce() -> Result<()>,
     ) -> Result<usize> {
-        if let Some(i) = self.last {
-            if same_labels(&self.sets[i].labels, labels) {
-                return Ok(i);
-            }
+        if let Some(i) = self.last_if_same(labels) {
+            return Ok(i);
         }
         let hash = self.hasher.hash_one(labels);
         let sets = &self.sets;
@@ -550,6 +583,15 @@ impl KeyCache {
         self.index.insert_unique(hash, (hash, i), |&(h, _)| h);
         self.last = Some(i);
         Ok(i)
+    }
+}
+
+impl KeyCache {
+    /// The place of the label set found last, if `labels` is it.
+    #[inline]
+    fn last_if_same(&self, labels: &[(&str, &str)]) -> Option<usize> {
+        let i = self.last?;
+        same_labels(&self.sets[i].labels, labels).then_some(i)
     }
 }
 
@@ -603,6 +645,8 @@ struct MetricStore {
     def: MetricDef,
     aggregation: ProcessAggregation,
     bucket_bounds: Vec<f64>,
+    /// The clock of its timestamps.
+    stamps: Clock,
     state: Option<ProcessState>,
 }
 
@@ -644,6 +688,7 @@ impl Client {
     pub fn new(dir: &Path, registry: &Registry, config: ClientConfig) -> Result<Client> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create store directory {}", dir.display()))?;
+        let seams = WriteSeams::resolve(config.strategies);
         let metrics = registry
             .metrics
             .iter()
@@ -651,12 +696,13 @@ impl Client {
                 def: def.clone(),
                 aggregation: def.aggregation(),
                 bucket_bounds: def.bucket_bounds(),
+                stamps: seams.clock_source.for_aggregation(def.aggregation()),
                 state: None,
             })
             .collect();
         Ok(Client {
             dir: dir.to_path_buf(),
-            seams: WriteSeams::resolve(config.strategies),
+            seams,
             config,
             metrics,
         })
@@ -684,13 +730,14 @@ impl Client {
     pub fn init(&mut self, id: MetricId, labels: &[(&str, &str)]) -> Result<()> {
         let def = &self.metrics[id.0].def;
         let series = series_count(def);
-        let mut set = CallLabels::new(labels);
-        match def.kind {
-            MetricType::Counter | MetricType::Gauge => self.set_raw(id, &mut set, 0, 0.0),
+        let kind = def.kind;
+        let mut call = self.call(id, labels)?;
+        match kind {
+            MetricType::Counter | MetricType::Gauge => call.set(0, 0.0),
             // Every bucket, `+Inf`, `sum` / `count`, `sum`, in that order.
-            MetricType::Histogram | MetricType::Summary => self.with_file_lock(id, |client| {
-                (0..series).try_for_each(|i| client.set_raw(id, &mut set, i, 0.0))
-            }),
+            MetricType::Histogram | MetricType::Summary => {
+                call.locked(|call| (0..series).try_for_each(|i| call.set(i, 0.0)))
+            }
         }
     }
 
@@ -710,7 +757,7 @@ impl Client {
                 def.name
             );
         }
-        self.increment_raw(id, &mut CallLabels::new(labels), 0, by)
+        self.call(id, labels)?.increment(0, by)
     }
 
     /// Gauge `set`.
@@ -719,49 +766,26 @@ impl Client {
         if def.kind != MetricType::Gauge {
             bail!("{}: only gauges can be set", def.name);
         }
-        self.set_raw(id, &mut CallLabels::new(labels), 0, value)
+        self.call(id, labels)?.set(0, value)
     }
 
     /// Histogram or summary `observe`, under the file lock as client_ruby does.
     pub fn observe(&mut self, id: MetricId, labels: &[(&str, &str)], value: f64) -> Result<()> {
         let metric = &self.metrics[id.0];
-        match metric.def.kind {
-            MetricType::Histogram => {
-                // The first bound >= value (client_ruby's bsearch), else +Inf; no
-                // bound is >= NaN, so Ruby counts NaN in +Inf too.
-                let bucket = if value.is_nan() {
-                    metric.bucket_bounds.len()
-                } else {
-                    metric.bucket_bounds.partition_point(|&bound| bound < value)
-                };
-                let sum = metric.def.buckets.len() + 1;
-                self.with_file_lock(id, |client| {
-                    let mut set = CallLabels::new(labels);
-                    client.increment_raw(id, &mut set, bucket, 1.0)?;
-                    client.increment_raw(id, &mut set, sum, value)
-                })
-            }
+        let (first, second) = match metric.def.kind {
+            // The first bound >= value (client_ruby's bsearch), else +Inf; then `sum`.
+            MetricType::Histogram => (
+                bucket_of(&metric.bucket_bounds, value),
+                metric.def.buckets.len() + 1,
+            ),
             // Series `count`, then `sum`.
-            MetricType::Summary => self.with_file_lock(id, |client| {
-                let mut set = CallLabels::new(labels);
-                client.increment_raw(id, &mut set, 0, 1.0)?;
-                client.increment_raw(id, &mut set, 1, value)
-            }),
+            MetricType::Summary => (0, 1),
             kind => bail!("{}: a {} cannot observe", metric.def.name, kind.name()),
-        }
-    }
-
-    /// Runs `f` holding this process's `flock` on the metric's file.
-    fn with_file_lock(
-        &mut self,
-        id: MetricId,
-        f: impl FnOnce(&mut Client) -> Result<()>,
-    ) -> Result<()> {
-        let fd = self.state(id)?.file.file.as_raw_fd();
-        flock(fd, libc::LOCK_EX).context("flock")?;
-        let result = f(self);
-        flock(fd, libc::LOCK_UN).context("flock")?;
-        result
+        };
+        self.call(id, labels)?.locked(|call| {
+            call.increment(first, 1.0)?;
+            call.increment(second, value)
+        })
     }
 
     fn pid(&self) -> u32 {
@@ -769,21 +793,48 @@ impl Client {
         self.config.pid_override.unwrap_or(pid)
     }
 
-    /// This process's state for a metric, (re)opened when the pid changed (after fork).
-    fn state(&mut self, id: MetricId) -> Result<&mut ProcessState> {
+    /// One call's view of a metric: this process's state for it, (re)opened
+    /// when the pid changed (after fork), and the caller's labels.
+    #[inline(always)]
+    fn call<'c>(&'c mut self, id: MetricId, labels: &'c [(&'c str, &'c str)]) -> Result<Call<'c>> {
         let pid = self.pid();
-        self.state_of(id, pid)
-    }
-
-    /// [`Client::state`] for a pid the caller has already asked for.
-    /// Inlined: the check is a compare, the opening stays out of line.
-    #[inline]
-    fn state_of(&mut self, id: MetricId, pid: u32) -> Result<&mut ProcessState> {
         match &self.metrics[id.0].state {
             Some(state) if state.pid == pid => {}
             _ => self.open_state(id, pid)?,
         }
-        Ok(self.metrics[id.0].state.as_mut().expect("just opened"))
+        let WriteSeams {
+            keys: keys_from,
+            lookups,
+            clock,
+            ..
+        } = self.seams;
+        let dialect = self.config.dialect;
+        let MetricStore {
+            def,
+            aggregation,
+            stamps,
+            state,
+            ..
+        } = &mut self.metrics[id.0];
+        let ProcessState { file, keys, .. } = state.as_mut().expect("opened above");
+        Ok(Call {
+            file,
+            series: SeriesKeys {
+                def,
+                pid_label: (*aggregation == ProcessAggregation::All).then_some(pid),
+                dialect,
+                keys_from,
+                keys,
+                labels,
+                set: None,
+            },
+            lookups,
+            timestamp: Timestamp {
+                reads: clock,
+                clock: *stamps,
+                taken: None,
+            },
+        })
     }
 
     #[inline(never)]
@@ -798,90 +849,183 @@ impl Client {
         });
         Ok(())
     }
+}
 
-    /// The store key of one series of a label set (validated) and the file to
-    /// write it to. With `key-cache` the key is encoded once per process and
-    /// borrowed after, and the label set is hashed once per call.
-    fn key_and_file(
-        &mut self,
-        id: MetricId,
-        set: &mut CallLabels<'_>,
-        series: usize,
-    ) -> Result<(Key<'_>, &mut StoreFile)> {
-        let dialect = self.config.dialect;
-        let keys_from = self.seams.keys;
-        let pid = self.pid();
-        self.state_of(id, pid)?;
-        let MetricStore {
-            def,
-            aggregation,
-            state,
-            ..
-        } = &mut self.metrics[id.0];
-        let ProcessState { file, keys, .. } = state.as_mut().expect("opened above");
-        let pid_label = (*aggregation == ProcessAggregation::All).then_some(pid);
-        let labels = set.labels;
-        let extra = series_extra(def, series);
-        if keys_from == KeySource::EncodePerCall {
-            validate_labels(&def.name, &def.labels, labels)?;
-            return Ok((
-                Key::Encoded(encode_key(labels, extra, pid_label, dialect)),
-                file,
-            ));
+/// One public call (an observe, increment, set or init) on one metric in
+/// this process: its file, the store keys of the caller's label set and the
+/// call's timestamp. An observe writes two series through one `Call`, so the
+/// pid is checked once, the label set found once (`key-cache`) and, with
+/// `ClockReads::PerOp`, the clock read once.
+struct Call<'c> {
+    file: &'c mut StoreFile,
+    series: SeriesKeys<'c>,
+    lookups: Lookups,
+    timestamp: Timestamp,
+}
+
+impl Call<'_> {
+    /// Runs `f` holding this process's `flock` on the metric's file.
+    #[inline]
+    fn locked(&mut self, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        let fd = self.file.file.as_raw_fd();
+        flock(fd, libc::LOCK_EX).context("flock")?;
+        let result = f(self);
+        flock(fd, libc::LOCK_UN).context("flock")?;
+        result
+    }
+
+    /// client_ruby's `write_value`: look the key up, write.
+    #[inline]
+    fn set(&mut self, series: usize, value: f64) -> Result<()> {
+        match self.series.remembered(series) {
+            Some(pos) => self.file.write_at(pos, value, self.timestamp.get()),
+            None => self.set_by_key(series, value),
         }
-        let index = match set.cached {
-            Some((cached_pid, index)) if cached_pid == pid => index,
-            _ => {
+    }
+
+    #[inline(never)]
+    fn set_by_key(&mut self, series: usize, value: f64) -> Result<()> {
+        let mut key = self.series.key(series)?;
+        let pos = key.position(self.file)?;
+        self.file.write_at(pos, value, self.timestamp.get())
+    }
+
+    /// client_ruby's `increment_value` (one lookup, `Lookups::Once`) or
+    /// `read_value` + `write_value` (two). A remembered offset (`key-cache`)
+    /// is looked up by reading it, inline; the other lookups stay out of line.
+    #[inline(always)]
+    fn increment(&mut self, series: usize, by: f64) -> Result<()> {
+        let Some(pos) = self.series.remembered(series) else {
+            return self.increment_by_key(series, by);
+        };
+        match self.lookups {
+            Lookups::Once => self.file.add_at(pos, by, self.timestamp.get()),
+            Lookups::ReadThenWrite => {
+                let value = self.file.read_at(pos)?;
+                let pos = self.series.remembered(series).expect("remembered above");
+                self.file.write_at(pos, value + by, self.timestamp.get())
+            }
+        }
+    }
+
+    #[inline(never)]
+    fn increment_by_key(&mut self, series: usize, by: f64) -> Result<()> {
+        let mut key = self.series.key(series)?;
+        match self.lookups {
+            Lookups::Once => {
+                let pos = key.position(self.file)?;
+                let value = self.file.read_at(pos)?;
+                self.file.write_at(pos, value + by, self.timestamp.get())
+            }
+            Lookups::ReadThenWrite => {
+                let read_pos = key.position(self.file)?;
+                let value = self.file.read_at(read_pos)?;
+                let write_pos = key.position(self.file)?;
+                self.file
+                    .write_at(write_pos, value + by, self.timestamp.get())
+            }
+        }
+    }
+}
+
+/// The store keys of one call's label set, one per series of the metric.
+struct SeriesKeys<'c> {
+    def: &'c MetricDef,
+    /// The `pid` label of `all`-mode keys.
+    pid_label: Option<u32>,
+    dialect: Dialect,
+    keys_from: KeySource,
+    keys: &'c mut KeyCache,
+    labels: &'c [(&'c str, &'c str)],
+    /// With `key-cache`: the label set's place in `keys`, once found.
+    set: Option<usize>,
+}
+
+impl SeriesKeys<'_> {
+    /// The value offset of one series of the label set when it is already
+    /// known: the label set is the cache's last one (`key-cache`; it was
+    /// validated when cached) and the series' key was looked up before.
+    /// Without `key-cache` nothing is cached, so nothing is remembered.
+    #[inline]
+    fn remembered(&mut self, series: usize) -> Option<usize> {
+        let index = match self.set {
+            Some(index) => index,
+            None => {
+                let index = self.keys.last_if_same(self.labels)?;
+                self.set = Some(index);
+                index
+            }
+        };
+        self.keys.sets[index].series.get(series)?.as_ref()?.position
+    }
+
+    /// The store key of one series of the label set (validated). With
+    /// `key-cache` it is encoded once per process and borrowed after, and
+    /// the label set is looked up once per call.
+    fn key(&mut self, series: usize) -> Result<Key<'_>> {
+        let SeriesKeys {
+            def,
+            pid_label,
+            dialect,
+            keys,
+            labels,
+            ..
+        } = self;
+        let encode = || encode_key(labels, series_extra(def, series), *pid_label, *dialect);
+        if self.keys_from == KeySource::EncodePerCall {
+            validate_labels(&def.name, &def.labels, labels)?;
+            return Ok(Key::Encoded(encode()));
+        }
+        let index = match self.set {
+            Some(index) => index,
+            None => {
                 let index = keys.label_set(labels, series_count(def), || {
                     validate_labels(&def.name, &def.labels, labels)
                 })?;
-                set.cached = Some((pid, index));
+                self.set = Some(index);
                 index
             }
         };
         let key = keys.sets[index].series[series].get_or_insert_with(|| CachedKey {
-            bytes: encode_key(labels, extra, pid_label, dialect).into(),
+            bytes: encode().into(),
             position: None,
         });
-        Ok((Key::Cached(key), file))
+        Ok(Key::Cached(key))
     }
+}
 
-    /// client_ruby's `write_value`: look the key up, write.
-    fn set_raw(
-        &mut self,
-        id: MetricId,
-        set: &mut CallLabels<'_>,
-        series: usize,
-        value: f64,
-    ) -> Result<()> {
-        let clock = self.seams.clock;
-        let (mut key, file) = self.key_and_file(id, set, series)?;
-        let pos = key.position(file)?;
-        file.write_at(pos, value, set.timestamp(clock))
-    }
+/// The timestamps of one call's writes: which clock, how often it is read.
+struct Timestamp {
+    reads: ClockReads,
+    clock: Clock,
+    /// With `ClockReads::PerOp`: the call's reading, once taken.
+    taken: Option<f64>,
+}
 
-    fn increment_raw(
-        &mut self,
-        id: MetricId,
-        set: &mut CallLabels<'_>,
-        series: usize,
-        by: f64,
-    ) -> Result<()> {
-        let WriteSeams { lookups, clock, .. } = self.seams;
-        let (mut key, file) = self.key_and_file(id, set, series)?;
-        match lookups {
-            Lookups::Once => {
-                let pos = key.position(file)?;
-                let value = file.read_at(pos)?;
-                file.write_at(pos, value + by, set.timestamp(clock))
-            }
-            Lookups::ReadThenWrite => {
-                let read_pos = key.position(file)?;
-                let value = file.read_at(read_pos)?;
-                let write_pos = key.position(file)?;
-                file.write_at(write_pos, value + by, set.timestamp(clock))
-            }
+impl Timestamp {
+    /// The timestamp of a value this call writes.
+    fn get(&mut self) -> f64 {
+        match self.reads {
+            ClockReads::PerWrite => self.clock.seconds(),
+            ClockReads::PerOp => *self.taken.get_or_insert_with(|| self.clock.seconds()),
         }
+    }
+}
+
+/// The index of the first bound >= `value` in sorted `bounds`, `bounds.len()`
+/// (+Inf) when there is none — client_ruby's `bsearch`. Up to 32 bounds it
+/// counts the bounds below `value`, the same index for sorted bounds: a
+/// compare per bound, none waiting for the one before, where a binary
+/// search is a chain of dependent loads and compares.
+/// No bound is >= NaN, so NaN counts in +Inf, as in Ruby.
+#[inline]
+fn bucket_of(bounds: &[f64], value: f64) -> usize {
+    if value.is_nan() {
+        bounds.len()
+    } else if bounds.len() <= 32 {
+        bounds.iter().map(|&bound| usize::from(bound < value)).sum()
+    } else {
+        bounds.partition_point(|&bound| bound < value)
     }
 }
 
@@ -914,6 +1058,10 @@ mod tests {
             assert_eq!(seams.lookups == Lookups::Once, once);
             assert_eq!(seams.pid == PidSource::Cached, once);
             assert_eq!(seams.clock == ClockReads::PerOp, once);
+            assert_eq!(
+                seams.clock_source == ClockSource::CoarseUnlessCompared,
+                once
+            );
             assert_eq!(seams.io == StoreIo::Mapped, s.contains(Strategy::MmapStore));
         }
     }
@@ -1041,6 +1189,94 @@ mod tests {
                     assert_eq!(bucket, sum, "one reading per observe: {stamps:?}");
                 }
                 last = sum;
+            }
+        }
+    }
+    #[test]
+    fn only_most_recent_keeps_the_precise_clock() {
+        let registry = Registry::from_json(
+            r#"{"metrics": [
+                {"name": "g_sum", "type": "gauge", "aggregation": "sum"},
+                {"name": "g_max", "type": "gauge", "aggregation": "max"},
+                {"name": "g_min", "type": "gauge", "aggregation": "min"},
+                {"name": "g_all", "type": "gauge", "aggregation": "all"},
+                {"name": "g_recent", "type": "gauge", "aggregation": "most_recent"},
+                {"name": "c_total", "type": "counter"},
+                {"name": "h_seconds", "type": "histogram"}]}"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for strategies in StrategySet::combinations(crate::strategy::Stage::Write) {
+            let config = ClientConfig {
+                strategies,
+                ..ClientConfig::default()
+            };
+            let client = Client::new(dir.path(), &registry, config).unwrap();
+            let coarse =
+                WriteSeams::resolve(strategies).clock_source == ClockSource::CoarseUnlessCompared;
+            for metric in &client.metrics {
+                let expected = if coarse && metric.aggregation != ProcessAggregation::MostRecent {
+                    Clock::MonotonicCoarse
+                } else {
+                    Clock::Monotonic
+                };
+                assert_eq!(
+                    metric.stamps, expected,
+                    "{} under {strategies}",
+                    metric.def.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_coarse_clock_is_the_monotonic_clock_as_of_its_last_tick() {
+        for _ in 0..1000 {
+            let coarse = Clock::MonotonicCoarse.seconds();
+            let precise = Clock::Monotonic.seconds();
+            let coarse_after = Clock::MonotonicCoarse.seconds();
+            assert!(coarse > 0.0 && coarse <= precise, "{coarse} {precise}");
+            // One tick (1–10 ms) behind at most.
+            assert!(precise - coarse < 0.05, "{coarse} {precise}");
+            assert!(coarse_after >= coarse, "{coarse} {coarse_after}");
+        }
+    }
+
+    mod bucket_of {
+        use super::super::bucket_of;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+
+            /// Counting the bounds below the value (or the binary search, past
+            /// 32 bounds) finds client_ruby's bucket, the first bound >= value,
+            /// on sorted bounds with repeats, values on the bounds, NaN, ±inf.
+            #[test]
+            fn equals_the_binary_search(
+                mut bounds in proptest::collection::vec(
+                    prop_oneof![-1e3f64..1e3, (-4i32..4).prop_map(f64::from)], 0..48),
+                pick in any::<prop::sample::Index>(),
+                value in prop_oneof![
+                    -2e3f64..2e3,
+                    (-4i32..4).prop_map(f64::from),
+                    Just(f64::NAN),
+                    Just(f64::INFINITY),
+                    Just(f64::NEG_INFINITY),
+                ],
+                on_a_bound in any::<bool>(),
+            ) {
+                bounds.sort_by(f64::total_cmp);
+                let value = if on_a_bound && !bounds.is_empty() {
+                    bounds[pick.index(bounds.len())]
+                } else {
+                    value
+                };
+                // client_ruby: `buckets.bsearch { |b| b >= value }`, else +Inf.
+                prop_assert_eq!(
+                    bucket_of(&bounds, value),
+                    bounds.iter().position(|&bound| bound >= value).unwrap_or(bounds.len())
+                );
             }
         }
     }
