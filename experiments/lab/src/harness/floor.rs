@@ -223,14 +223,41 @@ pub struct IngestFloor {
 
 type BytesMap<V> = HashMap<Box<[u8]>, V, foldhash::fast::RandomState>;
 
-/// One run's state: series → its group's sketch (`None`: not the metric),
-/// and per sketch the request's values, added in one slice per request.
+/// One run's state: the series seen, in order of first sight, each with its
+/// group's sketch (`None`: not the metric); per sketch the request's values,
+/// added in one slice per request.
 #[derive(Default)]
 struct IngestState {
-    series: BytesMap<Option<usize>>,
+    /// Per series: its label bytes and its sketch.
+    series: Vec<(Box<[u8]>, Option<usize>)>,
+    /// Label bytes → index in `series`, for when the guess misses.
+    index: BytesMap<usize>,
+    /// The series tried first: the one after the last found. Senders repeat
+    /// their series in the same order, so this is one compare and no hash —
+    /// what `series-cache` does, and no receiver needs less.
+    next_guess: usize,
     groups: BytesMap<usize>,
     sketches: Vec<BulkSketch>,
     pending: Vec<Vec<f64>>,
+}
+
+impl IngestState {
+    /// The sketch of the series with label bytes `key`, if it was seen.
+    #[inline]
+    fn lookup(&mut self, key: &[u8]) -> Option<Option<usize>> {
+        let i = match self.series.get(self.next_guess) {
+            Some((guess, _)) if **guess == *key => self.next_guess,
+            _ => *self.index.get(key)?,
+        };
+        self.next_guess = i + 1;
+        Some(self.series[i].1)
+    }
+
+    fn insert(&mut self, key: &[u8], sketch: Option<usize>) {
+        self.index.insert(key.into(), self.series.len());
+        self.series.push((key.into(), sketch));
+        self.next_guess = self.series.len();
+    }
 }
 
 impl IngestFloor {
@@ -290,11 +317,11 @@ impl IngestFloor {
                 2 => {
                     if samples == 0 {
                         let key = series.get(labels.0..labels.1).unwrap_or_default();
-                        sketch = match state.series.get(key) {
-                            Some(&found) => found,
+                        sketch = match state.lookup(key) {
+                            Some(found) => found,
                             None => {
                                 let found = self.first_sight(key, state)?;
-                                state.series.insert(key.into(), found);
+                                state.insert(key, found);
                                 found
                             }
                         };
@@ -365,7 +392,21 @@ impl<'a> Fields<'a> {
         Fields { bytes, at: 0 }
     }
 
+    /// One byte inline (keys, lengths), longer ones out of line — as the
+    /// receiver's own reader (`wire`) does.
+    #[inline(always)]
     fn varint(&mut self) -> Result<u64> {
+        match self.bytes.get(self.at) {
+            Some(&b) if b < 0x80 => {
+                self.at += 1;
+                Ok(u64::from(b))
+            }
+            _ => self.varint_long(),
+        }
+    }
+
+    #[inline(never)]
+    fn varint_long(&mut self) -> Result<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let Some(&b) = self.bytes.get(self.at) else {
