@@ -302,8 +302,6 @@ impl BulkStore {
     fn key_at_rank_from(&self, rank: u64, cursor: &mut (usize, u64)) -> i32 {
         let (mut i, mut below) = if cursor.1 <= rank { *cursor } else { (0, 0) };
         while let Some(chunk) = self.bins.get(i..i + 8) {
-            // As an array the sum is eight adds, not a loop over a slice.
-            let chunk: &[u64; 8] = chunk.try_into().expect("eight bins");
             let sum: u64 = chunk.iter().sum();
             if below + sum > rank {
                 break;
