@@ -15,7 +15,26 @@ use crate::text::{write_escaped, Escape};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+
+/// Bumped whenever any accumulator in the process is created or its closed
+/// windows change (one closes, one is dropped). An answer about the last
+/// closed window, taken under its ingester's lock while this read `g`, is
+/// still the answer while this reads `g`: a server can keep it outside that
+/// lock and serve it without waiting behind ingest. Process-wide, so that no
+/// handle needs threading through; another ingester's change only costs a
+/// server one recomputed answer.
+static CLOSED_WINDOWS_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The current [`CLOSED_WINDOWS_GENERATION`].
+pub fn closed_windows_generation() -> u64 {
+    CLOSED_WINDOWS_GENERATION.load(Ordering::Acquire)
+}
+
+fn closed_windows_changed() {
+    CLOSED_WINDOWS_GENERATION.fetch_add(1, Ordering::AcqRel);
+}
 
 /// Counts of what happened to a request's samples. `accepted` and `late` count
 /// (sample, aggregation) pairs; the others count samples.
@@ -214,6 +233,8 @@ struct ClosedWindow {
 
 impl Accumulator {
     pub fn new(agg: Aggregation, keep: usize, sketch: SketchUpdate) -> Self {
+        // A new aggregation (a plan change) answers differently from one it replaces.
+        closed_windows_changed();
         Accumulator {
             window_ms: agg.window_ms(),
             config: agg.sketch_config(),
@@ -464,6 +485,7 @@ impl Accumulator {
             if self.closed.len() > self.keep {
                 drop_oldest(&mut self.closed, budget);
             }
+            closed_windows_changed();
         }
     }
 
@@ -702,6 +724,7 @@ fn drop_oldest(closed: &mut VecDeque<ClosedWindow>, budget: &mut Budget) -> bool
     let Some(ClosedWindow { panes: dropped, .. }) = closed.pop_front() else {
         return false;
     };
+    closed_windows_changed();
     let bins: usize = dropped.iter().flatten().map(PaneSketch::bins_len).sum();
     budget.held.pane_slots = budget.held.pane_slots.saturating_sub(dropped.len());
     budget.held.bins = budget.held.bins.saturating_sub(bins);

@@ -45,15 +45,19 @@ impl Client {
     /// most requests a caller has in flight at once).
     pub fn new(timeout: Option<Duration>, connections: usize) -> Client {
         let connections = connections.max(1);
-        let agent = ureq::Agent::config_builder()
+        let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .proxy(None)
             .max_redirects(0)
             .timeout_global(timeout)
             .max_idle_connections(connections.max(10))
             .max_idle_connections_per_host(connections)
-            .build()
-            .new_agent();
+            .build();
+        let agent = ureq::Agent::with_parts(
+            config,
+            ureq::unversioned::transport::DefaultConnector::default(),
+            LiteralResolver::default(),
+        );
         Client { agent }
     }
 
@@ -116,6 +120,34 @@ impl Client {
                 .body(body)
                 .with_context(|| format!("{method} {url}"))?;
             read(self.agent.run(request), method, url)
+        }
+    }
+}
+
+/// ureq's resolver, but an IP-literal host (the lab's loopback URLs) is its
+/// own address: with a timeout set, ureq's resolver starts a thread per
+/// request to resolve within it (even for `127.0.0.1`, even on a kept-alive
+/// connection) — tens of µs a request, most of a loopback query's time.
+#[derive(Debug, Default)]
+struct LiteralResolver(ureq::unversioned::resolver::DefaultResolver);
+
+impl ureq::unversioned::resolver::Resolver for LiteralResolver {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> std::result::Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        let host = uri.host().unwrap_or("");
+        // `[::1]` in a URL is `::1` as an address.
+        let literal = host.trim_start_matches('[').trim_end_matches(']');
+        match (literal.parse::<std::net::IpAddr>(), uri.port_u16()) {
+            (Ok(ip), Some(port)) if uri.scheme_str() == Some("http") => {
+                let mut addrs = self.empty();
+                addrs.push(std::net::SocketAddr::new(ip, port));
+                Ok(addrs)
+            }
+            _ => self.0.resolve(uri, config, timeout),
         }
     }
 }

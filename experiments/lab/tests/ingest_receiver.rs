@@ -176,3 +176,68 @@ fn feeder_to_receiver_to_quantiles() {
     let (_, body) = http(server.addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
     assert!(body.contains("\"window_start_ms\":1000"), "{body}");
 }
+
+/// One `data{label_0="g0"}` sample at `timestamp` (ms).
+fn sample_at(timestamp: i64, value: f64) -> Vec<u8> {
+    use promlab::ingest::wire::{Label, Sample, TimeSeries, WriteRequest};
+    use prost::Message;
+    let labels = [("__name__", "data"), ("label_0", "g0")];
+    let req = WriteRequest {
+        timeseries: vec![TimeSeries {
+            labels: labels
+                .iter()
+                .map(|(n, v)| Label {
+                    name: n.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            samples: vec![Sample { value, timestamp }],
+        }],
+        metadata: vec![],
+    };
+    promlab::ingest::wire::compress(&req.encode_to_vec())
+}
+
+/// Issue 15, item 4: the last closed window's answer is kept outside the
+/// ingester's lock and served while it stands — never past a window closing
+/// or a reload dropping the aggregation.
+#[test]
+fn kept_answer_follows_closing_windows_and_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.toml");
+    let data = "lateness_secs = 0\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\ngroup_by = [\"label_0\"]\nwindow_secs = 1\n";
+    std::fs::write(&plan, data).unwrap();
+    let server = Server::start(&["--plan", plan.to_str().unwrap()]);
+    let addr = &server.addr;
+    let query = || {
+        let (status, body) = http(addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
+        assert_eq!(status, 200, "{body}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        (json["window_start_ms"].clone(), json["groups"].clone())
+    };
+    // Nothing closed yet: the empty answer, twice (the second one kept).
+    assert_eq!(write(addr, &sample_at(100, 1.0)).0, 204);
+    for _ in 0..2 {
+        assert_eq!(query(), (serde_json::Value::Null, serde_json::json!([])));
+    }
+    // Each write that closes a window changes the answer; queries between agree.
+    for (second, value) in [(1, 2.0), (2, 3.0), (3, 4.0)] {
+        assert_eq!(write(addr, &sample_at(second * 1000 + 100, value)).0, 204);
+        for _ in 0..2 {
+            let (start, groups) = query();
+            assert_eq!(start, (second - 1) * 1000);
+            assert_eq!(groups[0]["count"], 1);
+            let p50 = groups[0]["quantiles"]["0.5"].as_f64().unwrap();
+            assert!((p50 - (value - 1.0)).abs() < 0.05, "{p50} for {value}");
+        }
+    }
+    // A sample in the open window changes nothing closed.
+    assert_eq!(write(addr, &sample_at(3200, 9.0)).0, 204);
+    assert_eq!(query().0, 2000);
+    // A reload that drops the aggregation: no answer for it any more.
+    std::fs::write(&plan, data.replace("id = \"data\"", "id = \"other\"")).unwrap();
+    let (status, msg) = http(addr, "POST", "/-/reload", &[], b"");
+    assert_eq!(status, 200, "{msg}");
+    let (status, body) = http(addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
+    assert_eq!(status, 404, "{body}");
+}

@@ -95,6 +95,10 @@ impl Query {
             let addr = listener.local_addr()?;
             let receiver = crate::serve::receiver::Receiver::new(ingester, None, 32 << 20);
             let app = crate::serve::receiver::app(receiver);
+            // As `promlab serve` does: no Nagle wait on an answer's last segment.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             runtime.spawn(async move { axum::serve(listener, app).await });
             self.http = Some(Http {
                 _runtime: runtime,

@@ -357,7 +357,7 @@ impl Workload for Ingest {
         (self.samples, "samples")
     }
 
-    /// Decode, walk, one hash per series, one sketch add per sample; checked
+    /// Decode, walk, find each series as `series-cache` does, one sketch add per sample; checked
     /// by the samples it walked.
     fn floor(&mut self) -> Result<Output<'_>> {
         Ok(Output::Units(self.floor.run(&self.bodies)?))

@@ -132,7 +132,11 @@ async fn serve_connections(
         while connections.try_join_next().is_some() {}
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    // Answers go out whole at once: no Nagle wait on their last segment.
+                    let _ = stream.set_nodelay(true);
+                    stream
+                }
                 Err(e) => {
                     // Out of descriptors (EMFILE) or a connection reset before accept: wait, retry.
                     accept_failures += 1;

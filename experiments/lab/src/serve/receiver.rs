@@ -28,10 +28,12 @@ use promlab::ingest::pipeline::{Ingester, Limits};
 use promlab::ingest::plan::Plan;
 // Parsed here by axum's `Query` (serde_urlencoded), as the fuzz target parses it.
 use promlab::ingest::query::QuantileParams;
+use promlab::ingest::window::closed_windows_generation;
 use promlab::ingest::wire;
 use promlab::strategy::StrategySet;
 use promlab::text::FamilyEncoder;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +46,41 @@ pub struct Receiver {
     max_body_bytes: usize,
     /// Requests answered, by status class.
     status_counts: [AtomicU64; 5],
+    /// Per aggregation, its last closed window's answer, kept out of the
+    /// ingester's lock (see [`KeptAnswers`]).
+    answers: KeptAnswers,
+}
+
+/// Per aggregation, the answer to `/api/v1/quantiles?agg=ID` (the last closed
+/// window) with the [`closed_windows_generation`] it was taken at. While the
+/// generation stands the answer stands, so the query route serves it on the
+/// runtime worker — a clone of shared bytes under a lock held for that long —
+/// without waiting for the ingester's lock (held through each ingest) or a
+/// blocking-pool thread. Holds only aggregations of the plan (taken when
+/// found; cleared on reload), the latest answer of each.
+#[derive(Default)]
+struct KeptAnswers(Mutex<HashMap<String, (u64, Bytes)>>);
+
+impl KeptAnswers {
+    fn get(&self, agg: &str) -> Option<Bytes> {
+        let generation = closed_windows_generation();
+        let answers = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match answers.get(agg) {
+            Some((taken, answer)) if *taken == generation => Some(answer.clone()),
+            _ => None,
+        }
+    }
+
+    /// Keeps `answer`, taken at `generation` under the ingester's lock (still held).
+    fn keep(&self, agg: &str, generation: u64, answer: Bytes) {
+        let mut answers = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        answers.retain(|_, (taken, _)| *taken == generation);
+        answers.insert(agg.to_owned(), (generation, answer));
+    }
+
+    fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
 }
 
 const STATUSES: [u16; 5] = [204, 400, 413, 415, 500];
@@ -56,6 +93,7 @@ impl Receiver {
             plan_path,
             max_body_bytes,
             status_counts: Default::default(),
+            answers: KeptAnswers::default(),
         })
     }
 
@@ -225,16 +263,32 @@ async fn quantiles(
     State(rx): State<Arc<Receiver>>,
     Query(params): Query<QuantileParams>,
 ) -> Response {
+    const JSON: [(header::HeaderName, &str); 1] = [(header::CONTENT_TYPE, "application/json")];
+    // The last closed window's answer, while it stands: no lock wait, no hop.
+    if params.window.is_none() {
+        if let Some(answer) = rx.answers.get(&params.agg) {
+            return (JSON, answer).into_response();
+        }
+    }
     let agg = params.agg.clone();
-    let (found, json) = off_the_runtime(move || {
+    // Computing an answer takes up to milliseconds and the ingester's lock.
+    let answer = off_the_runtime(move || {
         let mut json = Vec::new();
-        let found = rx.lock().query_json(&agg, params.window, &mut json);
-        (found, json)
+        let ingester = rx.lock();
+        let generation = closed_windows_generation();
+        if !ingester.query_json(&agg, params.window, &mut json) {
+            return None;
+        }
+        let json = Bytes::from(json);
+        if params.window.is_none() {
+            rx.answers.keep(&agg, generation, json.clone());
+        }
+        Some(json)
     })
     .await;
-    match found {
-        true => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
-        false => (
+    match answer {
+        Some(json) => (JSON, json).into_response(),
+        None => (
             StatusCode::NOT_FOUND,
             format!("no aggregation `{}` in the plan\n", params.agg),
         )
@@ -250,6 +304,8 @@ async fn reload(State(rx): State<Arc<Receiver>>) -> Response {
         Ok(plan) => {
             let mut ingester = rx.lock();
             ingester.set_plan(plan);
+            // An aggregation the plan dropped has no answer now.
+            rx.answers.clear();
             format!("plan generation {}\n", ingester.plan().generation).into_response()
         }
         Err(e) => (StatusCode::BAD_REQUEST, format!("{e:#}\n")).into_response(),
