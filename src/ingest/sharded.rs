@@ -91,12 +91,12 @@ fn shard_of(agg: u16, group_key: &[u8], count: usize) -> usize {
     (hasher.hash_one((agg, group_key)) % count as u64) as usize
 }
 
-/// `1/n` of a bound (rounded up; unbounded stays unbounded).
+/// `1/n` of a bound, rounded down so the parts stay within it (unbounded stays unbounded).
 fn part(total: usize, n: usize) -> usize {
     if total == usize::MAX {
         total
     } else {
-        total.div_ceil(n)
+        total / n
     }
 }
 
