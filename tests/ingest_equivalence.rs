@@ -7,8 +7,8 @@
 //! sorted ascending; `q = 0` and `q = 1` are the exact minimum and maximum.
 
 use promlab::ingest::pipeline::Ingester;
-use promlab::ingest::sharded::ShardedIngester;
 use promlab::ingest::plan::{Aggregation, Plan};
+use promlab::ingest::sharded::ShardedIngester;
 use promlab::ingest::window::{PaneReport, Stats, STALE_NAN_BITS};
 use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WriteRequest};
 use promlab::strategy::{Stage, StrategySet};
@@ -386,7 +386,10 @@ fn run_sharded(
             let (mut got, mut expected) = (Vec::new(), Vec::new());
             assert!(ingester.query_json(&agg.id, window, &mut got));
             assert!(reference.query_json(&agg.id, window, &mut expected));
-            assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&expected));
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&expected)
+            );
         }
     }
     assert_eq!(ingester.watermark(), reference.watermark());

@@ -34,7 +34,12 @@ fn captures_plan(bodies: &[Vec<u8>], keep_windows: usize) -> Plan {
         wire::decompress(body, 64 << 20, &mut raw).unwrap();
         let request = WriteRequest::decode(&raw[..]).unwrap();
         for series in &request.timeseries {
-            let name = &series.labels.iter().find(|l| l.name == "__name__").unwrap().value;
+            let name = &series
+                .labels
+                .iter()
+                .find(|l| l.name == "__name__")
+                .unwrap()
+                .value;
             if !seen.insert(name.clone()) {
                 continue;
             }
@@ -166,7 +171,11 @@ fn limits_hold_over_the_shards_and_every_drop_is_counted() {
         for (r, request) in requests.iter().enumerate() {
             let stats = sharded.handle(request).unwrap();
             let dropped = stats.over_group_limit + stats.over_pane_limit + stats.over_bin_limit;
-            assert_eq!(stats.accepted + stats.late + dropped, 80, "{shards}: {stats:?}");
+            assert_eq!(
+                stats.accepted + stats.late + dropped,
+                80,
+                "{shards}: {stats:?}"
+            );
             assert_eq!((stats.too_far_ahead, stats.rejected), (1, 1), "{shards}");
             let held = sharded.held();
             assert!(held.groups <= capacity.groups, "{shards}: {held:?}");
@@ -185,12 +194,11 @@ fn limits_hold_over_the_shards_and_every_drop_is_counted() {
 
 #[test]
 fn too_many_samples_are_refused_whole_and_bad_bodies_change_nothing() {
-    let mut sharded = ShardedIngester::new(Plan::default(), StrategySet::all(), 3).with_limits(
-        Limits {
+    let mut sharded =
+        ShardedIngester::new(Plan::default(), StrategySet::all(), 3).with_limits(Limits {
             max_samples_per_request: 10,
             ..limits(Capacity::UNBOUNDED)
-        },
-    );
+        });
     let big: Vec<(String, i64, f64)> = (0..11).map(|g| (format!("g{g}"), NOW, 1.0)).collect();
     let e = sharded.handle(&body(&big)).unwrap_err();
     assert_eq!(e.status(), 413);

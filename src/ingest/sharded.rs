@@ -60,7 +60,9 @@ impl Decoder {
         let raw = wire::decompress_reusing(body, max_decoded, &mut self.decompressed)?;
         let mut holder = WriteRequest::default();
         let mut batch = std::mem::take(&mut self.spare).recycle();
-        let result = decode.decode_into(raw, &mut holder, &mut batch).map(|()| f(&batch));
+        let result = decode
+            .decode_into(raw, &mut holder, &mut batch)
+            .map(|()| f(&batch));
         self.spare = batch.recycle();
         Ok(result?)
     }

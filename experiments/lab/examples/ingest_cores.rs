@@ -42,7 +42,10 @@ fn main() {
         child(n(1), n(2), n(3), n(4), n(5));
         return;
     }
-    let n = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect("a number"));
+    let n = |i: usize, default: usize| {
+        args.get(i)
+            .map_or(default, |a| a.parse().expect("a number"))
+    };
     let (repeats, ticks, rows) = (n(0, 3), n(1, 30), n(2, 10_000));
     let exe = std::env::current_exe().expect("own path");
     let mut results: Vec<Vec<(f64, f64, String)>> = vec![Vec::new(); ARMS.len()];
@@ -60,7 +63,10 @@ fn main() {
             let rate: f64 = f.next().expect("rate").parse().unwrap();
             let cpu_ns: f64 = f.next().expect("cpu").parse().unwrap();
             let hash = f.next().expect("hash").to_string();
-            eprintln!("run {r} {name}: {:.2} M samples/s, {cpu_ns:.1} CPU ns/sample, answer {hash}", rate / 1e6);
+            eprintln!(
+                "run {r} {name}: {:.2} M samples/s, {cpu_ns:.1} CPU ns/sample, answer {hash}",
+                rate / 1e6
+            );
             results[a].push((rate, cpu_ns, hash));
         }
     }

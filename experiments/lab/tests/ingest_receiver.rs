@@ -238,13 +238,42 @@ fn sharded_receiver_answers_as_one_thread() {
     )
     .unwrap();
     let plan = plan.to_str().unwrap();
-    let one = Server::start(&["--plan", plan, "--strategies", "all", "--ingest-threads", "1"]);
-    let three = Server::start(&["--plan", plan, "--strategies", "all", "--ingest-threads", "3"]);
+    let one = Server::start(&[
+        "--plan",
+        plan,
+        "--strategies",
+        "all",
+        "--ingest-threads",
+        "1",
+    ]);
+    let three = Server::start(&[
+        "--plan",
+        plan,
+        "--strategies",
+        "all",
+        "--ingest-threads",
+        "3",
+    ]);
     for server in [&one, &three] {
         let url = format!("http://{}/api/v1/write", server.addr);
         let status = Command::new(env!("CARGO_BIN_EXE_promlab"))
-            .args(["feed", "--url", &url, "--groups", "20", "--series-per-group", "5"])
-            .args(["--duration-secs", "4", "--start-ms", "0", "--batch-rows", "7"])
+            .args([
+                "feed",
+                "--url",
+                &url,
+                "--groups",
+                "20",
+                "--series-per-group",
+                "5",
+            ])
+            .args([
+                "--duration-secs",
+                "4",
+                "--start-ms",
+                "0",
+                "--batch-rows",
+                "7",
+            ])
             .args(["--concurrency", "1"])
             .status()
             .unwrap();
@@ -260,8 +289,15 @@ fn sharded_receiver_answers_as_one_thread() {
     ] {
         let path = format!("/api/v1/quantiles?{query}");
         let expected = http(&one.addr, "GET", &path, &[], b"");
-        assert!(expected.1.contains("groups") || query == "agg=nope", "{expected:?}");
-        assert_eq!(http(&three.addr, "GET", &path, &[], b""), expected, "{query}");
+        assert!(
+            expected.1.contains("groups") || query == "agg=nope",
+            "{expected:?}"
+        );
+        assert_eq!(
+            http(&three.addr, "GET", &path, &[], b""),
+            expected,
+            "{query}"
+        );
     }
     let samples = |addr: &str| {
         let (_, body) = http(addr, "GET", "/metrics", &[], b"");

@@ -25,12 +25,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use promlab::ingest::pipeline::{CacheStats, IngestError, Ingester, Limits};
+use promlab::ingest::plan::Plan;
 use promlab::ingest::plan::PlanGeneration;
 use promlab::ingest::seams::Decode;
 use promlab::ingest::sharded::{Decoder, ShardedIngester};
 use promlab::ingest::window::{Held, Stats};
 use promlab::strategy::Strategy;
-use promlab::ingest::plan::Plan;
 // Parsed here by axum's `Query` (serde_urlencoded), as the fuzz target parses it.
 use promlab::ingest::query::QuantileParams;
 use promlab::ingest::wire;
@@ -60,7 +60,12 @@ pub trait Engine: Send {
 macro_rules! engine {
     ($t:ty, $sharded:expr, $one:expr) => {
         impl Engine for $t {
-            fn query_json(&self, aggregation: &str, window: Option<i64>, out: &mut Vec<u8>) -> bool {
+            fn query_json(
+                &self,
+                aggregation: &str,
+                window: Option<i64>,
+                out: &mut Vec<u8>,
+            ) -> bool {
                 <$t>::query_json(self, aggregation, window, out)
             }
             fn set_plan(&mut self, plan: Plan) {
@@ -187,7 +192,11 @@ pub fn serve(config: ReceiverConfig) -> Result<()> {
     // Shards need each series' destinations once (the cache) and per-destination runs.
     let can_shard = config.strategies.contains(Strategy::SeriesCache)
         && config.strategies.contains(Strategy::BatchRouting);
-    let threads = if can_shard { config.ingest_threads.max(1) } else { 1 };
+    let threads = if can_shard {
+        config.ingest_threads.max(1)
+    } else {
+        1
+    };
     let receiver = if threads > 1 {
         Receiver::sharded(
             ShardedIngester::new(plan, config.strategies, threads).with_limits(config.limits),
@@ -309,7 +318,9 @@ fn write_inner(rx: &Receiver, headers: &HeaderMap, body: &[u8]) -> (StatusCode, 
             decoder
                 .decode(decode, max, body, |batch| {
                     let mut engine = rx.lock();
-                    let sharded = engine.sharded().expect("decode_outside is set for a sharded ingester");
+                    let sharded = engine
+                        .sharded()
+                        .expect("decode_outside is set for a sharded ingester");
                     sharded.apply(batch)
                 })
                 .and_then(|r| r)
