@@ -963,10 +963,12 @@ pub(super) struct CacheEntry {
     raw: (u32, u32),
     pub(super) dests: (u32, u32),
     series_key: Box<str>,
-    /// Whether the series feeds any aggregation: a shard of a
-    /// [`super::sharded::ShardedIngester`] holds only its own destinations.
-    pub(super) routed: bool,
 }
+
+/// The first destination of an entry without destinations whose series feeds
+/// another shard's groups (a [`super::sharded::ShardedIngester`]'s shard holds
+/// only its own destinations).
+pub(super) const ROUTED_ELSEWHERE: u32 = u32::MAX;
 
 impl SeriesCache {
     pub(super) fn new(capacity: usize) -> Self {
@@ -1081,9 +1083,11 @@ impl SeriesCache {
         }
         self.entries.push(CacheEntry {
             raw: (at, raw.len() as u32),
-            dests: (first_dest, self.dest_ids.len() as u32 - first_dest),
+            dests: match (self.dest_ids.len() as u32 - first_dest, routed) {
+                (0, true) => (ROUTED_ELSEWHERE, 0),
+                (n, _) => (first_dest, n),
+            },
             series_key,
-            routed,
         });
         let hash = self.hasher.hash_one(raw);
         self.index.insert_unique(hash, (hash, id), |&(h, _)| h);

@@ -28,7 +28,7 @@
 
 use super::pipeline::{
     classify, takes, BaselineSeries, CacheStats, IngestError, Limits, RouteScratch, SeriesCache,
-    DEFAULT_CACHE_CAPACITY,
+    DEFAULT_CACHE_CAPACITY, ROUTED_ELSEWHERE,
 };
 use super::plan::{Plan, PlanGeneration};
 use super::seams::{Decode, Seams, SketchUpdate};
@@ -199,7 +199,7 @@ impl Shard {
                 if !counts {
                     continue;
                 }
-                if entries[self.ids[i] as usize].routed {
+                if d0 == ROUTED_ELSEWHERE {
                     for sample in samples {
                         if classify(sample, latest, stats) {
                             newest = newest.max(Some(sample.timestamp));

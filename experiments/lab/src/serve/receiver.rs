@@ -101,8 +101,8 @@ macro_rules! engine {
     };
 }
 
-engine!(Ingester, |_| None, |s| Some(s));
-engine!(ShardedIngester, |s| Some(s), |_| None);
+engine!(Ingester, |_| None, Some);
+engine!(ShardedIngester, Some, |_| None);
 
 /// The receiver's shared state.
 pub struct Receiver {
