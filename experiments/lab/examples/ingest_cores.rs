@@ -8,7 +8,8 @@
 //! under it; sharded: decompress and decode outside the lock, apply on every
 //! shard at once. Each arm runs in its own process pinned with `taskset`, the
 //! arms alternated, `REPEATS` times; it prints samples/s (wall), CPU ns a
-//! sample (user + system, `getrusage`), and a hash of the flushed query
+//! sample (user + system, `getrusage`), the cores that makes (a loaded machine
+//! may give a process less than its cores whatever its threads), and a hash of the flushed query
 //! answers (equal in every arm: the same quantiles, bit for bit; requests of
 //! two connections may apply in either order, which the 5 s lateness absorbs).
 //!
@@ -75,17 +76,19 @@ fn main() {
         v[v.len() / 2]
     };
     let base = median(results[0].iter().map(|r| r.0).collect());
-    println!("| arm | M samples/s (median of {repeats}) | × one ingester on 1 core | CPU ns/sample | answers |");
-    println!("| --- | ---: | ---: | ---: | --- |");
+    // Cores used = samples/s × CPU s a sample: what the process got of the machine.
+    println!("| arm | M samples/s (median of {repeats}) | × one ingester on 1 core | CPU ns/sample | cores used | answers |");
+    println!("| --- | ---: | ---: | ---: | ---: | --- |");
     for (a, &(name, ..)) in ARMS.iter().enumerate() {
         let rate = median(results[a].iter().map(|r| r.0).collect());
         let cpu = median(results[a].iter().map(|r| r.1).collect());
         let mut hashes: Vec<&str> = results[a].iter().map(|r| r.2.as_str()).collect();
         hashes.dedup();
         println!(
-            "| {name} | {:.2} | {:.2}× | {cpu:.1} | {} |",
+            "| {name} | {:.2} | {:.2}× | {cpu:.1} | {:.2} | {} |",
             rate / 1e6,
             rate / base,
+            rate * cpu / 1e9,
             hashes.join(" ")
         );
     }
