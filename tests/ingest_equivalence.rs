@@ -8,6 +8,7 @@
 
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::{Aggregation, Plan};
+use promlab::ingest::sharded::ShardedIngester;
 use promlab::ingest::window::{PaneReport, Stats, STALE_NAN_BITS};
 use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WriteRequest};
 use promlab::strategy::{Stage, StrategySet};
@@ -351,6 +352,104 @@ proptest! {
                 prop_assert_eq!(&got.1, &reference.1, "panes differ for {}", set);
                 prop_assert_eq!(&got.2, &reference.2, "panes after flush differ for {}", set);
                 prop_assert_eq!(&got.3, &reference.3, "query JSON differs for {}", set);
+            }
+        }
+    }
+}
+
+/// [`run_with_cache`] through a [`ShardedIngester`] of `shards` shards; every
+/// query is also asked of the one ingester's answer (`reference`, the same
+/// requests through an [`Ingester`]) byte for byte.
+fn run_sharded(
+    s: &Scenario,
+    set: StrategySet,
+    shards: usize,
+    cache_capacity: usize,
+    reference: &Ingester,
+) -> Outcome {
+    let mut ingester =
+        ShardedIngester::new(s.plan.clone(), set, shards).with_cache_capacity(cache_capacity);
+    let results = (0..s.requests.len())
+        .map(|r| {
+            let corrupt = s.corrupt[r] && !s.requests[r].is_empty();
+            ingester
+                .handle(&encode(s, r, corrupt))
+                .map_err(|e| e.status().to_string())
+        })
+        .collect();
+    let before = ingester.snapshot();
+    let json = serde_json::to_string(&ingester.query_all()).unwrap();
+    let mut windows: Vec<Option<i64>> = vec![None, Some(-1)];
+    windows.extend(before.iter().map(|p| Some(p.window_start_ms)));
+    for agg in &s.plan.aggregations {
+        for &window in &windows {
+            let (mut got, mut expected) = (Vec::new(), Vec::new());
+            assert!(ingester.query_json(&agg.id, window, &mut got));
+            assert!(reference.query_json(&agg.id, window, &mut expected));
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&expected)
+            );
+        }
+    }
+    assert_eq!(ingester.watermark(), reference.watermark());
+    assert_eq!(ingester.totals(), reference.totals());
+    ingester.flush();
+    let after = ingester.snapshot();
+    (results, before, after, json)
+}
+
+/// The one ingester after the scenario's requests (with corruption), not flushed.
+fn one_ingester(s: &Scenario, set: StrategySet, cache_capacity: usize) -> Ingester {
+    let mut ingester = Ingester::new(s.plan.clone(), set).with_cache_capacity(cache_capacity);
+    for r in 0..s.requests.len() {
+        let corrupt = s.corrupt[r] && !s.requests[r].is_empty();
+        let _ = ingester.handle(&encode(s, r, corrupt));
+    }
+    ingester
+}
+
+proptest! {
+    // Each case replays up to seven requests through 2 ingesters and 4 × 2 sharded ones.
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// A sharded ingester (1–4 shards) gives the one ingester's per-request
+    /// results, panes (bit for bit), query answers (byte for byte), watermark
+    /// and totals, the series caches tiny or not.
+    #[test]
+    fn sharded_ingester_agrees_with_one(s in scenario(false, (1usize..4).boxed())) {
+        for set in [StrategySet::all(), StrategySet::NONE] {
+            for capacity in [4, 1 << 18] {
+                let reference = run_with_cache(&s, set, true, capacity);
+                let one = one_ingester(&s, set, capacity);
+                for shards in 1..=4 {
+                    let got = run_sharded(&s, set, shards, capacity, &one);
+                    prop_assert_eq!(&got.0, &reference.0, "request results differ, {} shards", shards);
+                    prop_assert_eq!(&got.1, &reference.1, "panes differ, {} shards", shards);
+                    prop_assert_eq!(&got.2, &reference.2, "panes after flush differ, {} shards", shards);
+                    prop_assert_eq!(&got.3, &reference.3, "query JSON differs, {} shards", shards);
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    /// Hundreds of groups spread over the shards.
+    #[test]
+    fn sharded_ingester_agrees_with_one_on_wide_requests(s in wide_scenario()) {
+        let set = StrategySet::all();
+        for capacity in [1 << 18, 100] {
+            let reference = run_with_cache(&s, set, true, capacity);
+            let one = one_ingester(&s, set, capacity);
+            for shards in 2..=4 {
+                let got = run_sharded(&s, set, shards, capacity, &one);
+                prop_assert_eq!(&got.0, &reference.0, "request results differ, {} shards", shards);
+                prop_assert_eq!(&got.1, &reference.1, "panes differ, {} shards", shards);
+                prop_assert_eq!(&got.2, &reference.2, "panes after flush differ, {} shards", shards);
+                prop_assert_eq!(&got.3, &reference.3, "query JSON differs, {} shards", shards);
             }
         }
     }

@@ -13,6 +13,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod query;
 pub mod seams;
+pub mod sharded;
 pub mod sketch;
 pub mod window;
 pub mod wire;

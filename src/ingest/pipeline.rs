@@ -658,7 +658,7 @@ impl Ingester {
 /// `false` for samples that go nowhere: stale markers (skipped), other NaN/±Inf
 /// (rejected), and samples stamped after `latest` (too far ahead).
 #[inline]
-fn classify(sample: &Sample, latest: i64, stats: &mut Stats) -> bool {
+pub(super) fn classify(sample: &Sample, latest: i64, stats: &mut Stats) -> bool {
     if takes(sample, latest) {
         return true;
     }
@@ -676,7 +676,7 @@ fn classify(sample: &Sample, latest: i64, stats: &mut Stats) -> bool {
 
 /// What [`classify`] lets through, without counting.
 #[inline]
-fn takes(sample: &Sample, latest: i64) -> bool {
+pub(super) fn takes(sample: &Sample, latest: i64) -> bool {
     sample.value.is_finite() && sample.timestamp <= latest
 }
 
@@ -879,24 +879,24 @@ fn group_key_of(labels: &HashMap<String, String>, group_by: &[String]) -> String
 
 /// Scratch space of the batched router, reused across requests.
 #[derive(Default)]
-struct RouteScratch {
+pub(super) struct RouteScratch {
     /// Destination ids re-derived per request (without the series cache).
-    series_dests: Vec<u32>,
+    pub(super) series_dests: Vec<u32>,
     /// Per series, its range of destination ids.
-    dest_ranges: Vec<(u32, u32)>,
+    pub(super) dest_ranges: Vec<(u32, u32)>,
     /// The series with a destination and a valid sample, in request order.
-    routed: Vec<u32>,
-    counts: Vec<u32>,
-    start: Vec<u32>,
-    cursor: Vec<u32>,
-    touched: Vec<u32>,
-    ts: Vec<i64>,
-    values: Vec<f64>,
+    pub(super) routed: Vec<u32>,
+    pub(super) counts: Vec<u32>,
+    pub(super) start: Vec<u32>,
+    pub(super) cursor: Vec<u32>,
+    pub(super) touched: Vec<u32>,
+    pub(super) ts: Vec<i64>,
+    pub(super) values: Vec<f64>,
 }
 
 impl RouteScratch {
     #[inline]
-    fn count(&mut self, dest: u32, n: u32) {
+    pub(super) fn count(&mut self, dest: u32, n: u32) {
         let d = dest as usize;
         if d >= self.counts.len() {
             self.counts.resize(d + 1, 0);
@@ -909,7 +909,7 @@ impl RouteScratch {
         self.counts[d] += n;
     }
 
-    fn offsets_from_counts(&mut self) -> usize {
+    pub(super) fn offsets_from_counts(&mut self) -> usize {
         let mut at = 0u32;
         for &d in &self.touched {
             self.start[d as usize] = at;
@@ -919,7 +919,7 @@ impl RouteScratch {
         at as usize
     }
 
-    fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         for &d in &self.touched {
             self.counts[d as usize] = 0;
         }
@@ -932,41 +932,46 @@ impl RouteScratch {
 /// Entries are numbered in insertion order. Senders repeat their series in the
 /// same order request after request, so the entry after the last one found is
 /// tried first (one sequential compare); the hash index is the fallback.
-struct SeriesCache {
+pub(super) struct SeriesCache {
     hasher: ahash::RandomState,
     /// (hash of the raw label bytes, entry id).
     index: hashbrown::HashTable<(u64, u32)>,
-    entries: Vec<CacheEntry>,
+    pub(super) entries: Vec<CacheEntry>,
     /// The raw label bytes of every entry, back to back.
     arena: Vec<u8>,
     /// Destination ids of every entry, back to back (the hot part).
-    dest_ids: Vec<u32>,
+    pub(super) dest_ids: Vec<u32>,
     /// Per destination: its aggregation and group key (for the per-sample router).
     dest_keys: Vec<(u16, Box<str>)>,
     /// The entry tried first by the next lookup.
     next_guess: u32,
-    capacity: usize,
+    pub(super) capacity: usize,
     /// Bytes held by the entries (raw labels, keys), and their bound.
     bytes: usize,
-    max_bytes: usize,
+    pub(super) max_bytes: usize,
     generation: u64,
-    hits: u64,
-    misses: u64,
-    evicted: u64,
-    invalidated: u64,
+    pub(super) hits: u64,
+    pub(super) misses: u64,
+    pub(super) evicted: u64,
+    pub(super) invalidated: u64,
 }
 
 /// Bytes of an entry besides its keys (the entry, its index slot, a destination).
 const CACHE_ENTRY_OVERHEAD: usize = 64;
 
-struct CacheEntry {
+pub(super) struct CacheEntry {
     raw: (u32, u32),
-    dests: (u32, u32),
+    pub(super) dests: (u32, u32),
     series_key: Box<str>,
 }
 
+/// The first destination of an entry without destinations whose series feeds
+/// another shard's groups (a [`super::sharded::ShardedIngester`]'s shard holds
+/// only its own destinations).
+pub(super) const ROUTED_ELSEWHERE: u32 = u32::MAX;
+
 impl SeriesCache {
-    fn new(capacity: usize) -> Self {
+    pub(super) fn new(capacity: usize) -> Self {
         SeriesCache {
             hasher: ahash::RandomState::with_seeds(0x5eed, 0x1e55, 0xcafe, 0xf00d),
             index: hashbrown::HashTable::new(),
@@ -996,7 +1001,7 @@ impl SeriesCache {
         self.bytes = 0;
     }
 
-    fn check_generation(&mut self, generation: u64) {
+    pub(super) fn check_generation(&mut self, generation: u64) {
         if self.generation != generation {
             self.invalidated += self.entries.len() as u64;
             self.clear();
@@ -1006,7 +1011,7 @@ impl SeriesCache {
 
     /// Dropping everything at once keeps the bound simple; it happens between
     /// requests only, so entry ids stay valid while a request is routed.
-    fn evict_if_full(&mut self) {
+    pub(super) fn evict_if_full(&mut self) {
         if self.entries.len() > self.capacity || self.bytes > self.max_bytes {
             self.evicted += self.entries.len() as u64;
             self.clear();
@@ -1024,7 +1029,7 @@ impl SeriesCache {
     }
 
     #[inline]
-    fn lookup(&mut self, raw: &[u8]) -> Option<u32> {
+    pub(super) fn lookup(&mut self, raw: &[u8]) -> Option<u32> {
         let guess = self.next_guess;
         let id = if (guess as usize) < self.entries.len() && self.raw_of(guess) == raw {
             guess
@@ -1052,6 +1057,19 @@ impl SeriesCache {
         series_key: Box<str>,
         dests: Vec<(u32, u16, Box<str>)>,
     ) -> u32 {
+        let routed = !dests.is_empty();
+        self.insert_routed(raw, series_key, dests, routed)
+    }
+
+    /// [`SeriesCache::insert`] with `routed` given: a shard's entry may hold no
+    /// destination of a series that feeds another shard's groups.
+    pub(super) fn insert_routed(
+        &mut self,
+        raw: &[u8],
+        series_key: Box<str>,
+        dests: Vec<(u32, u16, Box<str>)>,
+        routed: bool,
+    ) -> u32 {
         self.misses += 1;
         let id = self.entries.len() as u32;
         let at = self.arena.len() as u32;
@@ -1065,7 +1083,10 @@ impl SeriesCache {
         }
         self.entries.push(CacheEntry {
             raw: (at, raw.len() as u32),
-            dests: (first_dest, self.dest_ids.len() as u32 - first_dest),
+            dests: match (self.dest_ids.len() as u32 - first_dest, routed) {
+                (0, true) => (ROUTED_ELSEWHERE, 0),
+                (n, _) => (first_dest, n),
+            },
             series_key,
         });
         let hash = self.hasher.hash_one(raw);

@@ -154,7 +154,7 @@ pub struct Held {
 }
 
 impl Held {
-    fn merge(&mut self, o: &Held) {
+    pub fn merge(&mut self, o: &Held) {
         self.groups += o.groups;
         self.group_bytes += o.group_bytes;
         self.pane_slots += o.pane_slots;
@@ -492,6 +492,19 @@ impl Accumulator {
     /// The last closed window's start.
     pub fn last_closed(&self) -> Option<i64> {
         self.closed.back().map(|w| w.start)
+    }
+
+    /// The starts of the closed windows kept, oldest first.
+    pub fn closed_starts(&self) -> impl Iterator<Item = i64> + '_ {
+        self.closed.iter().map(|w| w.start)
+    }
+
+    /// Drops the closed windows that start before `start`, giving the budget
+    /// back what they held (a shard keeps the windows the whole ingester keeps).
+    pub fn drop_closed_before(&mut self, start: i64, budget: &mut Budget) {
+        while self.closed.front().is_some_and(|w| w.start < start) {
+            drop_oldest(&mut self.closed, budget);
+        }
     }
 
     fn window(&self, start: i64) -> Option<(&Vec<Option<PaneSketch>>, bool)> {

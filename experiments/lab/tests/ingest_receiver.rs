@@ -207,8 +207,8 @@ fn kept_answer_follows_closing_windows_and_reloads() {
     let plan = dir.path().join("plan.toml");
     let data = "lateness_secs = 0\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\ngroup_by = [\"label_0\"]\nwindow_secs = 1\n";
     std::fs::write(&plan, data).unwrap();
-    let server = Server::start(&["--plan", plan.to_str().unwrap()]);
-    let addr = &server.addr;
+    let server = serve(&["--plan", plan.to_str().unwrap()]);
+    let addr = server.addr;
     let query = || {
         let (status, body) = http(addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
         assert_eq!(status, 200, "{body}");
@@ -240,4 +240,86 @@ fn kept_answer_follows_closing_windows_and_reloads() {
     assert_eq!(status, 200, "{msg}");
     let (status, body) = http(addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
     assert_eq!(status, 404, "{body}");
+}
+
+/// `--ingest-threads 3` (groups over three shards, requests decoded outside
+/// the lock) answers every query as one thread does, byte for byte.
+#[test]
+fn sharded_receiver_answers_as_one_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.toml");
+    std::fs::write(
+        &plan,
+        "lateness_secs = 0\nkeep_windows = 2\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\ngroup_by = [\"label_0\"]\nwindow_secs = 1\n[[aggregation]]\nid = \"inst\"\nmetric = \"data\"\ngroup_by = [\"instance\"]\nwindow_secs = 2\n",
+    )
+    .unwrap();
+    let plan = plan.to_str().unwrap();
+    let one = serve(&[
+        "--plan",
+        plan,
+        "--strategies",
+        "all",
+        "--ingest-threads",
+        "1",
+    ]);
+    let three = serve(&[
+        "--plan",
+        plan,
+        "--strategies",
+        "all",
+        "--ingest-threads",
+        "3",
+    ]);
+    for server in [&one, &three] {
+        let url = format!("http://{}/api/v1/write", server.addr);
+        let status = Command::new(env!("CARGO_BIN_EXE_promlab"))
+            .args([
+                "feed",
+                "--url",
+                &url,
+                "--groups",
+                "20",
+                "--series-per-group",
+                "5",
+            ])
+            .args([
+                "--duration-secs",
+                "4",
+                "--start-ms",
+                "0",
+                "--batch-rows",
+                "7",
+            ])
+            .args(["--concurrency", "1"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    for query in [
+        "agg=data",
+        "agg=inst",
+        "agg=data&window=2000",
+        "agg=data&window=0",
+        "agg=inst&window=0",
+        "agg=nope",
+    ] {
+        let path = format!("/api/v1/quantiles?{query}");
+        let expected = http(one.addr, "GET", &path, &[], b"");
+        assert!(
+            expected.1.contains("groups") || query == "agg=nope",
+            "{expected:?}"
+        );
+        assert_eq!(
+            http(three.addr, "GET", &path, &[], b""),
+            expected,
+            "{query}"
+        );
+    }
+    let samples = |addr: SocketAddr| {
+        let (_, body) = http(addr, "GET", "/metrics", &[], b"");
+        body.lines()
+            .find(|l| l.starts_with("promlab_ingest_samples_total "))
+            .map(str::to_string)
+    };
+    assert_eq!(samples(three.addr), samples(one.addr));
 }

@@ -24,8 +24,13 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use promlab::ingest::pipeline::{Ingester, Limits};
+use promlab::ingest::pipeline::{CacheStats, IngestError, Ingester, Limits};
 use promlab::ingest::plan::Plan;
+use promlab::ingest::plan::PlanGeneration;
+use promlab::ingest::seams::Decode;
+use promlab::ingest::sharded::{Decoder, ShardedIngester};
+use promlab::ingest::window::{Held, Stats};
+use promlab::strategy::Strategy;
 // Parsed here by axum's `Query` (serde_urlencoded), as the fuzz target parses it.
 use promlab::ingest::query::QuantileParams;
 use promlab::ingest::window::closed_windows_generation;
@@ -39,9 +44,73 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// What the receiver asks of its ingester, one-threaded or sharded.
+pub trait Engine: Send {
+    fn query_json(&self, aggregation: &str, window: Option<i64>, out: &mut Vec<u8>) -> bool;
+    fn set_plan(&mut self, plan: Plan);
+    fn plan(&self) -> &PlanGeneration;
+    fn totals(&self) -> Stats;
+    fn cache_stats(&self) -> CacheStats;
+    fn footprint(&self) -> (usize, usize);
+    fn held(&self) -> Held;
+    fn limits(&self) -> &Limits;
+    /// `Some` for a sharded ingester: requests are decoded before its lock is taken.
+    fn sharded(&mut self) -> Option<&mut ShardedIngester>;
+    fn one(&mut self) -> Option<&mut Ingester>;
+}
+
+macro_rules! engine {
+    ($t:ty, $sharded:expr, $one:expr) => {
+        impl Engine for $t {
+            fn query_json(
+                &self,
+                aggregation: &str,
+                window: Option<i64>,
+                out: &mut Vec<u8>,
+            ) -> bool {
+                <$t>::query_json(self, aggregation, window, out)
+            }
+            fn set_plan(&mut self, plan: Plan) {
+                <$t>::set_plan(self, plan)
+            }
+            fn plan(&self) -> &PlanGeneration {
+                <$t>::plan(self)
+            }
+            fn totals(&self) -> Stats {
+                <$t>::totals(self)
+            }
+            fn cache_stats(&self) -> CacheStats {
+                <$t>::cache_stats(self)
+            }
+            fn footprint(&self) -> (usize, usize) {
+                <$t>::footprint(self)
+            }
+            fn held(&self) -> Held {
+                <$t>::held(self)
+            }
+            fn limits(&self) -> &Limits {
+                <$t>::limits(self)
+            }
+            fn sharded(&mut self) -> Option<&mut ShardedIngester> {
+                #[allow(clippy::redundant_closure_call)]
+                ($sharded)(self)
+            }
+            fn one(&mut self) -> Option<&mut Ingester> {
+                #[allow(clippy::redundant_closure_call)]
+                ($one)(self)
+            }
+        }
+    };
+}
+
+engine!(Ingester, |_| None, Some);
+engine!(ShardedIngester, Some, |_| None);
+
 /// The receiver's shared state.
 pub struct Receiver {
-    pub ingester: Mutex<Ingester>,
+    pub ingester: Mutex<Box<dyn Engine>>,
+    /// The sharded ingester's decode seam and bound (decoding happens outside the lock).
+    decode_outside: Option<(Decode, usize)>,
     plan_path: Option<PathBuf>,
     max_body_bytes: usize,
     /// Requests answered, by status class.
@@ -89,7 +158,24 @@ impl Receiver {
     /// `ingester` as given (its limits included: [`Limits::serving`] for `promlab serve`).
     pub fn new(ingester: Ingester, plan_path: Option<PathBuf>, max_body_bytes: usize) -> Arc<Self> {
         Arc::new(Receiver {
-            ingester: Mutex::new(ingester.with_max_decoded(max_body_bytes)),
+            ingester: Mutex::new(Box::new(ingester.with_max_decoded(max_body_bytes))),
+            decode_outside: None,
+            plan_path,
+            max_body_bytes,
+            status_counts: Default::default(),
+        })
+    }
+
+    /// A sharded ingester: requests decode on their own threads, then apply on all shards.
+    pub fn sharded(
+        ingester: ShardedIngester,
+        plan_path: Option<PathBuf>,
+        max_body_bytes: usize,
+    ) -> Arc<Self> {
+        let ingester = ingester.with_max_decoded(max_body_bytes);
+        Arc::new(Receiver {
+            decode_outside: Some((ingester.decode_seam(), max_body_bytes)),
+            ingester: Mutex::new(Box::new(ingester)),
             plan_path,
             max_body_bytes,
             status_counts: Default::default(),
@@ -103,7 +189,7 @@ impl Receiver {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Ingester> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn Engine>> {
         // A panic while holding the lock would be a bug; the state is still usable.
         self.ingester.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -134,16 +220,34 @@ pub struct ReceiverConfig {
     pub limits: Limits,
     /// What a client may hold of the server.
     pub server: super::ServerLimits,
+    /// Threads applying a request at once (groups split among them); 1: one thread.
+    pub ingest_threads: usize,
 }
 
 /// Runs the receiver until Ctrl-C or SIGTERM (blocking; builds its own runtime).
 pub fn serve(config: ReceiverConfig) -> Result<()> {
     let plan = Plan::load_or_default(config.plan.as_deref())?;
-    let receiver = Receiver::new(
-        Ingester::new(plan, config.strategies).with_limits(config.limits),
-        config.plan.clone(),
-        config.max_body_bytes,
-    );
+    // Shards need each series' destinations once (the cache) and per-destination runs.
+    let can_shard = config.strategies.contains(Strategy::SeriesCache)
+        && config.strategies.contains(Strategy::BatchRouting);
+    let threads = if can_shard {
+        config.ingest_threads.max(1)
+    } else {
+        1
+    };
+    let receiver = if threads > 1 {
+        Receiver::sharded(
+            ShardedIngester::new(plan, config.strategies, threads).with_limits(config.limits),
+            config.plan.clone(),
+            config.max_body_bytes,
+        )
+    } else {
+        Receiver::new(
+            Ingester::new(plan, config.strategies).with_limits(config.limits),
+            config.plan.clone(),
+            config.max_body_bytes,
+        )
+    };
     let strategies = config.strategies;
     super::run(
         config.listen,
@@ -151,7 +255,7 @@ pub fn serve(config: ReceiverConfig) -> Result<()> {
         app(receiver),
         config.server,
         |addr| {
-            eprintln!("promlab: remote-write receiver on http://{addr}/api/v1/write (strategies: {strategies})")
+            eprintln!("promlab: remote-write receiver on http://{addr}/api/v1/write (strategies: {strategies}; ingest threads: {threads})")
         },
     )
 }
@@ -196,6 +300,8 @@ fn check_content_type(content_type: &str) -> Result<(), String> {
 thread_local! {
     /// Each worker thread's decompression buffer, reused across requests.
     static DECOMPRESSED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// The same for a sharded ingester, which decodes outside its lock too.
+    static DECODER: RefCell<Decoder> = RefCell::new(Decoder::default());
 }
 
 async fn write(State(rx): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -243,20 +349,39 @@ fn write_inner(rx: &Receiver, headers: &HeaderMap, body: &[u8]) -> (StatusCode, 
             ),
         );
     }
-    DECOMPRESSED.with_borrow_mut(|raw| {
-        // Decompress outside the ingester's lock; only the update is serialized.
-        let result = match wire::decompress_reusing(body, rx.max_body_bytes, raw) {
-            Ok(decoded) => rx.lock().handle_decoded(decoded),
-            Err(e) => Err(e.into()),
-        };
-        match result {
-            Ok(_) => (StatusCode::NO_CONTENT, String::new()),
-            Err(e) => (
-                StatusCode::from_u16(e.status()).expect("a valid status"),
-                format!("{e}\n"),
-            ),
-        }
-    })
+    let result: Result<Stats, IngestError> = match rx.decode_outside {
+        // Decode outside the ingester's lock (requests of several connections
+        // at once); the shards apply it together.
+        Some((decode, max)) => DECODER.with_borrow_mut(|decoder| {
+            decoder
+                .decode(decode, max, body, |batch| {
+                    let mut engine = rx.lock();
+                    let sharded = engine
+                        .sharded()
+                        .expect("decode_outside is set for a sharded ingester");
+                    sharded.apply(batch)
+                })
+                .and_then(|r| r)
+        }),
+        None => DECOMPRESSED.with_borrow_mut(|raw| {
+            // Decompress outside the ingester's lock; only the update is serialized.
+            match wire::decompress_reusing(body, rx.max_body_bytes, raw) {
+                Ok(decoded) => {
+                    let mut engine = rx.lock();
+                    let one = engine.one().expect("no decode_outside: one ingester");
+                    one.handle_decoded(decoded)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }),
+    };
+    match result {
+        Ok(_) => (StatusCode::NO_CONTENT, String::new()),
+        Err(e) => (
+            StatusCode::from_u16(e.status()).expect("a valid status"),
+            format!("{e}\n"),
+        ),
+    }
 }
 
 async fn quantiles(
