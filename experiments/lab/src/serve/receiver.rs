@@ -163,6 +163,7 @@ impl Receiver {
             plan_path,
             max_body_bytes,
             status_counts: Default::default(),
+            answers: KeptAnswers::default(),
         })
     }
 
