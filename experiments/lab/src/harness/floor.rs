@@ -324,6 +324,33 @@ impl IngestState {
     }
 }
 
+/// A sample's value. Senders write `value` (field 1) then `timestamp` (field
+/// 2, one varint): that layout is read in place; any other is walked field by
+/// field (a repeated field's last value wins, as in protobuf).
+#[inline]
+fn sample_value(sample: &[u8]) -> Result<f64> {
+    if let [0x09, rest @ ..] = sample {
+        if let Some((value, after)) = rest.split_first_chunk::<8>() {
+            let one_timestamp = match after {
+                [] => true,
+                [0x10, varint @ .., last] => *last < 0x80 && varint.iter().all(|&b| b >= 0x80),
+                _ => false,
+            };
+            if one_timestamp {
+                return Ok(f64::from_le_bytes(*value));
+            }
+        }
+    }
+    let mut value = 0.0;
+    let mut fields = Fields::new(sample);
+    while let Some((f, b)) = fields.next_field()? {
+        if f == 1 && b.len() == 8 {
+            value = f64::from_le_bytes(b.try_into().expect("8 bytes"));
+        }
+    }
+    Ok(value)
+}
+
 impl IngestFloor {
     /// For a plan's first aggregation (its metric, its first group-by label).
     pub fn new(plan: &promlab::ingest::plan::Plan) -> Result<IngestFloor> {
@@ -390,17 +417,13 @@ impl IngestFloor {
                             }
                         };
                     }
-                    let mut value = f64::NAN;
-                    let mut sample = Fields::new(bytes);
-                    while let Some((f, b)) = sample.next_field()? {
-                        if f == 1 && b.len() == 8 {
-                            value = f64::from_le_bytes(b.try_into().expect("8 bytes"));
-                        }
-                    }
-                    if let Some(i) = sketch.filter(|_| value.is_finite()) {
+                    samples += 1;
+                    // A series no aggregation takes: its samples are counted, not read.
+                    let Some(i) = sketch else { continue };
+                    let value = sample_value(bytes)?;
+                    if value.is_finite() {
                         state.pending[i].push(value);
                     }
-                    samples += 1;
                 }
                 _ => {}
             }
@@ -523,6 +546,26 @@ impl<'a> Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sample_value_reads_the_usual_layout_in_place_and_any_other_as_protobuf() {
+        use prost::Message;
+        let encode = |value: f64, timestamp: i64| {
+            promlab::ingest::wire::Sample { value, timestamp }.encode_to_vec()
+        };
+        for (value, timestamp) in [(1.5, 1_700_000_000_000), (-2.5, 0), (f64::MAX, -1)] {
+            let bytes = encode(value, timestamp);
+            assert_eq!(sample_value(&bytes).unwrap().to_bits(), value.to_bits());
+        }
+        // A repeated value field: the last one wins, as in protobuf.
+        let mut repeated = encode(1.0, 5);
+        repeated.push(0x09);
+        repeated.extend_from_slice(&2.0f64.to_le_bytes());
+        assert_eq!(sample_value(&repeated).unwrap(), 2.0);
+        // No value field: protobuf's default, 0.
+        assert_eq!(sample_value(&encode(0.0, 9)).unwrap(), 0.0);
+        assert!(sample_value(&[0x09, 1, 2]).is_err());
+    }
 
     #[test]
     fn render_floor_copies_lines_and_formats_values() {
