@@ -607,47 +607,19 @@ impl Ingester {
                 sc.routed.push(i as u32);
             }
         }
-        if !sc.routed.is_empty() {
-            // Offsets in first-touch order, then scatter.
-            let total = sc.offsets_from_counts();
-            // Every slot below `total` is written by the scatter before it is
-            // read, so the arrays only grow (no zeroing per request).
-            if sc.ts.len() < total {
-                sc.ts.resize(total, 0);
-                sc.values.resize(total, 0.0);
-            }
-            for &i in &sc.routed {
-                let (d0, d1) = sc.dest_ranges[i as usize];
-                let dests = &dest_ids[d0 as usize..d1 as usize];
-                for sample in batch.series_samples(&batch.series[i as usize]) {
-                    if !takes(sample, latest) {
-                        continue;
-                    }
-                    for &d in dests {
-                        let at = sc.cursor[d as usize] as usize;
-                        sc.ts[at] = sample.timestamp;
-                        sc.values[at] = sample.value;
-                        sc.cursor[d as usize] += 1;
-                    }
-                }
-            }
-            let watermark = self.watermark;
-            for &d in &sc.touched {
-                let (agg, gid) = self.dests[d as usize];
-                let (a, b) = (
-                    sc.start[d as usize] as usize,
-                    sc.cursor[d as usize] as usize,
-                );
-                self.accumulators[agg as usize].add(
-                    gid,
-                    &sc.ts[a..b],
-                    &sc.values[a..b],
-                    watermark,
-                    stats,
-                    &mut self.budget,
-                );
-            }
-        }
+        let watermark = self.watermark;
+        sc.scatter_and_add(
+            batch,
+            dest_ids,
+            latest,
+            Groups {
+                dests: &self.dests,
+                accumulators: &mut self.accumulators,
+                budget: &mut self.budget,
+            },
+            watermark,
+            stats,
+        );
         sc.reset();
         sc.series_dests = derived;
         self.scratch = sc;
@@ -877,6 +849,14 @@ fn group_key_of(labels: &HashMap<String, String>, group_by: &[String]) -> String
     String::from_utf8(out).expect("group keys of UTF-8 values are UTF-8")
 }
 
+/// Where [`RouteScratch::scatter_and_add`] adds: an ingester's (or a shard's)
+/// destinations, accumulators and budget.
+pub(super) struct Groups<'a> {
+    pub(super) dests: &'a [(u16, u32)],
+    pub(super) accumulators: &'a mut [Accumulator],
+    pub(super) budget: &'a mut Budget,
+}
+
 /// Scratch space of the batched router, reused across requests.
 #[derive(Default)]
 pub(super) struct RouteScratch {
@@ -907,6 +887,61 @@ impl RouteScratch {
             self.touched.push(dest);
         }
         self.counts[d] += n;
+    }
+
+    /// Scatters the valid samples of the `routed` series (counted per
+    /// destination with [`count`](Self::count)) into one contiguous run per
+    /// destination, in first-touch order, and adds each run to its group.
+    #[inline]
+    pub(super) fn scatter_and_add(
+        &mut self,
+        batch: &Batch<'_>,
+        dest_ids: &[u32],
+        latest: i64,
+        into: Groups<'_>,
+        watermark: i64,
+        stats: &mut Stats,
+    ) {
+        if self.routed.is_empty() {
+            return;
+        }
+        let total = self.offsets_from_counts();
+        // Every slot below `total` is written by the scatter before it is
+        // read, so the arrays only grow (no zeroing per request).
+        if self.ts.len() < total {
+            self.ts.resize(total, 0);
+            self.values.resize(total, 0.0);
+        }
+        for &i in &self.routed {
+            let (d0, d1) = self.dest_ranges[i as usize];
+            let dests = &dest_ids[d0 as usize..d1 as usize];
+            for sample in batch.series_samples(&batch.series[i as usize]) {
+                if !takes(sample, latest) {
+                    continue;
+                }
+                for &d in dests {
+                    let at = self.cursor[d as usize] as usize;
+                    self.ts[at] = sample.timestamp;
+                    self.values[at] = sample.value;
+                    self.cursor[d as usize] += 1;
+                }
+            }
+        }
+        for &d in &self.touched {
+            let (agg, gid) = into.dests[d as usize];
+            let (a, b) = (
+                self.start[d as usize] as usize,
+                self.cursor[d as usize] as usize,
+            );
+            into.accumulators[agg as usize].add(
+                gid,
+                &self.ts[a..b],
+                &self.values[a..b],
+                watermark,
+                stats,
+                into.budget,
+            );
+        }
     }
 
     pub(super) fn offsets_from_counts(&mut self) -> usize {

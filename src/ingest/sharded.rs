@@ -27,8 +27,8 @@
 //! are many may drop a sample one ingester would have kept.
 
 use super::pipeline::{
-    classify, takes, BaselineSeries, CacheStats, IngestError, Limits, RouteScratch, SeriesCache,
-    DEFAULT_CACHE_CAPACITY, ROUTED_ELSEWHERE,
+    classify, takes, BaselineSeries, CacheStats, Groups, IngestError, Limits, RouteScratch,
+    SeriesCache, DEFAULT_CACHE_CAPACITY, ROUTED_ELSEWHERE,
 };
 use super::plan::{Plan, PlanGeneration};
 use super::seams::{Decode, Seams, SketchUpdate};
@@ -232,43 +232,18 @@ impl Shard {
                 sc.routed.push(i as u32);
             }
         }
-        if !sc.routed.is_empty() {
-            let total = sc.offsets_from_counts();
-            if sc.ts.len() < total {
-                sc.ts.resize(total, 0);
-                sc.values.resize(total, 0.0);
-            }
-            for &i in &sc.routed {
-                let (d0, d1) = sc.dest_ranges[i as usize];
-                let dests = &dest_ids[d0 as usize..d1 as usize];
-                for sample in batch.series_samples(&batch.series[i as usize]) {
-                    if !takes(sample, latest) {
-                        continue;
-                    }
-                    for &d in dests {
-                        let at = sc.cursor[d as usize] as usize;
-                        sc.ts[at] = sample.timestamp;
-                        sc.values[at] = sample.value;
-                        sc.cursor[d as usize] += 1;
-                    }
-                }
-            }
-            for &d in &sc.touched {
-                let (agg, gid) = self.dests[d as usize];
-                let (a, b) = (
-                    sc.start[d as usize] as usize,
-                    sc.cursor[d as usize] as usize,
-                );
-                self.accumulators[agg as usize].add(
-                    gid,
-                    &sc.ts[a..b],
-                    &sc.values[a..b],
-                    watermark,
-                    stats,
-                    &mut self.budget,
-                );
-            }
-        }
+        sc.scatter_and_add(
+            batch,
+            dest_ids,
+            latest,
+            Groups {
+                dests: &self.dests,
+                accumulators: &mut self.accumulators,
+                budget: &mut self.budget,
+            },
+            watermark,
+            stats,
+        );
         sc.reset();
         self.scratch = sc;
         newest
