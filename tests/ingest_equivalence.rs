@@ -6,9 +6,9 @@
 //! exact quantile is the value at 0-based rank `floor(q · (n − 1))` of the values
 //! sorted ascending; `q = 0` and `q = 1` are the exact minimum and maximum.
 
+use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::{Aggregation, Plan};
-use promlab::ingest::sharded::ShardedIngester;
 use promlab::ingest::window::{PaneReport, Stats, STALE_NAN_BITS};
 use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WriteRequest};
 use promlab::strategy::{Stage, StrategySet};
@@ -357,23 +357,24 @@ proptest! {
     }
 }
 
-/// [`run_with_cache`] through a [`ShardedIngester`] of `shards` shards; every
-/// query is also asked of the one ingester's answer (`reference`, the same
-/// requests through an [`Ingester`]) byte for byte.
-fn run_sharded(
+/// [`run_with_cache`] through a [`LanedIngester`] of `lanes` lanes, request
+/// `r` on lane `r % lanes`; every query is also asked of the one ingester's
+/// answer (`reference`, the same requests through an [`Ingester`]) byte for byte.
+fn run_laned(
     s: &Scenario,
     set: StrategySet,
-    shards: usize,
+    lanes: usize,
     cache_capacity: usize,
     reference: &Ingester,
 ) -> Outcome {
-    let mut ingester =
-        ShardedIngester::new(s.plan.clone(), set, shards).with_cache_capacity(cache_capacity);
+    let ingester = LanedIngester::new(lanes, || {
+        Ingester::new(s.plan.clone(), set).with_cache_capacity(cache_capacity)
+    });
     let results = (0..s.requests.len())
         .map(|r| {
             let corrupt = s.corrupt[r] && !s.requests[r].is_empty();
             ingester
-                .handle(&encode(s, r, corrupt))
+                .handle_on(r, &encode(s, r, corrupt))
                 .map_err(|e| e.status().to_string())
         })
         .collect();
@@ -410,24 +411,25 @@ fn one_ingester(s: &Scenario, set: StrategySet, cache_capacity: usize) -> Ingest
 }
 
 proptest! {
-    // Each case replays up to seven requests through 2 ingesters and 4 × 2 sharded ones.
+    // Each case replays up to seven requests through 2 ingesters and 4 × 2 laned ones.
     #![proptest_config(ProptestConfig::with_cases(32))]
 
-    /// A sharded ingester (1–4 shards) gives the one ingester's per-request
-    /// results, panes (bit for bit), query answers (byte for byte), watermark
-    /// and totals, the series caches tiny or not.
+    /// A laned ingester (1–4 lanes, requests taking turns) gives the one
+    /// ingester's per-request results, panes (bit for bit), query answers
+    /// (byte for byte, open windows too), watermark and totals, the series
+    /// caches tiny or not.
     #[test]
-    fn sharded_ingester_agrees_with_one(s in scenario(false, (1usize..4).boxed())) {
+    fn laned_ingester_agrees_with_one(s in scenario(false, (1usize..4).boxed())) {
         for set in [StrategySet::all(), StrategySet::NONE] {
             for capacity in [4, 1 << 18] {
                 let reference = run_with_cache(&s, set, true, capacity);
                 let one = one_ingester(&s, set, capacity);
-                for shards in 1..=4 {
-                    let got = run_sharded(&s, set, shards, capacity, &one);
-                    prop_assert_eq!(&got.0, &reference.0, "request results differ, {} shards", shards);
-                    prop_assert_eq!(&got.1, &reference.1, "panes differ, {} shards", shards);
-                    prop_assert_eq!(&got.2, &reference.2, "panes after flush differ, {} shards", shards);
-                    prop_assert_eq!(&got.3, &reference.3, "query JSON differs, {} shards", shards);
+                for lanes in 1..=4 {
+                    let got = run_laned(&s, set, lanes, capacity, &one);
+                    prop_assert_eq!(&got.0, &reference.0, "request results differ, {} lanes", lanes);
+                    prop_assert_eq!(&got.1, &reference.1, "panes differ, {} lanes", lanes);
+                    prop_assert_eq!(&got.2, &reference.2, "panes after flush differ, {} lanes", lanes);
+                    prop_assert_eq!(&got.3, &reference.3, "query JSON differs, {} lanes", lanes);
                 }
             }
         }
@@ -437,19 +439,19 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
 
-    /// Hundreds of groups spread over the shards.
+    /// Hundreds of groups, each in panes on several lanes.
     #[test]
-    fn sharded_ingester_agrees_with_one_on_wide_requests(s in wide_scenario()) {
+    fn laned_ingester_agrees_with_one_on_wide_requests(s in wide_scenario()) {
         let set = StrategySet::all();
         for capacity in [1 << 18, 100] {
             let reference = run_with_cache(&s, set, true, capacity);
             let one = one_ingester(&s, set, capacity);
-            for shards in 2..=4 {
-                let got = run_sharded(&s, set, shards, capacity, &one);
-                prop_assert_eq!(&got.0, &reference.0, "request results differ, {} shards", shards);
-                prop_assert_eq!(&got.1, &reference.1, "panes differ, {} shards", shards);
-                prop_assert_eq!(&got.2, &reference.2, "panes after flush differ, {} shards", shards);
-                prop_assert_eq!(&got.3, &reference.3, "query JSON differs, {} shards", shards);
+            for lanes in 2..=4 {
+                let got = run_laned(&s, set, lanes, capacity, &one);
+                prop_assert_eq!(&got.0, &reference.0, "request results differ, {} lanes", lanes);
+                prop_assert_eq!(&got.1, &reference.1, "panes differ, {} lanes", lanes);
+                prop_assert_eq!(&got.2, &reference.2, "panes after flush differ, {} lanes", lanes);
+                prop_assert_eq!(&got.3, &reference.3, "query JSON differs, {} lanes", lanes);
             }
         }
     }

@@ -6,38 +6,16 @@
 use promlab::ingest::pipeline::{Ingester, Limits};
 use promlab::ingest::plan::Plan;
 use promlab::ingest::window::{Capacity, Stats};
-use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WriteRequest};
 use promlab::strategy::{Stage, StrategySet};
-use prost::Message;
+#[path = "common/remote_write.rs"]
+mod remote_write;
+use remote_write::body;
 
 /// The injected clock: 2026-12-01T00:00:00Z.
 const NOW: i64 = 1_796_083_200_000;
 
 fn fixed_clock() -> i64 {
     NOW
-}
-
-fn body(samples: &[(&str, i64, f64)]) -> Vec<u8> {
-    let req = WriteRequest {
-        timeseries: samples
-            .iter()
-            .map(|&(group, timestamp, value)| TimeSeries {
-                labels: vec![
-                    Label {
-                        name: "__name__".into(),
-                        value: "data".into(),
-                    },
-                    Label {
-                        name: "label_0".into(),
-                        value: group.into(),
-                    },
-                ],
-                samples: vec![Sample { value, timestamp }],
-            })
-            .collect(),
-        metadata: vec![],
-    };
-    wire::compress(&req.encode_to_vec())
 }
 
 fn serving() -> Limits {

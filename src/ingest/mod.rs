@@ -9,11 +9,11 @@
 //! one combined variant (and why).
 
 pub mod feed;
+pub mod lanes;
 pub mod pipeline;
 pub mod plan;
 pub mod query;
 pub mod seams;
-pub mod sharded;
 pub mod sketch;
 pub mod window;
 pub mod wire;

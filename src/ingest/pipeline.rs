@@ -250,17 +250,33 @@ impl Ingester {
 
     /// One request body as sent (snappy block): the receiver's and `promlab ingest`'s entry point.
     pub fn handle(&mut self, body: &[u8]) -> Result<Stats, IngestError> {
+        let (stats, watermark) = self.handle_deferred(body)?;
+        self.advance_to(watermark);
+        Ok(stats)
+    }
+
+    /// One decompressed `WriteRequest`.
+    pub fn handle_decoded(&mut self, raw: &[u8]) -> Result<Stats, IngestError> {
+        let (stats, watermark) = self.handle_decoded_deferred(raw)?;
+        self.advance_to(watermark);
+        Ok(stats)
+    }
+
+    /// [`Ingester::handle`] with the watermark left where it is: also gives
+    /// the one the request advances it to (for [`Ingester::advance_to`], here
+    /// or, for a [lane](super::lanes), on every lane at once).
+    pub fn handle_deferred(&mut self, body: &[u8]) -> Result<(Stats, i64), IngestError> {
         let mut buf = std::mem::take(&mut self.decompressed);
         let result = match wire::decompress_reusing(body, self.max_decoded, &mut buf) {
-            Ok(raw) => self.handle_decoded(raw),
+            Ok(raw) => self.handle_decoded_deferred(raw),
             Err(e) => Err(e.into()),
         };
         self.decompressed = buf;
         result
     }
 
-    /// One decompressed `WriteRequest`.
-    pub fn handle_decoded(&mut self, raw: &[u8]) -> Result<Stats, IngestError> {
+    /// [`Ingester::handle_decoded`] with the watermark left where it is (see [`Ingester::handle_deferred`]).
+    pub fn handle_decoded_deferred(&mut self, raw: &[u8]) -> Result<(Stats, i64), IngestError> {
         let mut holder = WriteRequest::default();
         let mut batch = std::mem::take(&mut self.spare_batch).recycle();
         let result = self.handle_batch(raw, &mut holder, &mut batch);
@@ -273,7 +289,7 @@ impl Ingester {
         raw: &'a [u8],
         holder: &'a mut WriteRequest,
         batch: &mut Batch<'a>,
-    ) -> Result<Stats, IngestError> {
+    ) -> Result<(Stats, i64), IngestError> {
         self.seams.decode.decode_into(raw, holder, batch)?;
         let size = batch.samples.len().max(batch.series.len());
         if size > self.limits.max_samples_per_request {
@@ -305,16 +321,20 @@ impl Ingester {
             self.spare_ids = ids;
             self.cache.evict_if_full();
         }
-        if let Some(newest) = newest {
-            let lateness = self.plan.plan.lateness_ms();
-            let newest = now.map_or(newest, |now| newest.min(now));
-            self.advance(newest.saturating_sub(lateness));
-        }
+        let watermark = match newest {
+            Some(newest) => {
+                let lateness = self.plan.plan.lateness_ms();
+                let newest = now.map_or(newest, |now| newest.min(now));
+                newest.saturating_sub(lateness)
+            }
+            None => i64::MIN,
+        };
         self.totals.merge(&stats);
-        Ok(stats)
+        Ok((stats, watermark))
     }
 
-    fn advance(&mut self, watermark: i64) {
+    /// Moves the watermark to `watermark` if that is later, closing the windows it passes.
+    pub fn advance_to(&mut self, watermark: i64) {
         if watermark > self.watermark {
             self.watermark = watermark;
             for acc in &mut self.accumulators {
@@ -323,9 +343,38 @@ impl Ingester {
         }
     }
 
+    /// Lanes: moves this lane's panes of the windows `watermark` closes into
+    /// `home`'s (merged, group by group key), before either closes them.
+    /// Both hold the same plan. What `home`'s limits refuse is counted in its totals.
+    pub fn hand_over_closing(&mut self, home: &mut Ingester, watermark: i64) {
+        debug_assert_eq!(self.plan.generation, home.plan.generation);
+        let mut stats = Stats::default();
+        for a in 0..self.accumulators.len() {
+            let taken = self.accumulators[a].take_closing(watermark, &mut self.budget);
+            for window in taken {
+                for (key, pane) in &window.panes {
+                    let (gid, _) = home.intern(a as u16, key);
+                    home.accumulators[a].absorb(
+                        window.start,
+                        gid,
+                        pane,
+                        &mut stats,
+                        &mut home.budget,
+                    );
+                }
+            }
+        }
+        home.totals.merge(&stats);
+    }
+
+    /// The accumulators, in plan order (for a [lane](super::lanes)'s merged view).
+    pub(super) fn accumulators(&self) -> &[Accumulator] {
+        &self.accumulators
+    }
+
     /// Closes every open window, as if the stream had ended.
     pub fn flush(&mut self) {
-        self.advance(i64::MAX);
+        self.advance_to(i64::MAX);
     }
 
     pub fn watermark(&self) -> Option<i64> {
@@ -630,7 +679,7 @@ impl Ingester {
 /// `false` for samples that go nowhere: stale markers (skipped), other NaN/±Inf
 /// (rejected), and samples stamped after `latest` (too far ahead).
 #[inline]
-pub(super) fn classify(sample: &Sample, latest: i64, stats: &mut Stats) -> bool {
+fn classify(sample: &Sample, latest: i64, stats: &mut Stats) -> bool {
     if takes(sample, latest) {
         return true;
     }
@@ -648,7 +697,7 @@ pub(super) fn classify(sample: &Sample, latest: i64, stats: &mut Stats) -> bool 
 
 /// What [`classify`] lets through, without counting.
 #[inline]
-pub(super) fn takes(sample: &Sample, latest: i64) -> bool {
+fn takes(sample: &Sample, latest: i64) -> bool {
     sample.value.is_finite() && sample.timestamp <= latest
 }
 
@@ -849,7 +898,7 @@ fn group_key_of(labels: &HashMap<String, String>, group_by: &[String]) -> String
     String::from_utf8(out).expect("group keys of UTF-8 values are UTF-8")
 }
 
-/// Where [`RouteScratch::scatter_and_add`] adds: an ingester's (or a shard's)
+/// Where [`RouteScratch::scatter_and_add`] adds: an ingester's
 /// destinations, accumulators and budget.
 pub(super) struct Groups<'a> {
     pub(super) dests: &'a [(u16, u32)],
@@ -1000,11 +1049,6 @@ pub(super) struct CacheEntry {
     series_key: Box<str>,
 }
 
-/// The first destination of an entry without destinations whose series feeds
-/// another shard's groups (a [`super::sharded::ShardedIngester`]'s shard holds
-/// only its own destinations).
-pub(super) const ROUTED_ELSEWHERE: u32 = u32::MAX;
-
 impl SeriesCache {
     pub(super) fn new(capacity: usize) -> Self {
         SeriesCache {
@@ -1092,19 +1136,6 @@ impl SeriesCache {
         series_key: Box<str>,
         dests: Vec<(u32, u16, Box<str>)>,
     ) -> u32 {
-        let routed = !dests.is_empty();
-        self.insert_routed(raw, series_key, dests, routed)
-    }
-
-    /// [`SeriesCache::insert`] with `routed` given: a shard's entry may hold no
-    /// destination of a series that feeds another shard's groups.
-    pub(super) fn insert_routed(
-        &mut self,
-        raw: &[u8],
-        series_key: Box<str>,
-        dests: Vec<(u32, u16, Box<str>)>,
-        routed: bool,
-    ) -> u32 {
         self.misses += 1;
         let id = self.entries.len() as u32;
         let at = self.arena.len() as u32;
@@ -1118,10 +1149,7 @@ impl SeriesCache {
         }
         self.entries.push(CacheEntry {
             raw: (at, raw.len() as u32),
-            dests: match (self.dest_ids.len() as u32 - first_dest, routed) {
-                (0, true) => (ROUTED_ELSEWHERE, 0),
-                (n, _) => (first_dest, n),
-            },
+            dests: (first_dest, self.dest_ids.len() as u32 - first_dest),
             series_key,
         });
         let hash = self.hasher.hash_one(raw);

@@ -77,6 +77,21 @@ impl PaneSketch {
         }
     }
 
+    /// Adds `other`'s values, as if they had been added here (two panes of
+    /// one sketch seam). Bins, counts, min and max are those of one sketch fed
+    /// both streams, so every quantile is, bit for bit — except that of two
+    /// equal extremes (`0.0` and `-0.0`) the one kept as min or max is this
+    /// pane's, where one sketch keeps the first it was fed.
+    pub fn merge(&mut self, other: &PaneSketch) {
+        match (self, other) {
+            (PaneSketch::Reference(a), PaneSketch::Reference(b)) => a
+                .merge(b)
+                .expect("panes of one aggregation share their sketch config"),
+            (PaneSketch::Bulk(a), PaneSketch::Bulk(b)) => a.merge(b),
+            _ => unreachable!("panes of one aggregation share their sketch seam"),
+        }
+    }
+
     /// Bytes held by the bins (for the RSS estimate in self-metrics).
     pub fn bins_len(&self) -> usize {
         match self {
@@ -134,6 +149,19 @@ impl BulkSketch {
         }
         self.min = min;
         self.max = max;
+    }
+
+    /// See [`PaneSketch::merge`].
+    pub fn merge(&mut self, other: &BulkSketch) {
+        self.positive.merge(&other.positive);
+        self.negative.merge(&other.negative);
+        self.zero_count += other.zero_count;
+        if other.min < self.min {
+            self.min = other.min;
+        }
+        if self.max < other.max {
+            self.max = other.max;
+        }
     }
 
     /// `Config::key`, the same operations (`ln(v) / ln(gamma)`, floor, saturating
@@ -239,17 +267,39 @@ impl BulkStore {
             self.bins[idx] += 1;
             self.count += 1;
         } else {
-            self.add_outside(key);
+            self.add_outside(key, 1);
         }
     }
 
-    /// A key outside the bins: grow, collapsing the lowest keys if the range passes the limit.
+    /// `n` adds of `key`.
+    fn add_n(&mut self, key: i32, n: u64) {
+        let idx = key.wrapping_sub(self.lo) as u32 as usize;
+        if idx < self.bins.len() {
+            self.bins[idx] += n;
+            self.count += n;
+        } else {
+            self.add_outside(key, n);
+        }
+    }
+
+    /// Every key `other` counts, as if added here: the store ends the same for
+    /// any order of adds, so this is the store of both streams, exactly.
+    fn merge(&mut self, other: &BulkStore) {
+        for (i, &n) in other.bins.iter().enumerate() {
+            if n > 0 {
+                self.add_n(other.lo + i as i32, n);
+            }
+        }
+    }
+
+    /// `n` adds of a key outside the bins: grow, collapsing the lowest keys if
+    /// the range passes the limit.
     #[cold]
-    fn add_outside(&mut self, key: i32) {
-        self.count += 1;
+    fn add_outside(&mut self, key: i32, n: u64) {
+        self.count += n;
         if self.bins.is_empty() {
             self.lo = key;
-            self.bins.push(1);
+            self.bins.push(n);
             return;
         }
         let hi = self.lo + self.bins.len() as i32 - 1;
@@ -259,10 +309,10 @@ impl BulkStore {
                 let grow = (self.lo - key) as usize;
                 self.bins.splice(0..0, std::iter::repeat_n(0, grow));
                 self.lo = key;
-                self.bins[0] += 1;
+                self.bins[0] += n;
             } else {
                 self.bins.resize((key - self.lo) as usize + 1, 0);
-                *self.bins.last_mut().expect("non-empty") += 1;
+                *self.bins.last_mut().expect("non-empty") += n;
             }
             return;
         }
@@ -282,7 +332,7 @@ impl BulkStore {
         }
         self.lo = floor;
         let idx = (key.max(self.lo) - self.lo) as usize;
-        self.bins[idx] += 1;
+        self.bins[idx] += n;
     }
 
     fn key_at_rank(&self, rank: u64) -> i32 {
@@ -392,6 +442,35 @@ mod tests {
             let one_at_a_time: Vec<f64> = qs.iter().map(|&q| bulk.quantile(q).unwrap_or(f64::NAN)).collect();
             prop_assert_eq!(bits(&got), bits(&one_at_a_time));
             prop_assert_eq!(bits(&got), bits(&from_reference));
+        }
+
+        /// Two panes merged are one pane fed both streams, for either seam and
+        /// through collapses: counts and every quantile bit for bit, but the
+        /// extremes only by value (of `0.0` and `-0.0`, each keeps its first).
+        #[test]
+        fn merged_panes_equal_one_fed_both(values in prop::collection::vec(value(), 0..300), split in 0usize..300, limit in 1u32..300) {
+            let config = Config::new(0.05, limit, 1e-9);
+            let split = split.min(values.len());
+            for seam in [SketchUpdate::PerSample, SketchUpdate::Runs] {
+                let fed = |vs: &[f64]| {
+                    let mut p = PaneSketch::new(config, seam);
+                    p.add_slice(vs);
+                    p
+                };
+                let one = fed(&values);
+                let mut merged = fed(&values[split..]);
+                merged.merge(&fed(&values[..split]));
+                prop_assert_eq!(merged.count(), one.count());
+                for i in 0..=100 {
+                    let q = i as f64 / 100.0;
+                    let (a, b) = (merged.quantile(q), one.quantile(q));
+                    if i == 0 || i == 100 {
+                        prop_assert_eq!(a, b);
+                    } else {
+                        prop_assert_eq!(a.map(f64::to_bits), b.map(f64::to_bits), "q = {}", q);
+                    }
+                }
+            }
         }
 
         #[test]

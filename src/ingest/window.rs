@@ -489,6 +489,69 @@ impl Accumulator {
         }
     }
 
+    /// Moves out the open windows `watermark` closes, each pane with its
+    /// group key, giving the budget back their slots and bins: for another
+    /// lane's accumulator to [`Accumulator::absorb`] before it closes them.
+    pub fn take_closing(&mut self, watermark: i64, budget: &mut Budget) -> Vec<WindowPanes> {
+        let mut taken = Vec::new();
+        while let Some((&start, _)) = self.open.first_key_value() {
+            if !self.is_closed(start, watermark) {
+                break;
+            }
+            let panes = self.open.remove(&start).expect("first key");
+            budget.held.pane_slots = budget.held.pane_slots.saturating_sub(panes.len());
+            let bins: usize = panes.iter().flatten().map(PaneSketch::bins_len).sum();
+            budget.held.bins = budget.held.bins.saturating_sub(bins);
+            taken.push(self.keyed(start, panes.into_iter()));
+        }
+        taken
+    }
+
+    /// Copies of the open windows' panes (only window `start`'s when given), each with its group key.
+    pub fn open_panes(&self, start: Option<i64>) -> Vec<WindowPanes> {
+        self.open
+            .iter()
+            .filter(|(s, _)| start.is_none_or(|start| **s == start))
+            .map(|(&s, panes)| self.keyed(s, panes.iter().cloned()))
+            .collect()
+    }
+
+    fn keyed(&self, start: i64, panes: impl Iterator<Item = Option<PaneSketch>>) -> WindowPanes {
+        let mut keys: Vec<&[u8]> = vec![&[]; self.groups.len()];
+        for (key, &gid) in &self.group_ids {
+            keys[gid as usize] = key;
+        }
+        let panes = panes
+            .enumerate()
+            .filter_map(|(gid, pane)| Some((Box::from(keys[gid]), pane?)))
+            .collect();
+        WindowPanes { start, panes }
+    }
+
+    /// Merges `pane` into group `gid`'s pane of the open window `start` (made
+    /// when missing), as if its samples had been added here; past the pane
+    /// limit (or in the overflow group) its samples are counted and dropped.
+    pub fn absorb(
+        &mut self,
+        start: i64,
+        gid: u32,
+        pane: &PaneSketch,
+        stats: &mut Stats,
+        budget: &mut Budget,
+    ) {
+        if self.overflow == Some(gid) {
+            stats.over_group_limit += pane.count();
+            return;
+        }
+        let Some(into) = self.pane(start, gid, budget) else {
+            stats.over_pane_limit += pane.count();
+            return;
+        };
+        let before = into.bins_len();
+        into.merge(pane);
+        budget.held.bins = (budget.held.bins + into.bins_len()).saturating_sub(before);
+    }
+
     /// The last closed window's start.
     pub fn last_closed(&self) -> Option<i64> {
         self.closed.back().map(|w| w.start)
@@ -497,14 +560,6 @@ impl Accumulator {
     /// The starts of the closed windows kept, oldest first.
     pub fn closed_starts(&self) -> impl Iterator<Item = i64> + '_ {
         self.closed.iter().map(|w| w.start)
-    }
-
-    /// Drops the closed windows that start before `start`, giving the budget
-    /// back what they held (a shard keeps the windows the whole ingester keeps).
-    pub fn drop_closed_before(&mut self, start: i64, budget: &mut Budget) {
-        while self.closed.front().is_some_and(|w| w.start < start) {
-            drop_oldest(&mut self.closed, budget);
-        }
     }
 
     fn window(&self, start: i64) -> Option<(&Vec<Option<PaneSketch>>, bool)> {
@@ -729,6 +784,12 @@ impl Accumulator {
 
 /// Panes of one window, by group id.
 type Panes = Vec<Option<PaneSketch>>;
+
+/// One window's panes by group key, moved or copied out of an accumulator.
+pub struct WindowPanes {
+    pub start: i64,
+    pub panes: Vec<(Box<[u8]>, PaneSketch)>,
+}
 
 /// Drops the oldest closed window, giving its slots and bins back to the
 /// budget; false when there is none. Past `keep`, or when the budget runs out:

@@ -5,8 +5,7 @@
 //! samples after two untimed ticks of warm-up), then fed as fast as the ingester takes them by `CONNS` threads
 //! standing for the receiver's connections, each doing what the receiver does
 //! per request: one ingester: decompress outside the lock, decode and apply
-//! under it; sharded: decompress and decode outside the lock, apply on every
-//! shard at once. Each arm runs in its own process pinned with `taskset`, the
+//! under it; laned: all of it on a free lane (`LanedIngester::handle`). Each arm runs in its own process pinned with `taskset`, the
 //! arms alternated, `REPEATS` times; it prints samples/s (wall), CPU ns a
 //! sample (user + system, `getrusage`), the cores that makes (a loaded machine
 //! may give a process less than its cores whatever its threads), and a hash of the flushed query
@@ -18,9 +17,9 @@
 //! ```
 
 use promlab::ingest::feed::FeedWorkload;
+use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
-use promlab::ingest::sharded::{Decoder, ShardedIngester};
 use promlab::ingest::wire;
 use promlab::strategy::StrategySet;
 use std::process::Command;
@@ -28,12 +27,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// (name, cpus for taskset, shards (0: one ingester), connections)
+/// (name, cpus for taskset, lanes (0: one ingester behind a lock), connections)
 const ARMS: [(&str, &str, usize, usize); 4] = [
     ("one ingester, 1 core", "0", 0, 1),
-    ("2 shards, 1 core", "0", 2, 2),
+    ("2 lanes, 1 core, 2 conns", "0", 2, 2),
     ("one ingester, 2 cores, 2 conns", "0,1", 0, 2),
-    ("2 shards, 2 cores, 2 conns", "0,1", 2, 2),
+    ("2 lanes, 2 cores, 2 conns", "0,1", 2, 2),
 ];
 
 fn main() {
@@ -51,11 +50,11 @@ fn main() {
     let exe = std::env::current_exe().expect("own path");
     let mut results: Vec<Vec<(f64, f64, String)>> = vec![Vec::new(); ARMS.len()];
     for r in 0..repeats {
-        for (a, &(name, cpus, shards, conns)) in ARMS.iter().enumerate() {
+        for (a, &(name, cpus, lanes, conns)) in ARMS.iter().enumerate() {
             let out = Command::new("taskset")
                 .args(["-c", cpus])
                 .arg(&exe)
-                .args(["child", &shards.to_string(), &conns.to_string()])
+                .args(["child", &lanes.to_string(), &conns.to_string()])
                 .args([ticks.to_string(), rows.to_string(), r.to_string()])
                 .output()
                 .expect("taskset");
@@ -102,14 +101,15 @@ fn cpu_seconds() -> f64 {
     t(usage.ru_utime) + t(usage.ru_stime)
 }
 
-fn child(shards: usize, conns: usize, ticks: usize, rows: usize, _repeat: usize) {
+fn child(lanes: usize, conns: usize, ticks: usize, rows: usize, _repeat: usize) {
     let workload = FeedWorkload {
         batch_rows: rows,
         ..FeedWorkload::seed(1_700_000_000_000)
     };
     let generator = workload.generator();
-    // Two ticks of warm-up (the first meets every series for the first time), untimed.
-    let warm: Vec<Vec<u8>> = (0..2).flat_map(|t| generator.tick_bodies(t)).collect();
+    // Two ticks of warm-up (each meets every series), untimed: on one
+    // ingester both; on two lanes one each, so every lane's cache has met every series.
+    let warm: Vec<Vec<Vec<u8>>> = (0..2).map(|t| generator.tick_bodies(t)).collect();
     let bodies: Vec<Vec<u8>> = (2..2 + ticks as u64)
         .flat_map(|t| generator.tick_bodies(t))
         .collect();
@@ -118,9 +118,9 @@ fn child(shards: usize, conns: usize, ticks: usize, rows: usize, _repeat: usize)
     let next = AtomicUsize::new(0);
     let (cpu0, t0);
     let measured;
-    let answer = if shards == 0 {
+    let answer = if lanes == 0 {
         let mut one = Ingester::new(Plan::default(), set);
-        for body in &warm {
+        for body in warm.iter().flatten() {
             one.handle(body).unwrap();
         }
         let ingester = Mutex::new(one);
@@ -143,34 +143,25 @@ fn child(shards: usize, conns: usize, ticks: usize, rows: usize, _repeat: usize)
         ingester.flush();
         serde_json::to_string(&ingester.snapshot()).unwrap()
     } else {
-        let mut sharded = ShardedIngester::new(Plan::default(), set, shards);
-        for body in &warm {
-            sharded.handle(body).unwrap();
+        let laned = LanedIngester::with_plan(lanes, &Plan::default(), set);
+        for (t, tick) in warm.iter().enumerate() {
+            for body in tick {
+                laned.handle_on(t, body).unwrap();
+            }
         }
-        let ingester = Mutex::new(sharded);
-        let decode = ingester.lock().unwrap().decode_seam();
         (cpu0, t0) = (cpu_seconds(), Instant::now());
         std::thread::scope(|s| {
             for _ in 0..conns {
-                s.spawn(|| {
-                    let mut decoder = Decoder::default();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(body) = bodies.get(i) else { break };
-                        decoder
-                            .decode(decode, 64 << 20, body, |batch| {
-                                ingester.lock().unwrap().apply(batch)
-                            })
-                            .unwrap()
-                            .unwrap();
-                    }
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(body) = bodies.get(i) else { break };
+                    laned.handle(body).unwrap();
                 });
             }
         });
         measured = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
-        let mut ingester = ingester.into_inner().unwrap();
-        ingester.flush();
-        serde_json::to_string(&ingester.snapshot()).unwrap()
+        laned.flush();
+        serde_json::to_string(&laned.snapshot()).unwrap()
     };
     let (wall, cpu) = measured;
     let mut hasher = std::hash::DefaultHasher::new();

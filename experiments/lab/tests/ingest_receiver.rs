@@ -242,10 +242,11 @@ fn kept_answer_follows_closing_windows_and_reloads() {
     assert_eq!(status, 404, "{body}");
 }
 
-/// `--ingest-threads 3` (groups over three shards, requests decoded outside
-/// the lock) answers every query as one thread does, byte for byte.
+/// `--ingest-threads 3` (three lanes; the requests, one after another, land
+/// on whichever lane is free) answers every query as one thread does, byte for
+/// byte, open windows included.
 #[test]
-fn sharded_receiver_answers_as_one_thread() {
+fn laned_receiver_answers_as_one_thread() {
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.toml");
     std::fs::write(

@@ -179,12 +179,11 @@ pub struct ServeArgs {
     /// Largest accepted request body, compressed and decoded, in bytes (receiver only).
     #[arg(long, default_value_t = 32 << 20, conflicts_with_all = ["store", "scenario"])]
     pub max_body_bytes: usize,
-    /// Receiver: threads that apply a request at once, its groups split among
-    /// them; 1 is the one-thread ingester. Sharding needs `series-cache` and
-    /// `batch-routing`: without them the receiver runs one thread. Not yet the
-    /// default: on 2 cores it gave 1.23× the throughput at saturation for
-    /// about 25 % more CPU a sample (strategies/README.md, "across cores").
-    #[arg(long, default_value_t = 1, conflicts_with_all = ["store", "scenario"])]
+    /// Receiver: lanes that take requests at once, each a whole ingester
+    /// (its own series cache and open windows; closing windows are merged
+    /// exactly), so N connections ingest on N cores. 0: one per core this
+    /// process may use. Each lane holds up to the limits below.
+    #[arg(long, default_value_t = 0, conflicts_with_all = ["store", "scenario"])]
     pub ingest_threads: usize,
     /// Receiver: more samples than this in one request is a 413.
     #[arg(long, default_value_t = Limits::serving().max_samples_per_request, conflicts_with_all = ["store", "scenario"])]

@@ -24,13 +24,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use promlab::ingest::pipeline::{CacheStats, IngestError, Ingester, Limits};
+use promlab::ingest::lanes::{LanedIngester, MAX_LANES};
+use promlab::ingest::pipeline::{IngestError, Ingester, Limits};
 use promlab::ingest::plan::Plan;
-use promlab::ingest::plan::PlanGeneration;
-use promlab::ingest::seams::Decode;
-use promlab::ingest::sharded::{Decoder, ShardedIngester};
-use promlab::ingest::window::{Held, Stats};
-use promlab::strategy::Strategy;
+use promlab::ingest::window::Stats;
 // Parsed here by axum's `Query` (serde_urlencoded), as the fuzz target parses it.
 use promlab::ingest::query::QuantileParams;
 use promlab::ingest::window::closed_windows_generation;
@@ -44,73 +41,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// What the receiver asks of its ingester, one-threaded or sharded.
-pub trait Engine: Send {
-    fn query_json(&self, aggregation: &str, window: Option<i64>, out: &mut Vec<u8>) -> bool;
-    fn set_plan(&mut self, plan: Plan);
-    fn plan(&self) -> &PlanGeneration;
-    fn totals(&self) -> Stats;
-    fn cache_stats(&self) -> CacheStats;
-    fn footprint(&self) -> (usize, usize);
-    fn held(&self) -> Held;
-    fn limits(&self) -> &Limits;
-    /// `Some` for a sharded ingester: requests are decoded before its lock is taken.
-    fn sharded(&mut self) -> Option<&mut ShardedIngester>;
-    fn one(&mut self) -> Option<&mut Ingester>;
-}
-
-macro_rules! engine {
-    ($t:ty, $sharded:expr, $one:expr) => {
-        impl Engine for $t {
-            fn query_json(
-                &self,
-                aggregation: &str,
-                window: Option<i64>,
-                out: &mut Vec<u8>,
-            ) -> bool {
-                <$t>::query_json(self, aggregation, window, out)
-            }
-            fn set_plan(&mut self, plan: Plan) {
-                <$t>::set_plan(self, plan)
-            }
-            fn plan(&self) -> &PlanGeneration {
-                <$t>::plan(self)
-            }
-            fn totals(&self) -> Stats {
-                <$t>::totals(self)
-            }
-            fn cache_stats(&self) -> CacheStats {
-                <$t>::cache_stats(self)
-            }
-            fn footprint(&self) -> (usize, usize) {
-                <$t>::footprint(self)
-            }
-            fn held(&self) -> Held {
-                <$t>::held(self)
-            }
-            fn limits(&self) -> &Limits {
-                <$t>::limits(self)
-            }
-            fn sharded(&mut self) -> Option<&mut ShardedIngester> {
-                #[allow(clippy::redundant_closure_call)]
-                ($sharded)(self)
-            }
-            fn one(&mut self) -> Option<&mut Ingester> {
-                #[allow(clippy::redundant_closure_call)]
-                ($one)(self)
-            }
-        }
-    };
-}
-
-engine!(Ingester, |_| None, Some);
-engine!(ShardedIngester, Some, |_| None);
-
 /// The receiver's shared state.
 pub struct Receiver {
-    pub ingester: Mutex<Box<dyn Engine>>,
-    /// The sharded ingester's decode seam and bound (decoding happens outside the lock).
-    decode_outside: Option<(Decode, usize)>,
+    /// One lane per `--ingest-threads` (each request on a free one).
+    pub ingester: LanedIngester,
     plan_path: Option<PathBuf>,
     max_body_bytes: usize,
     /// Requests answered, by status class.
@@ -155,28 +89,15 @@ impl KeptAnswers {
 const STATUSES: [u16; 5] = [204, 400, 413, 415, 500];
 
 impl Receiver {
-    /// `ingester` as given (its limits included: [`Limits::serving`] for `promlab serve`).
-    pub fn new(ingester: Ingester, plan_path: Option<PathBuf>, max_body_bytes: usize) -> Arc<Self> {
-        Arc::new(Receiver {
-            ingester: Mutex::new(Box::new(ingester.with_max_decoded(max_body_bytes))),
-            decode_outside: None,
-            plan_path,
-            max_body_bytes,
-            status_counts: Default::default(),
-            answers: KeptAnswers::default(),
-        })
-    }
-
-    /// A sharded ingester: requests decode on their own threads, then apply on all shards.
-    pub fn sharded(
-        ingester: ShardedIngester,
+    /// `ingester` as given (its limits and decode bound included:
+    /// [`Limits::serving`] for `promlab serve`).
+    pub fn new(
+        ingester: LanedIngester,
         plan_path: Option<PathBuf>,
         max_body_bytes: usize,
     ) -> Arc<Self> {
-        let ingester = ingester.with_max_decoded(max_body_bytes);
         Arc::new(Receiver {
-            decode_outside: Some((ingester.decode_seam(), max_body_bytes)),
-            ingester: Mutex::new(Box::new(ingester)),
+            ingester,
             plan_path,
             max_body_bytes,
             status_counts: Default::default(),
@@ -188,11 +109,6 @@ impl Receiver {
         if let Some(i) = STATUSES.iter().position(|&s| s == status.as_u16()) {
             self.status_counts[i].fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn Engine>> {
-        // A panic while holding the lock would be a bug; the state is still usable.
-        self.ingester.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -221,34 +137,28 @@ pub struct ReceiverConfig {
     pub limits: Limits,
     /// What a client may hold of the server.
     pub server: super::ServerLimits,
-    /// Threads applying a request at once (groups split among them); 1: one thread.
+    /// Lanes: requests ingesting at once, each on a whole ingester; 0: one per core.
     pub ingest_threads: usize,
 }
 
 /// Runs the receiver until Ctrl-C or SIGTERM (blocking; builds its own runtime).
 pub fn serve(config: ReceiverConfig) -> Result<()> {
     let plan = Plan::load_or_default(config.plan.as_deref())?;
-    // Shards need each series' destinations once (the cache) and per-destination runs.
-    let can_shard = config.strategies.contains(Strategy::SeriesCache)
-        && config.strategies.contains(Strategy::BatchRouting);
-    let threads = if can_shard {
-        config.ingest_threads.max(1)
-    } else {
-        1
+    let threads = match config.ingest_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .clamp(1, MAX_LANES);
+    let lane = || {
+        Ingester::new(plan.clone(), config.strategies)
+            .with_limits(config.limits)
+            .with_max_decoded(config.max_body_bytes)
     };
-    let receiver = if threads > 1 {
-        Receiver::sharded(
-            ShardedIngester::new(plan, config.strategies, threads).with_limits(config.limits),
-            config.plan.clone(),
-            config.max_body_bytes,
-        )
-    } else {
-        Receiver::new(
-            Ingester::new(plan, config.strategies).with_limits(config.limits),
-            config.plan.clone(),
-            config.max_body_bytes,
-        )
-    };
+    let receiver = Receiver::new(
+        LanedIngester::new(threads, lane),
+        config.plan.clone(),
+        config.max_body_bytes,
+    );
     let strategies = config.strategies;
     super::run(
         config.listen,
@@ -301,8 +211,6 @@ fn check_content_type(content_type: &str) -> Result<(), String> {
 thread_local! {
     /// Each worker thread's decompression buffer, reused across requests.
     static DECOMPRESSED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    /// The same for a sharded ingester, which decodes outside its lock too.
-    static DECODER: RefCell<Decoder> = RefCell::new(Decoder::default());
 }
 
 async fn write(State(rx): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -350,32 +258,13 @@ fn write_inner(rx: &Receiver, headers: &HeaderMap, body: &[u8]) -> (StatusCode, 
             ),
         );
     }
-    let result: Result<Stats, IngestError> = match rx.decode_outside {
-        // Decode outside the ingester's lock (requests of several connections
-        // at once); the shards apply it together.
-        Some((decode, max)) => DECODER.with_borrow_mut(|decoder| {
-            decoder
-                .decode(decode, max, body, |batch| {
-                    let mut engine = rx.lock();
-                    let sharded = engine
-                        .sharded()
-                        .expect("decode_outside is set for a sharded ingester");
-                    sharded.apply(batch)
-                })
-                .and_then(|r| r)
-        }),
-        None => DECOMPRESSED.with_borrow_mut(|raw| {
-            // Decompress outside the ingester's lock; only the update is serialized.
-            match wire::decompress_reusing(body, rx.max_body_bytes, raw) {
-                Ok(decoded) => {
-                    let mut engine = rx.lock();
-                    let one = engine.one().expect("no decode_outside: one ingester");
-                    one.handle_decoded(decoded)
-                }
-                Err(e) => Err(e.into()),
-            }
-        }),
-    };
+    // Decompressed outside the lanes' locks; a free lane applies it.
+    let result: Result<Stats, IngestError> = DECOMPRESSED.with_borrow_mut(|raw| {
+        match wire::decompress_reusing(body, rx.max_body_bytes, raw) {
+            Ok(decoded) => rx.ingester.handle_decoded(decoded),
+            Err(e) => Err(e.into()),
+        }
+    });
     match result {
         Ok(_) => (StatusCode::NO_CONTENT, String::new()),
         Err(e) => (
@@ -397,12 +286,12 @@ async fn quantiles(
         }
     }
     let agg = params.agg.clone();
-    // Computing an answer takes up to milliseconds and the ingester's lock.
+    // Computing an answer takes up to milliseconds and the home lane's lock.
     let answer = off_the_runtime(move || {
         let mut json = Vec::new();
-        let ingester = rx.lock();
+        // Taken before the answer: the answer is at least as new as its stamp.
         let generation = closed_windows_generation();
-        if !ingester.query_json(&agg, params.window, &mut json) {
+        if !rx.ingester.query_json(&agg, params.window, &mut json) {
             return None;
         }
         let json = Bytes::from(json);
@@ -428,11 +317,11 @@ async fn reload(State(rx): State<Arc<Receiver>>) -> Response {
     };
     match Plan::load(&path) {
         Ok(plan) => {
-            let mut ingester = rx.lock();
+            let ingester = &rx.ingester;
             ingester.set_plan(plan);
             // An aggregation the plan dropped has no answer now.
             rx.answers.clear();
-            format!("plan generation {}\n", ingester.plan().generation).into_response()
+            format!("plan generation {}\n", ingester.generation()).into_response()
         }
         Err(e) => (StatusCode::BAD_REQUEST, format!("{e:#}\n")).into_response(),
     }
@@ -441,14 +330,14 @@ async fn reload(State(rx): State<Arc<Receiver>>) -> Response {
 async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
     let receiver = Arc::clone(&rx);
     let (totals, cache, generation, footprint, held, limits) = off_the_runtime(move || {
-        let ingester = receiver.lock();
+        let ingester = &receiver.ingester;
         (
             ingester.totals(),
             ingester.cache_stats(),
-            ingester.plan().generation,
+            ingester.generation(),
             ingester.footprint(),
             ingester.held(),
-            *ingester.limits(),
+            ingester.limits(),
         )
     })
     .await;

@@ -1,0 +1,238 @@
+//! The laned ingester (issue 15, item 3) on the 27 real Prometheus requests,
+//! fed from several threads at once, and under the receiver's limits. (Random
+//! request sequences against the one ingester: `tests/ingest_equivalence.rs`,
+//! `laned_ingester_agrees_with_one*`.)
+
+use promlab::ingest::feed::FeedWorkload;
+use promlab::ingest::lanes::LanedIngester;
+use promlab::ingest::pipeline::{Ingester, Limits};
+use promlab::ingest::plan::{Aggregation, Plan};
+use promlab::ingest::window::{Capacity, Stats};
+use promlab::ingest::wire::{self, WriteRequest};
+use promlab::strategy::StrategySet;
+use prost::Message;
+use std::path::PathBuf;
+#[path = "common/remote_write.rs"]
+mod remote_write;
+use remote_write::body;
+
+fn capture_bodies() -> Vec<Vec<u8>> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/remote-write/prometheus-2.42");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "bin"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 27);
+    files.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+/// Per metric name: all its series (10 s windows), and grouped by its first
+/// series' labels (30 s windows): hundreds of groups over the shards.
+fn captures_plan(bodies: &[Vec<u8>], keep_windows: usize) -> Plan {
+    let mut aggregations = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for body in bodies {
+        let mut raw = Vec::new();
+        wire::decompress(body, 64 << 20, &mut raw).unwrap();
+        let request = WriteRequest::decode(&raw[..]).unwrap();
+        for series in &request.timeseries {
+            let name = &series
+                .labels
+                .iter()
+                .find(|l| l.name == "__name__")
+                .unwrap()
+                .value;
+            if !seen.insert(name.clone()) {
+                continue;
+            }
+            let agg = |id: String, group_by: Vec<String>, window_secs| Aggregation {
+                id,
+                metric: name.clone(),
+                matchers: Default::default(),
+                group_by,
+                window_secs,
+                relative_accuracy: 0.01,
+                quantiles: vec![0.0, 0.5, 0.9, 0.99, 1.0],
+            };
+            aggregations.push(agg(name.clone(), Vec::new(), 10));
+            let by = series
+                .labels
+                .iter()
+                .map(|l| l.name.clone())
+                .filter(|n| n != "__name__")
+                .collect();
+            aggregations.push(agg(format!("{name}/by"), by, 30));
+        }
+    }
+    Plan {
+        lateness_secs: 5,
+        keep_windows,
+        aggregations,
+    }
+}
+
+#[test]
+fn prometheus_captures_give_the_one_ingesters_answers() {
+    let bodies = capture_bodies();
+    for keep in [1, 1 << 20] {
+        let plan = captures_plan(&bodies, keep);
+        for set in [StrategySet::all(), StrategySet::NONE] {
+            let mut one = Ingester::new(plan.clone(), set);
+            let stats: Vec<Stats> = bodies.iter().map(|b| one.handle(b).unwrap()).collect();
+            assert!(one.totals().accepted > 10_000, "{:?}", one.totals());
+            for lanes in 1..=4 {
+                let laned = LanedIngester::with_plan(lanes, &plan, set);
+                for (r, (body, expected)) in bodies.iter().zip(&stats).enumerate() {
+                    let got = laned.handle_on(r, body).unwrap();
+                    assert_eq!(&got, expected, "{lanes} lanes");
+                }
+                assert_eq!(laned.snapshot(), one.snapshot(), "{lanes} lanes, {set}");
+                for agg in &plan.aggregations {
+                    let (mut got, mut expected) = (Vec::new(), Vec::new());
+                    assert!(laned.query_json(&agg.id, None, &mut got));
+                    assert!(one.query_json(&agg.id, None, &mut expected));
+                    assert_eq!(got, expected, "{} with {lanes} lanes", agg.id);
+                }
+                assert_eq!(laned.watermark(), one.watermark());
+                assert_eq!(laned.totals(), one.totals());
+            }
+        }
+    }
+}
+
+/// The injected clock: 2026-12-01T00:00:00Z.
+const NOW: i64 = 1_796_083_200_000;
+
+fn fixed_clock() -> i64 {
+    NOW
+}
+
+fn limits(capacity: Capacity) -> Limits {
+    Limits {
+        clock: fixed_clock,
+        capacity,
+        ..Limits::serving()
+    }
+}
+
+/// With limits: each lane holds up to them, every (sample, aggregation) pair
+/// is accepted or counted as dropped, and one lane is the one ingester
+/// exactly, drops included.
+#[test]
+fn limits_hold_on_every_lane_and_every_drop_is_counted() {
+    let capacity = Capacity {
+        groups: 40,
+        group_bytes: usize::MAX,
+        pane_slots: 100,
+        bins: 2_000,
+    };
+    let requests: Vec<Vec<u8>> = (0..6)
+        .map(|r| {
+            let groups: Vec<String> = (0..80).map(|g| format!("g{g}")).collect();
+            let samples: Vec<(&str, i64, f64)> = (0..80)
+                .map(|g| {
+                    let ts = NOW - 300_000 + r * 60_000 + g as i64;
+                    (groups[g].as_str(), ts, 1.5f64.powi((g % 40) as i32))
+                })
+                .chain([("far", NOW + 3_600_000, 1.0), ("nan", NOW, f64::NAN)])
+                .collect();
+            body(&samples)
+        })
+        .collect();
+    let mut one = Ingester::new(Plan::default(), StrategySet::all()).with_limits(limits(capacity));
+    for lanes in 1..=4 {
+        let laned = LanedIngester::new(lanes, || {
+            Ingester::new(Plan::default(), StrategySet::all()).with_limits(limits(capacity))
+        });
+        for (r, request) in requests.iter().enumerate() {
+            let stats = laned.handle_on(r, request).unwrap();
+            let dropped = stats.over_group_limit + stats.over_pane_limit + stats.over_bin_limit;
+            assert_eq!(
+                stats.accepted + stats.late + dropped,
+                80,
+                "{lanes}: {stats:?}"
+            );
+            assert_eq!((stats.too_far_ahead, stats.rejected), (1, 1), "{lanes}");
+            let held = laned.held();
+            assert!(held.groups <= lanes * capacity.groups, "{lanes}: {held:?}");
+            assert!(
+                held.pane_slots <= lanes * capacity.pane_slots,
+                "{lanes}: {held:?}"
+            );
+            assert!(held.bins <= lanes * 2 * capacity.bins, "{lanes}: {held:?}");
+            if lanes == 1 {
+                assert_eq!(stats, one.handle(request).unwrap(), "request {r}");
+            }
+        }
+        assert!(laned.totals().over_group_limit > 0, "{lanes}");
+        if lanes == 1 {
+            assert_eq!(laned.snapshot(), one.snapshot());
+        }
+    }
+}
+
+#[test]
+fn too_many_samples_are_refused_whole_and_bad_bodies_change_nothing() {
+    let laned = LanedIngester::new(3, || {
+        Ingester::new(Plan::default(), StrategySet::all()).with_limits(Limits {
+            max_samples_per_request: 10,
+            ..limits(Capacity::UNBOUNDED)
+        })
+    });
+    let groups: Vec<String> = (0..11).map(|g| format!("g{g}")).collect();
+    let big: Vec<(&str, i64, f64)> = groups.iter().map(|g| (g.as_str(), NOW, 1.0)).collect();
+    let e = laned.handle(&body(&big)).unwrap_err();
+    assert_eq!(e.status(), 413);
+    assert_eq!(laned.handle(b"not snappy").unwrap_err().status(), 400);
+    assert_eq!(laned.totals(), Stats::default());
+    assert_eq!(laned.held().groups, 0);
+    let stats = laned.handle(&body(&big[..10])).unwrap();
+    assert_eq!(stats.accepted, 10);
+}
+
+/// Requests fed by several threads at once, each tick's requests racing (its
+/// samples within the lateness of each other) and windows closing meanwhile:
+/// every pane and answer is the one ingester's, fed in order.
+#[test]
+fn threads_feeding_at_once_give_the_one_ingesters_panes() {
+    let workload = FeedWorkload {
+        groups: 40,
+        series_per_group: 25,
+        batch_rows: 100,
+        ..FeedWorkload::seed(1_700_000_000_000)
+    };
+    let generator = workload.generator();
+    let ticks: Vec<Vec<Vec<u8>>> = (0..150).map(|t| generator.tick_bodies(t)).collect();
+    for set in [StrategySet::all(), StrategySet::NONE] {
+        let mut one = Ingester::new(Plan::default(), set);
+        for body in ticks.iter().flatten() {
+            one.handle(body).unwrap();
+        }
+        for lanes in [2, 3] {
+            let laned = LanedIngester::with_plan(lanes, &Plan::default(), set);
+            for tick in &ticks {
+                let next = std::sync::atomic::AtomicUsize::new(0);
+                std::thread::scope(|s| {
+                    for _ in 0..lanes {
+                        s.spawn(|| {
+                            while let Some(body) =
+                                tick.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                            {
+                                laned.handle(body).unwrap();
+                            }
+                        });
+                    }
+                });
+            }
+            assert_eq!(laned.totals(), one.totals(), "{lanes} lanes, {set}");
+            assert_eq!(laned.snapshot(), one.snapshot(), "{lanes} lanes, {set}");
+            let (mut got, mut expected) = (Vec::new(), Vec::new());
+            assert!(laned.query_json("data", None, &mut got));
+            assert!(one.query_json("data", None, &mut expected));
+            assert_eq!(got, expected, "{lanes} lanes, {set}");
+        }
+    }
+}
