@@ -4,11 +4,12 @@
 //! `promlab feed` (1,000 groups × 100 series at 1 sample/s = 1e5 samples/s;
 //! the first tick meets every series for the first time), then feed `SECS`
 //! more ticks, and read the receiver's user+system CPU time from /proc before
-//! and after them, and its peak RSS.
+//! and after them, and its peak RSS. `--ingest-threads N` is passed to the
+//! receiver (default: its own, one lane per core).
 //!
 //! ```text
 //! cargo build --release && cargo run --release --example ingest_cpu -- \
-//!     target/release/promlab 30 none all borrowed-decode series-cache batch-routing bulk-sketch
+//!     target/release/promlab 30 [--ingest-threads N] none all borrowed-decode series-cache batch-routing bulk-sketch
 //! ```
 
 use promlab_lab::machine::ProcessStats;
@@ -17,9 +18,13 @@ use std::process::{Command, Stdio};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [bin, secs, sets @ ..] = &args[..] else {
-        eprintln!("usage: ingest_cpu PROMLAB_BIN SECS STRATEGIES...");
+    let [bin, secs, rest @ ..] = &args[..] else {
+        eprintln!("usage: ingest_cpu PROMLAB_BIN SECS [--ingest-threads N] STRATEGIES...");
         std::process::exit(2);
+    };
+    let (lanes, sets) = match rest {
+        [flag, n, sets @ ..] if flag == "--ingest-threads" => (&n[..], sets),
+        sets => ("0", sets),
     };
     let secs: u64 = secs.parse().expect("SECS");
     println!(
@@ -29,6 +34,7 @@ fn main() {
     for set in sets {
         let mut server = Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0", "--strategies", set])
+            .args(["--ingest-threads", lanes])
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn promlab serve");
