@@ -2,15 +2,15 @@
 //! ahead of the clock, a cardinality attack, slow clients, SIGTERM with
 //! half-open clients. Loopback only; every wait bounded.
 
-use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WriteRequest};
 use promlab_lab::machine::ProcessStats;
-use prost::Message;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::{http, Served};
 
+#[path = "../../../tests/common/remote_write.rs"]
+mod remote_write;
 mod support;
 
 /// `promlab serve ARGS` on a free loopback port, optionally with an open-file
@@ -57,26 +57,12 @@ const REMOTE_WRITE: [(&str, &str); 2] = [
 
 /// A request of `data` series, one per (group, timestamp, value).
 fn request(samples: impl IntoIterator<Item = (String, i64, f64)>) -> Vec<u8> {
-    let req = WriteRequest {
-        timeseries: samples
-            .into_iter()
-            .map(|(group, timestamp, value)| TimeSeries {
-                labels: vec![
-                    Label {
-                        name: "__name__".into(),
-                        value: "data".into(),
-                    },
-                    Label {
-                        name: "label_0".into(),
-                        value: group,
-                    },
-                ],
-                samples: vec![Sample { value, timestamp }],
-            })
-            .collect(),
-        metadata: vec![],
-    };
-    wire::compress(&req.encode_to_vec())
+    let samples: Vec<(String, i64, f64)> = samples.into_iter().collect();
+    let borrowed: Vec<(&str, i64, f64)> = samples
+        .iter()
+        .map(|(g, t, v)| (g.as_str(), *t, *v))
+        .collect();
+    remote_write::body(&borrowed)
 }
 
 fn now_ms() -> i64 {
