@@ -53,7 +53,9 @@ pub struct Receiver {
     answers: KeptAnswers,
     /// Request buffers kept for the next requests (see [`RequestBuffers`]).
     spare_buffers: Mutex<Vec<RequestBuffers>>,
-    /// How many of them are kept: one per lane.
+    /// How many of them are kept: one per lane, and one for a request
+    /// reading its body while every lane is busy (with fewer, each tick of a
+    /// two-connection sender on one lane allocated and zeroed a fresh 3.6 MB).
     spare_limit: usize,
 }
 
@@ -120,7 +122,7 @@ impl Receiver {
             status_counts: Default::default(),
             answers: KeptAnswers::default(),
             spare_buffers: Mutex::new(Vec::new()),
-            spare_limit: ingester.lanes(),
+            spare_limit: ingester.lanes() + 1,
             ingester,
         })
     }
@@ -130,8 +132,8 @@ impl Receiver {
         spare.pop().unwrap_or_default()
     }
 
-    /// Keeps `buffers` for a later request, up to one set per lane, each
-    /// buffer only up to [`KEEP_BUFFER_BYTES`]: at most `lanes × 16 MiB` held.
+    /// Keeps `buffers` for a later request, up to `lanes + 1` sets, each
+    /// buffer only up to [`KEEP_BUFFER_BYTES`]: at most `(lanes + 1) × 16 MiB` held.
     fn give_back(&self, mut buffers: RequestBuffers) {
         for buf in [&mut buffers.body, &mut buffers.decoded] {
             if buf.capacity() > KEEP_BUFFER_BYTES {
@@ -684,19 +686,19 @@ mod tests {
         assert_eq!(buf.capacity(), 0);
     }
 
-    /// Kept buffers are bounded: one set per lane, none past `KEEP_BUFFER_BYTES`.
+    /// Kept buffers are bounded: one set per lane and one more, none past `KEEP_BUFFER_BYTES`.
     #[test]
     fn kept_buffers_are_one_set_a_lane_and_bounded_in_size() {
         let lane = || Ingester::new(Plan::default(), StrategySet::all());
         let rx = Receiver::new(LanedIngester::new(2, lane), None, 64 << 20);
-        let mut sets: Vec<RequestBuffers> = (0..3).map(|_| rx.take_buffers()).collect();
+        let mut sets: Vec<RequestBuffers> = (0..4).map(|_| rx.take_buffers()).collect();
         sets[0].body = Vec::with_capacity(KEEP_BUFFER_BYTES + 1);
         sets[0].decoded = vec![7; 1000];
         for set in sets {
             rx.give_back(set);
         }
         let spare = rx.spare_buffers.lock().unwrap();
-        assert_eq!(spare.len(), 2);
+        assert_eq!(spare.len(), 3);
         assert_eq!(spare[0].body.capacity(), 0, "too large to keep");
         assert!(spare[0].decoded.is_empty() && spare[0].decoded.capacity() >= 1000);
     }
