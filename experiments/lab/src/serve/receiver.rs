@@ -327,7 +327,6 @@ fn write_inner(
     headers: &HeaderMap,
     buffers: &mut RequestBuffers,
 ) -> (StatusCode, String) {
-    let body = &buffers.body[..];
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -343,19 +342,10 @@ fn write_inner(
             );
         }
     }
-    if body.len() > rx.max_body_bytes {
-        return (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "body of {} bytes exceeds {}\n",
-                body.len(),
-                rx.max_body_bytes
-            ),
-        );
-    }
+    // The body is within `--max-body-bytes` (`read_body` refused it otherwise).
     // Decompressed outside the lanes' locks; a free lane applies it.
     let result: Result<Stats, IngestError> =
-        match wire::decompress_reusing(body, rx.max_body_bytes, &mut buffers.decoded) {
+        match wire::decompress_reusing(&buffers.body, rx.max_body_bytes, &mut buffers.decoded) {
             Ok(decoded) => rx.ingester.handle_decoded(decoded),
             Err(e) => Err(e.into()),
         };
