@@ -1,0 +1,503 @@
+//! The bin semantics: what a pane's sketch holds, what a closed window keeps
+//! of it per group, and what it hands out (to a query, to another receiver's
+//! merge, to a distributed store).
+//!
+//! **Bins.** For relative accuracy α, `γ = (1 + α) / (1 − α)`. A value `v`
+//! with `|v|` a normal f64 (`|v| ≥ 2.2250738585072014e-308`) is counted in bin
+//! `k = floor(ln|v| / ln γ)` of its sign's store (positive or negative), which
+//! holds `[γ^k, γ^(k+1))`; the keys are `sketches_ddsketch::Config::key`'s.
+//! Values with `|v| ≤` [`ZERO_THRESHOLD`] — `±0` and the subnormals — are
+//! counted as zeros. NaN and ±∞ are never added (the ingester rejects them,
+//! counted; Prometheus stale markers are skipped, counted).
+//!
+//! **No collapse.** A store may hold every key of the normal range
+//! ([`sketch_config`]: `max_num_bins` is that range's key span, 70,907 for
+//! α = 0.01), so neither the crate's store nor ours ever merges its lowest
+//! bins: every quantile of every value the receiver accepts is within α
+//! (below). What bounds memory is the receiver's bin budget (`--max-bins`),
+//! which refuses — counted, and flagged in the answer — a value whose bins it
+//! cannot afford; it never folds bins together.
+//!
+//! **Quantile** (the crate's definition, step for step): for `n` values and
+//! `0 < q < 1`, rank `floor(q · (n − 1))` (0-based) over the negative bins
+//! from the largest magnitude down, then the zeros, then the positive bins
+//! upwards; the answer is the bin's value `γ^k · (1 + α)` (`Config::value`),
+//! negated for a negative bin, `0.0` for a zero — capped at `±f64::MAX`, which
+//! only the topmost bin's value can pass and which is then nearer the exact
+//! value than `γ^k · (1 + α)`. `q = 0` and `q = 1` answer the exact minimum and
+//! maximum. **Guarantee:** for the value `x` at that rank, `|answer − x| ≤
+//! α·|x|` when `|x|` is normal, and `answer = 0` when `|x| ≤ ZERO_THRESHOLD`
+//! (an absolute error under 2.3e-308: no relative guarantee is possible
+//! there, a subnormal has fewer significant bits than α needs).
+//!
+//! **What a closed window keeps per group: [`PaneBins`]** — the non-empty bins
+//! of each sign as (key → count), the zero count, the count, the exact min and
+//! max, and `dropped`: the group's samples of that window the receiver refused
+//! past a limit (they are in no bin; an answer with `dropped > 0` says so).
+//! Both sketch seams (the crate's `DDSketch` and `bulk-sketch`'s
+//! [`BulkSketch`](super::sketch::BulkSketch)) hand out the same `PaneBins`
+//! for the same values, in any order (property-tested), and
+//! [`PaneBins::quantile`] answers what either sketch answers, bit for bit.
+//!
+//! **Merging is exact:** [`PaneBins::merge`] adds counts key by key and zero
+//! counts, and keeps the smaller min and the larger max — the `PaneBins` of one
+//! sketch fed both streams, so N receivers (or lanes) each holding part of a
+//! group's samples answer exactly as one. The one exception is which of two
+//! equal extremes is kept (`0.0` and `-0.0`): the merged-into pane's, where
+//! one sketch keeps the first it was fed.
+//!
+//! **Cost** ([`PaneBins::cost`], in bins of 8 bytes, what the budget counts):
+//! the counts stored plus one per run of keys (a run is a stretch of keys
+//! stored with its start; single empty keys inside a run are stored as zeros,
+//! longer gaps start a new run). A merge costs at most what its two inputs
+//! did, and a pane's bins cost at most what its open sketch was counted
+//! ([`PaneSketch::bins_len`](super::sketch::PaneSketch::bins_len): its dense
+//! stores plus two), so closing a window and merging lanes never needs more
+//! of the budget than it frees.
+
+use sketches_ddsketch::{Config, DDSketch};
+
+/// The largest subnormal f64: values with `|v|` at most this count as zeros.
+pub const ZERO_THRESHOLD: f64 = f64::from_bits(0x000f_ffff_ffff_ffff);
+
+/// The key span of the normal range at accuracy `alpha`: the bins a store
+/// needs to hold every key from `f64::MIN_POSITIVE` to `f64::MAX`.
+pub fn normal_range_bins(alpha: f64) -> u32 {
+    let config = Config::new(alpha, 1, ZERO_THRESHOLD);
+    let span = i64::from(config.key(f64::MAX)) - i64::from(config.key(f64::MIN_POSITIVE)) + 1;
+    u32::try_from(span).unwrap_or(u32::MAX)
+}
+
+/// The sketch configuration of a pane at accuracy `alpha`: the zero bucket
+/// holds `±0` and the subnormals, and the bin limit is the normal range's key
+/// span, so a store never collapses.
+pub fn sketch_config(alpha: f64) -> Config {
+    Config::new(alpha, normal_range_bins(alpha), ZERO_THRESHOLD)
+}
+
+/// The value a quantile in bin `key` answers (magnitude): `Config::value`,
+/// capped at `f64::MAX` (only the topmost bin's value can pass it).
+#[inline]
+pub fn bin_value(config: &Config, key: i32) -> f64 {
+    config.value(key).min(f64::MAX)
+}
+
+/// One sign's bins: keys ascending with their counts, stored as runs of
+/// consecutive keys (see the module doc's cost).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bins {
+    /// (first key, number of keys) of each run, ascending and apart by two or more.
+    runs: Vec<(i32, u32)>,
+    /// The counts of every run, back to back (zero for a key inside a run that holds none).
+    counts: Vec<u64>,
+    total: u64,
+}
+
+impl Bins {
+    /// Bins of (key, count) pairs given with strictly ascending keys; zero counts are skipped.
+    pub fn from_sorted(pairs: impl IntoIterator<Item = (i32, u64)>) -> Bins {
+        let mut bins = Bins::default();
+        for (key, count) in pairs {
+            bins.push(key, count);
+        }
+        bins
+    }
+
+    /// Appends `count` at `key`, above every key held.
+    fn push(&mut self, key: i32, count: u64) {
+        if count == 0 {
+            return;
+        }
+        self.total += count;
+        if let Some((start, len)) = self.runs.last_mut() {
+            let end = i64::from(*start) + i64::from(*len);
+            debug_assert!(i64::from(key) >= end, "keys ascending");
+            // One empty key between: a stored zero costs what a new run would.
+            if i64::from(key) <= end + 1 {
+                if i64::from(key) == end + 1 {
+                    self.counts.push(0);
+                    *len += 1;
+                }
+                self.counts.push(count);
+                *len += 1;
+                return;
+            }
+        }
+        self.runs.push((key, 1));
+        self.counts.push(count);
+    }
+
+    /// The (key, count) of every non-empty bin, keys ascending.
+    pub fn iter(&self) -> impl Iterator<Item = (i32, u64)> + '_ {
+        let mut at = 0;
+        self.runs.iter().flat_map(move |&(start, len)| {
+            let counts = &self.counts[at..at + len as usize];
+            at += len as usize;
+            counts
+                .iter()
+                .enumerate()
+                .filter(|(_, &c)| c > 0)
+                .map(move |(i, &c)| (start + i as i32, c))
+        })
+    }
+
+    /// Values counted.
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Bins (8 bytes each) held: the counts and one per run.
+    pub fn cost(&self) -> usize {
+        self.counts.len() + self.runs.len()
+    }
+
+    /// The bins of both, counts added key by key.
+    pub fn merged(&self, other: &Bins) -> Bins {
+        let (mut a, mut b) = (self.iter().peekable(), other.iter().peekable());
+        let mut out = Bins::default();
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some(&(ka, ca)), Some(&(kb, cb))) => {
+                    if ka < kb {
+                        a.next();
+                        (ka, ca)
+                    } else if kb < ka {
+                        b.next();
+                        (kb, cb)
+                    } else {
+                        a.next();
+                        b.next();
+                        (ka, ca + cb)
+                    }
+                }
+                (Some(_), None) => a.next().expect("peeked"),
+                (None, Some(_)) => b.next().expect("peeked"),
+                (None, None) => break,
+            };
+            out.push(next.0, next.1);
+        }
+        out
+    }
+
+    /// The key of the value at 0-based `rank` in key order (`rank < count`).
+    fn key_at_rank(&self, rank: u64) -> i32 {
+        let mut below = 0;
+        let mut at = 0;
+        for &(start, len) in &self.runs {
+            let counts = &self.counts[at..at + len as usize];
+            at += len as usize;
+            let run_total: u64 = counts.iter().sum();
+            if below + run_total <= rank {
+                below += run_total;
+                continue;
+            }
+            for (i, &c) in counts.iter().enumerate() {
+                below += c;
+                if below > rank {
+                    return start + i as i32;
+                }
+            }
+        }
+        // Unreachable for rank < count; the crate answers its top key there.
+        self.runs
+            .last()
+            .map_or(0, |&(start, len)| start + len as i32 - 1)
+    }
+}
+
+/// A pane's content, exactly (see the module doc): what a closed window keeps
+/// per group and hands out.
+#[derive(Clone, Debug)]
+pub struct PaneBins {
+    /// Bins of the positive values, by key.
+    pub positive: Bins,
+    /// Bins of the negative values, by the key of their magnitude.
+    pub negative: Bins,
+    /// `±0` and subnormal values.
+    pub zero_count: u64,
+    /// The exact extremes (`+∞` and `−∞` while the pane holds nothing).
+    pub min: f64,
+    pub max: f64,
+    /// Samples of this pane refused past a receiver limit (in no bin).
+    pub dropped: u64,
+}
+
+impl Default for PaneBins {
+    fn default() -> Self {
+        PaneBins {
+            positive: Bins::default(),
+            negative: Bins::default(),
+            zero_count: 0,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+            dropped: 0,
+        }
+    }
+}
+
+/// Equal bins, counts and dropped samples, and extremes equal bit for bit.
+impl PartialEq for PaneBins {
+    fn eq(&self, o: &Self) -> bool {
+        self.positive == o.positive
+            && self.negative == o.negative
+            && self.zero_count == o.zero_count
+            && self.min.to_bits() == o.min.to_bits()
+            && self.max.to_bits() == o.max.to_bits()
+            && self.dropped == o.dropped
+    }
+}
+
+impl PaneBins {
+    /// Values counted (not the dropped ones).
+    pub fn count(&self) -> u64 {
+        self.positive.count() + self.negative.count() + self.zero_count
+    }
+
+    /// Bins (8 bytes each) held.
+    pub fn cost(&self) -> usize {
+        self.positive.cost() + self.negative.cost()
+    }
+
+    /// Adds `other`'s values (and dropped samples), as if they had been added
+    /// here: see the module doc.
+    pub fn merge(&mut self, other: &PaneBins) {
+        if !other.positive.is_empty() {
+            self.positive = self.positive.merged(&other.positive);
+        }
+        if !other.negative.is_empty() {
+            self.negative = self.negative.merged(&other.negative);
+        }
+        self.zero_count += other.zero_count;
+        if other.min < self.min {
+            self.min = other.min;
+        }
+        if self.max < other.max {
+            self.max = other.max;
+        }
+        self.dropped += other.dropped;
+    }
+
+    /// The quantile `q` in [0, 1] (see the module doc); `None` when empty or `q` is outside.
+    pub fn quantile(&self, config: &Config, q: f64) -> Option<f64> {
+        let count = self.count();
+        if !(0.0..=1.0).contains(&q) || count == 0 {
+            return None;
+        }
+        if q == 0.0 {
+            return Some(self.min);
+        } else if q == 1.0 {
+            return Some(self.max);
+        }
+        let rank = (q * (count as f64 - 1.0)) as u64;
+        let negative = self.negative.count();
+        Some(if rank < negative {
+            -bin_value(config, self.negative.key_at_rank(negative - rank - 1))
+        } else if rank < self.zero_count + negative {
+            0.0
+        } else {
+            bin_value(
+                config,
+                self.positive.key_at_rank(rank - self.zero_count - negative),
+            )
+        })
+    }
+
+    /// [`PaneBins::quantile`] of each of `qs` (NaN where `None`), onto `out`.
+    pub fn quantiles_into(&self, config: &Config, qs: &[f64], out: &mut Vec<f64>) {
+        out.extend(
+            qs.iter()
+                .map(|&q| self.quantile(config, q).unwrap_or(f64::NAN)),
+        );
+    }
+
+    /// The bins of the crate's sketch, read from its own encoding (DataDog's
+    /// DDSketch binary format, which lists every non-empty bin).
+    pub fn of_ddsketch(sketch: &DDSketch) -> PaneBins {
+        datadog_format::decode(&sketch.to_java_bytes())
+            .expect("the crate's own encoding of a sketch decodes")
+    }
+}
+
+/// The parts of DataDog's DDSketch binary format (`DDSketchWithExactSummaryStatistics`)
+/// that `DDSketch::to_java_bytes` writes: flag bytes (a 2-bit type, a 6-bit
+/// subflag), var-length integers (7 bits a byte, least significant first,
+/// the 9th byte whole), var-length doubles (the bits of `v + 1` minus those
+/// of `1`, rotated left by 6, 7 bits a byte from the top, the 9th byte whole)
+/// and stores of (index delta, count) pairs.
+mod datadog_format {
+    use super::{Bins, PaneBins};
+
+    const COUNT: u8 = 0xa0;
+    const SUM: u8 = 0x84;
+    const MIN: u8 = 0x88;
+    const MAX: u8 = 0x8c;
+    const ZERO_COUNT: u8 = 0x04;
+    const INDEX_MAPPING_LOG: u8 = 0x02;
+    /// Store flags: type 1 (positive) or 3 (negative), subflag 1 (index deltas and counts).
+    const POSITIVE_STORE: u8 = (1 << 2) | 1;
+    const NEGATIVE_STORE: u8 = (1 << 2) | 3;
+
+    struct Reader<'a>(&'a [u8]);
+
+    impl Reader<'_> {
+        fn byte(&mut self) -> Result<u8, String> {
+            let (&b, rest) = self.0.split_first().ok_or("truncated")?;
+            self.0 = rest;
+            Ok(b)
+        }
+
+        fn f64_le(&mut self) -> Result<f64, String> {
+            let mut bytes = [0u8; 8];
+            for b in &mut bytes {
+                *b = self.byte()?;
+            }
+            Ok(f64::from_le_bytes(bytes))
+        }
+
+        fn var_u64(&mut self) -> Result<u64, String> {
+            let mut value = 0u64;
+            for shift in (0..=56).step_by(7) {
+                let b = self.byte()?;
+                if shift == 56 {
+                    return Ok(value | (u64::from(b) << 56));
+                }
+                value |= u64::from(b & 0x7f) << shift;
+                if b < 0x80 {
+                    return Ok(value);
+                }
+            }
+            unreachable!("the 9th byte returns")
+        }
+
+        fn var_i64(&mut self) -> Result<i64, String> {
+            let zigzag = self.var_u64()?;
+            Ok((zigzag >> 1) as i64 ^ -((zigzag & 1) as i64))
+        }
+
+        fn var_f64(&mut self) -> Result<f64, String> {
+            let mut bits = 0u64;
+            let mut shift = 57i32;
+            loop {
+                let b = self.byte()?;
+                if shift == 1 {
+                    bits |= u64::from(b);
+                    break;
+                }
+                bits |= u64::from(b & 0x7f) << shift;
+                if b < 0x80 {
+                    break;
+                }
+                shift -= 7;
+            }
+            let one = 1.0f64.to_bits();
+            Ok(f64::from_bits(bits.rotate_right(6).wrapping_add(one)) - 1.0)
+        }
+
+        fn count(&mut self) -> Result<u64, String> {
+            let c = self.var_f64()?;
+            if c < 0.0 || c.fract() != 0.0 || c > (1u64 << 53) as f64 {
+                return Err(format!("count {c} is not a whole number"));
+            }
+            Ok(c as u64)
+        }
+
+        fn store(&mut self) -> Result<Bins, String> {
+            let n = self.var_u64()?;
+            let mut key = 0i64;
+            let mut bins = Bins::default();
+            for _ in 0..n {
+                key += self.var_i64()?;
+                let key = i32::try_from(key).map_err(|_| format!("key {key} out of range"))?;
+                bins.push(key, self.count()?);
+            }
+            Ok(bins)
+        }
+    }
+
+    pub(super) fn decode(bytes: &[u8]) -> Result<PaneBins, String> {
+        let mut input = Reader(bytes);
+        let mut pane = PaneBins::default();
+        while !input.0.is_empty() {
+            match input.byte()? {
+                COUNT => {
+                    input.var_f64()?;
+                }
+                SUM => {
+                    input.f64_le()?;
+                }
+                MIN => pane.min = input.f64_le()?,
+                MAX => pane.max = input.f64_le()?,
+                INDEX_MAPPING_LOG => {
+                    input.f64_le()?; // gamma
+                    input.f64_le()?; // index offset
+                }
+                ZERO_COUNT => pane.zero_count = input.count()?,
+                POSITIVE_STORE => pane.positive = input.store()?,
+                NEGATIVE_STORE => pane.negative = input.store()?,
+                other => return Err(format!("unexpected flag byte {other:#04x}")),
+            }
+        }
+        Ok(pane)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_normal_range_fits_in_the_bin_limit() {
+        assert_eq!(normal_range_bins(0.01), 70_907);
+        for alpha in [1e-4, 0.001, 0.01, 0.05, 0.5] {
+            let config = sketch_config(alpha);
+            let span = config.key(f64::MAX) - config.key(f64::MIN_POSITIVE) + 1;
+            assert_eq!(span as u32, config.max_num_bins, "{alpha}");
+            assert!(config.min_possible() < f64::MIN_POSITIVE);
+            assert!(bin_value(&config, config.key(f64::MAX)).is_finite());
+        }
+    }
+
+    #[test]
+    fn runs_store_single_gaps_as_zeros() {
+        let bins = Bins::from_sorted([(1, 2), (2, 1), (4, 5), (9, 1), (10, 0)]);
+        assert_eq!(bins.runs, vec![(1, 4), (9, 1)]);
+        assert_eq!(bins.counts, vec![2, 1, 0, 5, 1]);
+        assert_eq!(bins.cost(), 7);
+        assert_eq!(bins.count(), 9);
+        assert_eq!(
+            bins.iter().collect::<Vec<_>>(),
+            vec![(1, 2), (2, 1), (4, 5), (9, 1)]
+        );
+        assert_eq!(
+            (0..9).map(|r| bins.key_at_rank(r)).collect::<Vec<_>>(),
+            vec![1, 1, 2, 4, 4, 4, 4, 4, 9]
+        );
+    }
+
+    fn pairs() -> impl Strategy<Value = Vec<(i32, u64)>> {
+        prop::collection::btree_map(-40i32..40, 0u64..4, 0..30)
+            .prop_map(|m| m.into_iter().collect())
+    }
+
+    proptest! {
+        /// Merging adds counts key by key and never costs more than its inputs.
+        #[test]
+        fn merged_bins_add_and_cost_no_more(a in pairs(), b in pairs()) {
+            let (x, y) = (Bins::from_sorted(a.clone()), Bins::from_sorted(b.clone()));
+            let merged = x.merged(&y);
+            let mut want = std::collections::BTreeMap::new();
+            for (k, c) in a.into_iter().chain(b) {
+                *want.entry(k).or_insert(0) += c;
+            }
+            want.retain(|_, c| *c > 0);
+            prop_assert_eq!(merged.iter().collect::<Vec<_>>(), want.into_iter().collect::<Vec<_>>());
+            prop_assert!(merged.cost() <= x.cost() + y.cost());
+            prop_assert_eq!(merged.count(), x.count() + y.count());
+        }
+    }
+}
