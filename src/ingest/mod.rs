@@ -10,6 +10,7 @@
 
 pub mod bins;
 pub mod feed;
+pub mod groups;
 pub mod lanes;
 pub mod pipeline;
 pub mod plan;
