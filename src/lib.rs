@@ -21,6 +21,7 @@
 //! so the chain runs end to end (`promlab verify`).
 
 pub mod compare;
+pub mod config_file;
 pub mod export;
 pub mod formenc;
 #[doc(hidden)]

@@ -178,9 +178,11 @@ impl Registry {
         Ok(registry)
     }
 
+    /// Reads and validates a registry file: a regular file of at most
+    /// [`crate::config_file::MAX_BYTES`], opened without blocking (a FIFO is
+    /// an error, not a wait: see [`crate::config_file::read`]).
     pub fn load(path: &Path) -> Result<Registry> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read registry {}", path.display()))?;
+        let text = crate::config_file::read(path, "registry", crate::config_file::MAX_BYTES)?;
         Registry::from_json(&text).with_context(|| format!("registry {}", path.display()))
     }
 

@@ -395,3 +395,25 @@ fn one_outlier_leaves_the_other_quantiles_within_alpha() {
         }
     }
 }
+
+/// Issue 23, finding 6: `--max-ahead-secs 0` and one sample at now + 1 h
+/// made every later real-time sample late. Without the drop, the watermark
+/// still never passes the clock minus the lateness: the sample ahead is kept
+/// in its window, and the real-time samples after it are on time.
+#[test]
+fn without_the_drop_the_watermark_still_waits_for_the_clock() {
+    for set in sets() {
+        let limits = Limits {
+            max_ahead_ms: None,
+            ..serving()
+        };
+        let mut ingester = Ingester::new(Plan::default(), set).with_limits(limits);
+        let stats = ingester
+            .handle(&body(&[("a", NOW + 3_600_000, 1.0), ("a", NOW, 2.0)]))
+            .unwrap();
+        assert_eq!((stats.accepted, stats.too_far_ahead), (2, 0), "{set}");
+        assert!(ingester.watermark().unwrap() <= NOW, "{set}");
+        let later = ingester.handle(&body(&[("a", NOW - 1_000, 3.0)])).unwrap();
+        assert_eq!((later.accepted, later.late), (1, 0), "{set}");
+    }
+}

@@ -49,13 +49,20 @@
 //! **Cost** ([`PaneBins::cost`], in bins of 8 bytes, what the budget counts):
 //! the counts stored plus one per run of keys (a run is a stretch of keys
 //! stored with its start; single empty keys inside a run are stored as zeros,
-//! longer gaps start a new run). A merge costs at most what its two inputs
-//! did, and a pane's bins cost at most what its open sketch was counted
+//! longer gaps start a new run), plus [`CLOSED_PANE_BINS`] for the structure
+//! itself. A merge costs at most what its two inputs did, and a pane's bins
+//! cost at most what its open sketch was counted
 //! ([`PaneSketch::bins_len`](super::sketch::PaneSketch::bins_len): its dense
-//! stores plus two), so closing a window and merging lanes never needs more
-//! of the budget than it frees.
+//! stores plus [`PANE_BINS`](super::sketch::PANE_BINS)), so closing a window
+//! and merging lanes never needs more of the budget than it frees.
 
 use sketches_ddsketch::{Config, DDSketch};
+
+/// Bins (8 bytes each) a [`PaneBins`] is counted beyond its bins and runs: its
+/// own structure where a closed window keeps it, and a malloc header for each
+/// of its vectors. At most [`PANE_BINS`](super::sketch::PANE_BINS) − 2 (a
+/// dense store's bins become at most one run more), so closing never grows.
+pub const CLOSED_PANE_BINS: usize = 36;
 
 /// The largest subnormal f64: values with `|v|` at most this count as zeros.
 pub const ZERO_THRESHOLD: f64 = f64::from_bits(0x000f_ffff_ffff_ffff);
@@ -257,9 +264,9 @@ impl PaneBins {
         self.positive.count() + self.negative.count() + self.zero_count
     }
 
-    /// Bins (8 bytes each) held.
+    /// Bins (8 bytes each) held, the structure itself included.
     pub fn cost(&self) -> usize {
-        self.positive.cost() + self.negative.cost()
+        CLOSED_PANE_BINS + self.positive.cost() + self.negative.cost()
     }
 
     /// Adds `other`'s values (and dropped samples), as if they had been added
@@ -464,6 +471,7 @@ mod tests {
 
     #[test]
     fn runs_store_single_gaps_as_zeros() {
+        const _: () = assert!(CLOSED_PANE_BINS + 2 <= crate::ingest::sketch::PANE_BINS);
         let bins = Bins::from_sorted([(1, 2), (2, 1), (4, 5), (9, 1), (10, 0)]);
         assert_eq!(bins.runs, vec![(1, 4), (9, 1)]);
         assert_eq!(bins.counts, vec![2, 1, 0, 5, 1]);

@@ -26,6 +26,16 @@ use super::window::{parse_group_key, Capacity, Held};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+/// Bytes a group is counted against `group_bytes` beyond twice its key (held
+/// as the map's key and as its labels): its entry in the map and in the group
+/// list, its labels' vector and strings, and their malloc headers.
+pub const GROUP_BYTES: usize = 192;
+
+/// What a group of key `key` is counted against `group_bytes`.
+fn group_bytes(key: &[u8]) -> usize {
+    GROUP_BYTES + 2 * key.len()
+}
+
 /// The group id of an aggregation's overflow group: every new group past the
 /// group limit gets it, and its samples are counted and dropped.
 pub const OVERFLOW: u32 = u32::MAX;
@@ -241,7 +251,7 @@ impl GroupTable {
                 .expect("an id in the map is a group");
             return (gid, group.dest);
         }
-        if !budget.try_take_group(2 * key.len()) {
+        if !budget.try_take_group(group_bytes(key)) {
             let dest = match self.aggs[agg as usize].overflow_dest {
                 Some(d) => d,
                 None => {
@@ -298,7 +308,7 @@ impl GroupTable {
         }
         for gone in old.into_iter().flatten() {
             for key in gone.ids.keys() {
-                budget.give_group(2 * key.len());
+                budget.give_group(group_bytes(key));
             }
         }
         // Destination ids: the kept groups' (renumbered aggregation), the rest free.
@@ -348,7 +358,7 @@ impl GroupTable {
             let keep = live.get(gid as usize).copied().unwrap_or(false);
             if !keep {
                 freed.push(gid);
-                budget.give_group(2 * key.len());
+                budget.give_group(group_bytes(key));
             }
             keep
         });

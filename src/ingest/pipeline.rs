@@ -97,10 +97,14 @@ pub struct Limits {
     /// Bytes of the series cache (raw labels and keys); past them it is cleared, as when full.
     pub max_cache_bytes: usize,
     /// `Some(ms)`: a sample stamped later than `clock() + ms` is counted
-    /// (`too_far_ahead`) and dropped, and the watermark never passes
-    /// `clock() - lateness`, so no sender can close a window before its time.
+    /// (`too_far_ahead`) and dropped.
     pub max_ahead_ms: Option<i64>,
-    /// Now, in ms since the epoch (only read when `max_ahead_ms` is set).
+    /// The watermark never passes `clock() - lateness`, so no sender can
+    /// close a window before its time, whatever `max_ahead_ms` says (without
+    /// the drop, a sample ahead of the clock waits in its window until the
+    /// clock gets there).
+    pub watermark_behind_clock: bool,
+    /// Now, in ms since the epoch (read when either of the above is set).
     pub clock: fn() -> i64,
 }
 
@@ -117,6 +121,7 @@ impl Limits {
         capacity: Capacity::UNBOUNDED,
         max_cache_bytes: usize::MAX,
         max_ahead_ms: None,
+        watermark_behind_clock: false,
         clock: system_clock_ms,
     };
 
@@ -135,6 +140,7 @@ impl Limits {
             },
             max_cache_bytes: 128 << 20,
             max_ahead_ms: Some(10 * 60 * 1000),
+            watermark_behind_clock: true,
             clock: system_clock_ms,
         }
     }
@@ -362,7 +368,9 @@ impl Ingester {
         };
         // Samples stamped after `latest` are too far ahead of the clock; the
         // watermark stays `lateness` behind both the newest sample and the clock.
-        let now = self.limits.max_ahead_ms.map(|_| (self.limits.clock)());
+        let limits = &self.limits;
+        let now = (limits.max_ahead_ms.is_some() || limits.watermark_behind_clock)
+            .then(|| (limits.clock)());
         let latest = match (now, self.limits.max_ahead_ms) {
             (Some(now), Some(ahead)) => now.saturating_add(ahead),
             _ => i64::MAX,

@@ -198,9 +198,11 @@ impl Plan {
         Ok(plan)
     }
 
+    /// Reads and validates a plan file: a regular file of at most
+    /// [`crate::config_file::MAX_BYTES`], opened without blocking (see
+    /// [`crate::config_file::read`]).
     pub fn load(path: &Path) -> Result<Plan> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = crate::config_file::read(path, "plan", crate::config_file::MAX_BYTES)?;
         Plan::parse(&text).with_context(|| format!("in {}", path.display()))
     }
 

@@ -24,11 +24,13 @@ use super::bins::{bin_value, Bins, PaneBins};
 use super::seams::SketchUpdate;
 use sketches_ddsketch::{Config, DDSketch};
 
-/// A pane's sketch: the crate's (reference) or ours (`bulk-sketch`).
+/// A pane's sketch: the crate's (reference) or ours (`bulk-sketch`). Both
+/// boxed: a window holds a slot per group id, and an empty slot costs 16
+/// bytes rather than a sketch's 150.
 #[derive(Clone)]
 pub enum PaneSketch {
     Reference(Box<ReferenceSketch>),
-    Bulk(BulkSketch),
+    Bulk(Box<BulkSketch>),
 }
 
 /// The crate's sketch, with the key span of each of its stores, so that what
@@ -83,10 +85,11 @@ impl KeySpan {
 /// The crate's store grows to a multiple of this many bins.
 const CRATE_CHUNK: i64 = 128;
 
-/// Bins a pane with any bins is counted beyond its stores: the start of each
-/// sign's bins (so that the runs a closed window keeps never cost more than
-/// the open pane did: [`super::bins`]).
-pub const PANE_HEADER_BINS: usize = 2;
+/// Bins (8 bytes each) an open pane is counted beyond its stores' bins: its
+/// own structure, boxed (at most 300 bytes for either seam), and the start of
+/// each sign's bins — at least what its [`PaneBins`] will cost beyond theirs
+/// ([`super::bins::CLOSED_PANE_BINS`]), so closing never needs more.
+pub const PANE_BINS: usize = 40;
 
 impl ReferenceSketch {
     fn new(config: Config) -> Self {
@@ -135,11 +138,7 @@ impl ReferenceSketch {
                 // past its limit), from at least the keys it held.
                 let chunks = (grown.keys() + CRATE_CHUNK - 1) / CRATE_CHUNK * CRATE_CHUNK;
                 let length = chunks.min(i64::from(self.config.max_num_bins));
-                let mut growth = (length - span.keys()).max(0) as usize;
-                if self.sketch.length() == 0 {
-                    growth += PANE_HEADER_BINS;
-                }
-                if !afford(growth) {
+                if !afford((length - span.keys()).max(0) as usize) {
                     return false;
                 }
             }
@@ -171,7 +170,7 @@ impl ReferenceSketch {
 impl PaneSketch {
     pub fn new(config: Config, sketch: SketchUpdate) -> Self {
         match sketch {
-            SketchUpdate::Runs => PaneSketch::Bulk(BulkSketch::new(config)),
+            SketchUpdate::Runs => PaneSketch::Bulk(Box::new(BulkSketch::new(config))),
             SketchUpdate::PerSample => {
                 PaneSketch::Reference(Box::new(ReferenceSketch::new(config)))
             }
@@ -253,18 +252,14 @@ impl PaneSketch {
         }
     }
 
-    /// Bins (8 bytes each) the pane is counted: its stores' bins, and
-    /// [`PANE_HEADER_BINS`] once it has any.
+    /// Bins (8 bytes each) the pane is counted: its stores' bins and
+    /// [`PANE_BINS`] for itself.
     pub fn bins_len(&self) -> usize {
-        let stores = match self {
-            PaneSketch::Reference(s) => s.sketch.length(),
-            PaneSketch::Bulk(s) => s.positive.bins.len() + s.negative.bins.len(),
-        };
-        if stores == 0 {
-            0
-        } else {
-            stores + PANE_HEADER_BINS
-        }
+        PANE_BINS
+            + match self {
+                PaneSketch::Reference(s) => s.sketch.length(),
+                PaneSketch::Bulk(s) => s.positive.bins.len() + s.negative.bins.len(),
+            }
     }
 }
 
@@ -310,10 +305,10 @@ impl BulkSketch {
         for &v in values {
             let taken = if v > min_possible {
                 let key = self.key(v);
-                add_key(&mut self.positive, &self.negative, key, afford)
+                add_key(&mut self.positive, key, afford)
             } else if v < -min_possible {
                 let key = self.key(-v);
-                add_key(&mut self.negative, &self.positive, key, afford)
+                add_key(&mut self.negative, key, afford)
             } else {
                 self.zero_count += 1;
                 true
@@ -401,26 +396,16 @@ impl BulkSketch {
     }
 }
 
-/// Adds `key` to `store`; a key outside its bins asks `afford` first (with
-/// the pane's header when neither store has bins yet).
+/// Adds `key` to `store`; a key outside its bins asks `afford` first.
 #[inline]
-fn add_key(
-    store: &mut BulkStore,
-    other: &BulkStore,
-    key: i32,
-    afford: &mut impl FnMut(usize) -> bool,
-) -> bool {
+fn add_key(store: &mut BulkStore, key: i32, afford: &mut impl FnMut(usize) -> bool) -> bool {
     let idx = key.wrapping_sub(store.lo) as u32 as usize;
     if idx < store.bins.len() {
         store.bins[idx] += 1;
         store.count += 1;
         return true;
     }
-    let mut growth = store.growth_for(key);
-    if store.bins.is_empty() && other.bins.is_empty() {
-        growth += PANE_HEADER_BINS;
-    }
-    if !afford(growth) {
+    if !afford(store.growth_for(key)) {
         return false;
     }
     store.add_outside(key, 1);
@@ -712,6 +697,24 @@ mod tests {
         }
     }
 
+    /// An empty pane slot is a pointer and a tag (windows hold one per group
+    /// id), and a pane's own structure is within what it is counted.
+    #[test]
+    fn an_empty_slot_is_small_and_a_pane_within_its_count() {
+        use std::mem::size_of;
+        assert!(size_of::<Option<PaneSketch>>() <= 16);
+        // The box, and a malloc header for it and for each store.
+        let malloc = 16;
+        for own in [size_of::<ReferenceSketch>(), size_of::<BulkSketch>()] {
+            assert!(own + 3 * malloc <= PANE_BINS * 8, "{own}");
+        }
+        let closed = size_of::<(u32, PaneBins)>() + 4 * malloc;
+        assert!(
+            closed <= crate::ingest::bins::CLOSED_PANE_BINS * 8,
+            "{closed}"
+        );
+    }
+
     /// Values over the whole f64 range: normal magnitudes from the smallest to
     /// the largest, both extremes, subnormals, zeros, and ordinary values.
     fn any_value() -> impl Strategy<Value = f64> {
@@ -868,7 +871,7 @@ mod tests {
                         taken.push(v);
                     }
                 }
-                prop_assert!(pane.bins_len() <= granted, "{:?}: {} bins, {} granted", seam, pane.bins_len(), granted);
+                prop_assert!(pane.bins_len() <= granted + PANE_BINS, "{:?}: {} bins, {} granted", seam, pane.bins_len(), granted);
                 prop_assert_eq!(taken.len() + refused, values.len());
                 let fed = PaneSketch::new(config, seam);
                 let mut fed = fed;

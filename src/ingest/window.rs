@@ -22,7 +22,7 @@ use super::bins::PaneBins;
 use super::groups::{AggGroups, Budget, OVERFLOW};
 use super::plan::Aggregation;
 use super::seams::SketchUpdate;
-use super::sketch::PaneSketch;
+use super::sketch::{PaneSketch, PANE_BINS};
 use crate::text::{write_escaped, Escape};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
@@ -138,15 +138,18 @@ pub fn parse_group_key(key: &[u8]) -> Vec<Vec<u8>> {
 pub struct Capacity {
     /// Groups (distinct group-by value tuples), over all aggregations.
     pub groups: usize,
-    /// Bytes of the group keys (each held twice: as key and as labels).
+    /// Bytes of the groups: each key twice (as key and as labels) and
+    /// [`GROUP_BYTES`](super::groups::GROUP_BYTES) for the group itself.
     pub group_bytes: usize,
     /// Pane slots: per open window and lane, one per group id up to the
     /// highest that has a pane there; per closed window, one per pane.
     pub pane_slots: usize,
-    /// Sketch bins (8 bytes each), over every pane. Past this, no new pane
-    /// gets a sketch, but panes that exist still take samples, up to twice
-    /// this: a flood of new groups cannot starve the groups already there.
-    /// A value whose bins would pass the limit that applies is refused.
+    /// Sketch bins (8 bytes each), over every pane, each pane's own structure
+    /// counted too ([`PANE_BINS`](super::sketch::PANE_BINS) open,
+    /// [`CLOSED_PANE_BINS`](super::bins::CLOSED_PANE_BINS) closed). Past this,
+    /// no new pane is made, but panes that exist still take samples, up to
+    /// twice this: a flood of new groups cannot starve the groups already
+    /// there. A value whose bins would pass the limit that applies is refused.
     pub bins: usize,
 }
 
@@ -463,18 +466,23 @@ impl Accumulator {
             .get(&start)
             .and_then(|w| w.panes.get(gid as usize))
             .is_some_and(Option::is_some);
+        let mut granted = 0;
         if !has_pane {
-            while budget.bins() >= soft && drop_oldest(closed, budget) {}
-            if budget.bins() >= soft {
-                stats.over_bin_limit += n;
-                refused_without_pane(open, start, n);
-                return;
+            // A new pane's own bins, below the limit (history goes first).
+            while !budget.try_take_bins(PANE_BINS, soft) {
+                if !drop_oldest(closed, budget) {
+                    stats.over_bin_limit += n;
+                    refused_without_pane(open, start, n);
+                    return;
+                }
             }
             if !make_room(open, closed, start, gid as usize, budget) {
+                budget.give_bins(PANE_BINS);
                 stats.over_pane_limit += n;
                 refused_without_pane(open, start, n);
                 return;
             }
+            granted = PANE_BINS;
         }
         let window = open
             .get_mut(&start)
@@ -486,8 +494,7 @@ impl Accumulator {
         } else {
             soft
         };
-        let before = pane.bins_len();
-        let mut granted = 0;
+        let before = if has_pane { pane.bins_len() } else { 0 };
         let refused = pane.add_within(values, &mut |growth| loop {
             if budget.try_take_bins(growth, limit) {
                 granted += growth;

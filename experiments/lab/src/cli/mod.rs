@@ -198,11 +198,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = Limits::serving().capacity.bins, conflicts_with_all = ["store", "scenario"])]
     pub max_bins: usize,
     /// Receiver: how far ahead of this machine's clock a sample may be stamped; later
-    /// ones are counted (`too_far_ahead`) and dropped. 0 turns the bound off (for
-    /// replays of recorded timestamps that lie ahead).
+    /// ones are counted (`too_far_ahead`) and dropped. 0 turns the drop off; the
+    /// watermark still never passes the clock minus the plan's lateness, so a
+    /// sample ahead waits in its window until the clock gets there.
     #[arg(long, default_value_t = 600, conflicts_with_all = ["store", "scenario"])]
     pub max_ahead_secs: u64,
-    /// Connections served at once (more wait); kept under 3/4 of the open-file limit too.
+    /// Connections served at once; kept under 3/4 of the open-file limit too. At the cap
+    /// the one sending slowest (headers or body; an idle keep-alive counts as sending
+    /// nothing) is closed to make room for the next.
     #[arg(long, default_value_t = ServerLimits::default().max_connections as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
@@ -210,6 +213,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = ServerLimits::default().header_timeout.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub header_timeout_secs: u64,
+    /// Seconds a client has to send a request's body once its headers are in (408 past it).
+    #[arg(long, default_value_t = ServerLimits::default().body_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout_secs: u64,
     /// Seconds a client has to send the body and the server to answer (408 past it).
     #[arg(long, default_value_t = ServerLimits::default().request_timeout.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -233,6 +240,7 @@ impl ServeArgs {
         ServerLimits {
             max_connections: self.max_connections as usize,
             header_timeout: Duration::from_secs(self.header_timeout_secs),
+            body_timeout: Duration::from_secs(self.body_timeout_secs),
             request_timeout: Duration::from_secs(self.request_timeout_secs),
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout_secs),
         }

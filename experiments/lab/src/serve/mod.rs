@@ -1,31 +1,40 @@
 //! The long-running servers: `/metrics` for a store or the RabbitMQ scenario
 //! ([`metrics`]) and the remote-write receiver ([`receiver`]). Each takes a typed
 //! config; the command line builds it. Both run on [`run`], which bounds what a
-//! client can hold: connections, time to send headers, time per request, and
-//! time to shut down.
+//! client can hold: connections (the slowest closed at the cap), time to send
+//! headers, time to send a body, time per request, and time to shut down.
 
 pub mod metrics;
 pub mod receiver;
 
-use anyhow::{Context, Result};
+use anyhow::{Context as _, Result};
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 /// What one client may hold of a server, and how long shutdown may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerLimits {
     /// Connections served at once; more wait in the listen backlog. Also kept
     /// under the process's open-file limit (see [`ServerLimits::connection_cap`]).
+    /// At the cap, the connection sending slowest is closed to make room
+    /// (see [`serve_connections`]).
     pub max_connections: usize,
     /// Time for a request's headers to arrive, counted from when the server
     /// starts waiting for them (so it is also a keep-alive idle timeout).
     pub header_timeout: Duration,
+    /// Time for a request's body to arrive once its headers have (408 past it).
+    pub body_timeout: Duration,
     /// Time for the body to arrive and the answer to be made (408 past it).
     pub request_timeout: Duration,
     /// After SIGTERM or Ctrl-C, time for open connections to finish before they are closed.
@@ -37,6 +46,7 @@ impl Default for ServerLimits {
         ServerLimits {
             max_connections: 512,
             header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(10),
         }
@@ -61,8 +71,60 @@ impl ServerLimits {
     }
 }
 
+/// What the accept loop did to slow clients, since start (for `/metrics`).
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    /// Connections closed at the cap while waiting for (or sending) a request's headers.
+    pub evicted_headers: AtomicU64,
+    /// Connections closed at the cap while sending a request's body.
+    pub evicted_body: AtomicU64,
+    /// Bodies not complete within `body_timeout` (answered 408).
+    pub body_timeouts: AtomicU64,
+}
+
+/// The process's [`ConnectionStats`] (one server runs per process).
+pub fn connection_stats() -> &'static ConnectionStats {
+    static STATS: std::sync::OnceLock<ConnectionStats> = std::sync::OnceLock::new();
+    STATS.get_or_init(ConnectionStats::default)
+}
+
+/// The [`connection_stats`] as exposition families, onto `out`.
+pub fn write_connection_metrics(out: &mut Vec<u8>) {
+    use promlab::text::FamilyEncoder;
+    let stats = connection_stats();
+    let mut family = FamilyEncoder::new(
+        out,
+        b"promlab_http_connections_evicted_total",
+        "counter",
+        b"Connections closed at the connection cap for sending slowest, by what they were sending.",
+    );
+    for (phase, n) in [
+        ("headers", &stats.evicted_headers),
+        ("body", &stats.evicted_body),
+    ] {
+        family
+            .sample(b"")
+            .label(b"phase", phase.as_bytes())
+            .value()
+            .integer(n.load(Ordering::Relaxed));
+    }
+    FamilyEncoder::new(
+        out,
+        b"promlab_http_body_timeouts_total",
+        "counter",
+        b"Request bodies not complete within --body-timeout-secs (answered 408).",
+    )
+    .sample(b"")
+    .value()
+    .integer(stats.body_timeouts.load(Ordering::Relaxed));
+}
+
 /// Threads of the blocking pool, where requests do their work.
 const BLOCKING_THREADS: usize = 16;
+
+/// How long a connection is left to send before it may be closed at the cap
+/// (so a client is never closed before it had a moment to speak).
+const EVICTION_MIN_AGE: Duration = Duration::from_millis(200);
 
 /// Binds `listen`, tells `announce` the bound address (tests and scripts read
 /// that line to learn the port of `--listen 127.0.0.1:0`), and serves `router`
@@ -104,14 +166,19 @@ pub fn run(
 }
 
 /// The accept loop: one task per connection, at most [`ServerLimits::connection_cap`]
-/// at once. At the cap, the connection that has waited longest without
-/// sending a whole request is closed to make room, once it has waited a
-/// tenth of `header_timeout` (a client served promptly sends its headers
-/// well within that): otherwise clients that trickle their headers (up to
-/// `header_timeout` each) would keep every slot and every legitimate client
-/// waiting behind them in the backlog. On a
-/// shutdown signal, stops accepting, asks every connection to finish, and
-/// closes those still open after `shutdown_timeout`.
+/// at once. Every connection's progress is tracked ([`Connection`]): whether
+/// it is sending a request (its headers, or its body) or has one being
+/// answered, and how many bytes it sent since. At the cap, the connection
+/// that is sending slowest (fewest bytes a second in its current request,
+/// the longest waiting first; an idle keep-alive connection counts as
+/// sending nothing) is closed to make room, once it has had
+/// [`EVICTION_MIN_AGE`]; a connection whose request is being answered is
+/// never closed. So clients that trickle their headers or their bodies (up
+/// to `header_timeout` and `body_timeout` each) cannot keep every slot and
+/// every legitimate client waiting behind them in the backlog: the backlog
+/// drains at the rate the slow ones are closed. On a shutdown signal, stops
+/// accepting, asks every connection to finish, and closes those still open
+/// after `shutdown_timeout`.
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -121,7 +188,7 @@ async fn serve_connections(
     use hyper_util::service::TowerToHyperService;
     let cap = limits.connection_cap();
     let slots = Arc::new(tokio::sync::Semaphore::new(cap));
-    let waiting = Arc::new(WaitingForRequest::default());
+    let open = Arc::new(Connections::default());
     let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let shutdown = shutdown_signal();
@@ -149,51 +216,80 @@ async fn serve_connections(
             },
             _ = &mut shutdown => break,
         };
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                if waiting.evict_oldest(limits.header_timeout / 10) {
-                    evictions += 1;
-                    if evictions.is_power_of_two() {
-                        eprintln!(
-                            "promlab: {cap} connections open; closed the one waiting longest \
-                             for its request ({evictions} so far)"
-                        );
-                    }
-                }
-                tokio::select! {
-                    slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-                    _ = &mut shutdown => break,
+        let slot = loop {
+            if let Ok(slot) = slots.clone().try_acquire_owned() {
+                break Some(slot);
+            }
+            if open.evict_slowest(EVICTION_MIN_AGE) {
+                evictions += 1;
+                if evictions.is_power_of_two() {
+                    eprintln!(
+                        "promlab: {cap} connections open; closed the one sending slowest \
+                         ({evictions} so far)"
+                    );
                 }
             }
+            // The closed connection's slot, or another's; else try again
+            // when more of them have had their moment.
+            tokio::select! {
+                slot = slots.clone().acquire_owned() => break Some(slot.expect("the semaphore is never closed")),
+                _ = tokio::time::sleep(EVICTION_MIN_AGE / 4) => {}
+                _ = &mut shutdown => break None,
+            }
         };
-        let (id, evicted) = waiting.add();
+        let Some(slot) = slot else {
+            break;
+        };
+        let (id, tracked) = open.add();
         let inner = TowerToHyperService::new(router.clone());
-        let first_request = Arc::clone(&waiting);
-        let service = hyper::service::service_fn(move |request| {
-            first_request.remove(id);
-            hyper::service::Service::call(&inner, request)
+        let conn = Arc::clone(&tracked);
+        let body_timeout = limits.body_timeout;
+        let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+            let has_body = !hyper::body::Body::is_end_stream(request.body());
+            // Sending its body, or waiting for the answer.
+            conn.start(!has_body);
+            let body_conn = Arc::clone(&conn);
+            let request = request.map(|body| {
+                axum::body::Body::new(TrackedBody {
+                    inner: body,
+                    connection: body_conn,
+                    deadline: Box::pin(tokio::time::sleep(body_timeout)),
+                    timeout: body_timeout,
+                })
+            });
+            let answered = hyper::service::Service::call(&inner, request);
+            let conn = Arc::clone(&conn);
+            async move {
+                let response = answered.await;
+                // Waiting for the next request (while the answer is written).
+                conn.start(false);
+                response
+            }
         });
         let mut closing = closing_rx.clone();
-        let waiting = Arc::clone(&waiting);
+        let open = Arc::clone(&open);
         connections.spawn(async move {
             let _slot = slot;
+            let io = TokioIo::new(CountingStream {
+                inner: stream,
+                connection: Arc::clone(&tracked),
+            });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(io, service);
             tokio::pin!(connection);
             let shutting_down = tokio::select! {
                 _ = connection.as_mut() => false,
                 // Dropping the connection closes the socket.
-                _ = evicted.notified() => false,
+                _ = tracked.evicted.notified() => false,
                 _ = closing.wait_for(|&closing| closing) => true,
             };
             if shutting_down {
                 connection.as_mut().graceful_shutdown();
                 let _ = connection.await;
             }
-            waiting.remove(id);
+            open.remove(id);
         });
     }
     drop(listener);
@@ -212,53 +308,223 @@ async fn serve_connections(
     }
 }
 
-/// Connections that have not yet sent a whole request, oldest first, each
-/// with when it was accepted and the signal that closes it.
-#[derive(Default)]
-struct WaitingForRequest {
-    connections: std::sync::Mutex<(u64, std::collections::BTreeMap<u64, Waiting>)>,
+/// One connection's progress, as the accept loop judges it.
+struct Connection {
+    /// When the server started: the clock of `since_ms`.
+    epoch: Instant,
+    /// Whether its request is being answered (then it is never closed at the cap).
+    answering: AtomicBool,
+    /// Whether it has sent a request's headers and is sending its body.
+    in_body: AtomicBool,
+    /// When its current phase started, in ms since `epoch`.
+    since_ms: AtomicU64,
+    /// Bytes read from it since then.
+    bytes: AtomicU64,
+    /// Notified to close it.
+    evicted: tokio::sync::Notify,
 }
 
-struct Waiting {
-    since: std::time::Instant,
-    evicted: Arc<tokio::sync::Notify>,
+impl Connection {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// A new phase: `answering` a request, or (false) receiving one.
+    fn start(&self, answering: bool) {
+        self.since_ms.store(self.now_ms(), Ordering::Relaxed);
+        self.bytes.store(0, Ordering::Relaxed);
+        self.in_body.store(false, Ordering::Relaxed);
+        self.answering.store(answering, Ordering::Release);
+    }
 }
 
-impl WaitingForRequest {
-    fn add(&self) -> (u64, Arc<tokio::sync::Notify>) {
-        let mut guard = self.connections.lock().unwrap_or_else(|e| e.into_inner());
-        let (next, waiting) = &mut *guard;
+/// The open connections, by id.
+struct Connections {
+    epoch: Instant,
+    open: std::sync::Mutex<(u64, HashMap<u64, Arc<Connection>>)>,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections {
+            epoch: Instant::now(),
+            open: std::sync::Mutex::new((0, HashMap::new())),
+        }
+    }
+}
+
+impl Connections {
+    fn add(&self) -> (u64, Arc<Connection>) {
+        let connection = Arc::new(Connection {
+            epoch: self.epoch,
+            answering: AtomicBool::new(false),
+            in_body: AtomicBool::new(false),
+            since_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
+            bytes: AtomicU64::new(0),
+            evicted: tokio::sync::Notify::new(),
+        });
+        let mut guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let (next, open) = &mut *guard;
         let id = *next;
         *next += 1;
-        let evicted = Arc::new(tokio::sync::Notify::new());
-        waiting.insert(
-            id,
-            Waiting {
-                since: std::time::Instant::now(),
-                evicted: Arc::clone(&evicted),
-            },
-        );
-        (id, evicted)
+        open.insert(id, Arc::clone(&connection));
+        (id, connection)
     }
 
     fn remove(&self, id: u64) {
-        let mut guard = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
         guard.1.remove(&id);
     }
 
-    /// Closes the connection that has waited longest, if it has waited at
-    /// least `min_wait`; false when none has.
-    fn evict_oldest(&self, min_wait: Duration) -> bool {
-        let mut guard = self.connections.lock().unwrap_or_else(|e| e.into_inner());
-        let waiting = &mut guard.1;
-        match waiting.first_entry() {
-            Some(oldest) if oldest.get().since.elapsed() >= min_wait => {
-                // A stored permit: the connection closes even if it is not yet polling.
-                oldest.remove().evicted.notify_one();
-                true
-            }
-            _ => false,
+    /// Closes the connection sending slowest — fewest bytes a second since
+    /// its current request began, the one waiting longest among equals —
+    /// among those receiving a request for at least `min_age`; false when
+    /// there is none.
+    fn evict_slowest(&self, min_age: Duration) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let min_age = min_age.as_millis() as u64;
+        let mut guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let slowest = guard
+            .1
+            .iter()
+            .filter(|(_, c)| !c.answering.load(Ordering::Acquire))
+            .filter_map(|(&id, c)| {
+                let age = now.saturating_sub(c.since_ms.load(Ordering::Relaxed));
+                (age >= min_age).then(|| {
+                    let rate = c.bytes.load(Ordering::Relaxed) as f64 / age as f64;
+                    (rate, std::cmp::Reverse(age), id)
+                })
+            })
+            .min_by(|a, b| a.partial_cmp(b).expect("rates are finite"));
+        let Some((_, _, id)) = slowest else {
+            return false;
+        };
+        let connection = guard.1.remove(&id).expect("found above");
+        let stats = connection_stats();
+        if connection.in_body.load(Ordering::Relaxed) {
+            stats.evicted_body.fetch_add(1, Ordering::Relaxed);
+        } else {
+            stats.evicted_headers.fetch_add(1, Ordering::Relaxed);
         }
+        // A stored permit: the connection closes even if it is not yet polling.
+        connection.evicted.notify_one();
+        true
+    }
+}
+
+/// A connection's socket, counting the bytes read from it.
+struct CountingStream {
+    inner: tokio::net::TcpStream,
+    connection: Arc<Connection>,
+}
+
+impl tokio::io::AsyncRead for CountingStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        if read > 0 {
+            self.connection
+                .bytes
+                .fetch_add(read as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for CountingStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// A request body that marks its connection as answering once it has all
+/// arrived, and fails with [`BodyTimeout`] when it has not within the body
+/// deadline.
+struct TrackedBody {
+    inner: hyper::body::Incoming,
+    connection: Arc<Connection>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
+/// A request body not complete within `--body-timeout-secs`.
+#[derive(Debug)]
+pub struct BodyTimeout(pub Duration);
+
+impl std::fmt::Display for BodyTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request body not complete within {:?}", self.0)
+    }
+}
+
+impl std::error::Error for BodyTimeout {}
+
+impl axum::body::HttpBody for TrackedBody {
+    type Data = axum::body::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.connection.start(true);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(frame)) => {
+                this.connection.in_body.store(true, Ordering::Relaxed);
+                Poll::Ready(Some(frame.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                this.connection.in_body.store(true, Ordering::Relaxed);
+                if this.deadline.as_mut().poll(cx).is_ready() {
+                    connection_stats()
+                        .body_timeouts
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Poll::Ready(Some(Err(Box::new(BodyTimeout(this.timeout)))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -15,7 +15,9 @@
 //! - `GET /api/v1/quantiles?agg=ID[&window=START_MS]`: per group, the quantiles of
 //!   the last closed window (or the named one), groups sorted by their labels.
 //! - `GET /metrics`: the receiver's own counters.
-//! - `POST /-/reload`: re-reads the plan file (bumps the plan generation).
+//! - `POST /-/reload`: re-reads the plan file (bumps the plan generation); a
+//!   file that is not a regular file of at most 16 MiB, or not a valid plan,
+//!   is refused (400, with the reason) and the old plan keeps running.
 
 use anyhow::Result;
 use axum::body::{Body, Bytes};
@@ -47,7 +49,7 @@ pub struct Receiver {
     plan_path: Option<PathBuf>,
     max_body_bytes: usize,
     /// Requests answered, by status class.
-    status_counts: [AtomicU64; 5],
+    status_counts: [AtomicU64; STATUSES.len()],
     /// Per aggregation, its last closed window's answer, kept out of the
     /// ingester's lock (see [`KeptAnswers`]).
     answers: KeptAnswers,
@@ -57,6 +59,8 @@ pub struct Receiver {
     /// reading its body while every lane is busy (with fewer, each tick of a
     /// two-connection sender on one lane allocated and zeroed a fresh 3.6 MB).
     spare_limit: usize,
+    /// Held while a reload reads and installs a plan: one at a time.
+    reloading: Mutex<()>,
 }
 
 /// One request's buffers: its body as read, and that body decompressed.
@@ -106,7 +110,7 @@ impl KeptAnswers {
     }
 }
 
-const STATUSES: [u16; 5] = [204, 400, 413, 415, 500];
+const STATUSES: [u16; 6] = [204, 400, 408, 413, 415, 500];
 
 impl Receiver {
     /// `ingester` as given (its limits and decode bound included:
@@ -122,6 +126,7 @@ impl Receiver {
             status_counts: Default::default(),
             answers: KeptAnswers::default(),
             spare_buffers: Mutex::new(Vec::new()),
+            reloading: Mutex::new(()),
             spare_limit: ingester.lanes() + 1,
             ingester,
         })
@@ -295,6 +300,10 @@ async fn read_body(
     buf.reserve(announced as usize);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
+            let e = e.into_inner();
+            if let Some(late) = e.downcast_ref::<super::BodyTimeout>() {
+                return (StatusCode::REQUEST_TIMEOUT, format!("{late}\n"));
+            }
             (
                 StatusCode::BAD_REQUEST,
                 format!("cannot read the request body: {e}\n"),
@@ -395,36 +404,51 @@ async fn quantiles(
     }
 }
 
+/// `POST /-/reload`: reads the plan file on the blocking pool (a regular
+/// file, opened without blocking, size-capped: `Plan::load`), one reload at
+/// a time, so no file can stall a runtime worker; a plan that does not load
+/// is refused with the reason (400) and the old one keeps running.
 async fn reload(State(rx): State<Arc<Receiver>>) -> Response {
     let Some(path) = rx.plan_path.clone() else {
         return (StatusCode::BAD_REQUEST, "no --plan file to reload\n").into_response();
     };
-    match Plan::load(&path) {
-        Ok(plan) => {
-            let ingester = &rx.ingester;
-            ingester.set_plan(plan);
-            // An aggregation the plan dropped has no answer now.
-            rx.answers.clear();
-            format!("plan generation {}\n", ingester.generation()).into_response()
-        }
-        Err(e) => (StatusCode::BAD_REQUEST, format!("{e:#}\n")).into_response(),
+    let receiver = Arc::clone(&rx);
+    let loaded = off_the_runtime(move || {
+        let _one_at_a_time = receiver.reloading.lock().unwrap_or_else(|p| p.into_inner());
+        let plan = Plan::load(&path)?;
+        let ingester = &receiver.ingester;
+        ingester.set_plan(plan);
+        // An aggregation the plan dropped has no answer now.
+        receiver.answers.clear();
+        anyhow::Ok(ingester.generation())
+    })
+    .await;
+    match loaded {
+        Ok(generation) => format!("plan generation {generation}\n").into_response(),
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            format!("plan not reloaded, the previous one stays: {e:#}\n"),
+        )
+            .into_response(),
     }
 }
 
 async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
     let receiver = Arc::clone(&rx);
-    let (totals, cache, generation, footprint, held, limits) = off_the_runtime(move || {
-        let ingester = &receiver.ingester;
-        (
-            ingester.totals(),
-            ingester.cache_stats(),
-            ingester.generation(),
-            ingester.footprint(),
-            ingester.held(),
-            ingester.limits(),
-        )
-    })
-    .await;
+    let (totals, cache, generation, footprint, held, limits, reclaimed) =
+        off_the_runtime(move || {
+            let ingester = &receiver.ingester;
+            (
+                ingester.totals(),
+                ingester.cache_stats(),
+                ingester.generation(),
+                ingester.footprint(),
+                ingester.held(),
+                ingester.limits(),
+                ingester.groups_reclaimed(),
+            )
+        })
+        .await;
     let lookups = cache.hits + cache.misses;
     let hit_rate = if lookups == 0 {
         0.0
@@ -612,6 +636,16 @@ async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
                 .integer(limit as u64);
         }
     }
+    FamilyEncoder::new(
+        &mut out,
+        b"promlab_receiver_groups_reclaimed_total",
+        "counter",
+        b"Groups reclaimed because no window held a pane of theirs any more (their ids reused).",
+    )
+    .sample(b"")
+    .value()
+    .integer(reclaimed);
+    super::write_connection_metrics(&mut out);
     let mut family = FamilyEncoder::new(
         &mut out,
         b"promlab_http_write_responses_total",
