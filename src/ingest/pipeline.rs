@@ -1,8 +1,8 @@
 //! The ingester: one remote-write request in, windows and sketches updated.
 //!
 //! A request goes through four seams, each resolved once, when the ingester is
-//! built, from its [`StrategySet`] into a [`Seams`] value (the table of
-//! variants is in [`super::seams`]):
+//! built, from its [`StrategySet`] into an [`IngestSeams`] value (the table of
+//! variants is in [`crate::seams`]):
 //!
 //! | seam | reference (the upstream per-sample shape) | strategy |
 //! | --- | --- | --- |
@@ -16,13 +16,13 @@
 //! the ingester's [`Limits`], single samples are counted and dropped.
 
 use super::plan::{Plan, PlanGeneration};
-use super::seams::{Canonicalize, Route, Seams};
 use super::window::{
     write_group_key, Accumulator, Budget, Capacity, Held, PaneReport, QueryResult, Stats,
     STALE_NAN_BITS,
 };
 use super::wire::Sample;
 use super::wire::{self, Batch, WireError, WriteRequest};
+use crate::seams::{Canonicalize, IngestSeams, Route, Seams};
 use crate::strategy::StrategySet;
 use crate::text::{write_escaped, Escape};
 use std::collections::{BTreeMap, HashMap};
@@ -131,7 +131,7 @@ impl Limits {
 pub struct Ingester {
     /// What it was built with: reported, never consulted (the seams are).
     strategies: StrategySet,
-    seams: Seams,
+    seams: IngestSeams,
     plan: PlanGeneration,
     accumulators: Vec<Accumulator>,
     /// Global destination id → (aggregation, group id).
@@ -153,7 +153,7 @@ impl Ingester {
     pub fn new(plan: Plan, strategies: StrategySet) -> Self {
         let mut ingester = Ingester {
             strategies,
-            seams: Seams::new(strategies),
+            seams: Seams::resolve(strategies).ingest,
             plan: PlanGeneration {
                 plan: Plan {
                     aggregations: vec![],
@@ -210,7 +210,7 @@ impl Ingester {
     }
 
     /// The seams the strategies resolved to.
-    pub fn seams(&self) -> Seams {
+    pub fn seams(&self) -> IngestSeams {
         self.seams
     }
 
@@ -232,7 +232,7 @@ impl Ingester {
             .iter()
             .map(|agg| match old.remove(&agg.id) {
                 Some(acc) if acc.agg == *agg && keep_all => acc,
-                _ => Accumulator::new(agg.clone(), plan.keep_windows, self.seams.sketch),
+                _ => Accumulator::new(agg.clone(), plan.keep_windows, self.seams.sketch_update),
             })
             .collect();
         self.budget.recount(&self.accumulators);
@@ -290,7 +290,7 @@ impl Ingester {
         holder: &'a mut WriteRequest,
         batch: &mut Batch<'a>,
     ) -> Result<(Stats, i64), IngestError> {
-        self.seams.decode.decode_into(raw, holder, batch)?;
+        self.seams.wire_decode.decode_into(raw, holder, batch)?;
         let size = batch.samples.len().max(batch.series.len());
         if size > self.limits.max_samples_per_request {
             return Err(IngestError::TooManySamples {
