@@ -20,17 +20,19 @@
 //! |---|---|---|---|
 //! | [`KeySource`] | `key-cache` | `EncodePerCall`: sort and form-encode the label set on every call | `CachePerProcess`: each series' key encoded once per process, the caller's label set hashed once per call (an observe writes two series of it), the key remembering its value offset once looked up |
 //! | [`Lookups`] | `increment-once` | `ReadThenWrite`: an increment looks the entry up for the read and again for the write | `Once`: one lookup |
-//! | [`PidSource`] | `increment-once` | `AskOs`: `getpid` on every call | `Cached`: cached, cleared in a forked child |
-//! | [`ClockReads`] | `increment-once` | `PerWrite`: `clock_gettime` for every value written | `PerOp`: one reading per locked operation, shared by its writes (an observe's bucket and sum) |
-//! | [`ClockSource`] | `increment-once` | `Monotonic`: `CLOCK_MONOTONIC` for every metric | `CoarseUnlessCompared`: `CLOCK_MONOTONIC_COARSE` where the aggregation discards timestamps, `CLOCK_MONOTONIC` for `most_recent` |
+//! | [`PidSource`] | `cached-pid` | `AskOs`: `getpid` on every call | `Cached`: cached, cleared in a forked child |
+//! | [`ClockReads`] | `clock-once` | `PerWrite`: `clock_gettime` for every value written | `PerOp`: one reading per locked operation, shared by its writes (an observe's bucket and sum) |
+//! | [`ClockSource`] | `coarse-clock` | `Monotonic`: `CLOCK_MONOTONIC` for every metric | `CoarseUnlessCompared`: `CLOCK_MONOTONIC_COARSE` where the aggregation discards timestamps, `CLOCK_MONOTONIC` for `most_recent` |
 //! | [`StoreIo`] | `mmap-store` | `Syscalls`: seek + read / write per value | `Mapped`: values through a shared mapping |
 //!
 //! No combined variant: the seams compose. Where two interact, it is through
 //! data, not a branch: a lookup by a `CachePerProcess` key that was looked up
 //! before reads the offset the key remembers, so with `key-cache` the second
 //! lookup `Lookups::ReadThenWrite` makes is a field read and `increment-once`
-//! saves little more than the `getpid`s (`strategies/increment-once.md` has
-//! the figures). The bytes on disk are the same under every combination.
+//! saves little (`strategies/increment-once.md` has the figures); with
+//! `clock-once` the one reading an observe takes comes from the clock
+//! `coarse-clock` chose. The bytes on disk are the same under every
+//! combination.
 //!
 //! # Export ([`crate::export`])
 //!
@@ -96,7 +98,6 @@ impl Seams {
     /// that asks which strategies are on.
     pub fn resolve(strategies: StrategySet) -> Seams {
         let on = |s| strategies.contains(s);
-        let increment_once = on(Strategy::IncrementOnce);
         let keep = if on(Strategy::Prerender) {
             Keep::Catalogue
         } else {
@@ -114,22 +115,22 @@ impl Seams {
                 } else {
                     KeySource::EncodePerCall
                 },
-                lookups: if increment_once {
+                lookups: if on(Strategy::IncrementOnce) {
                     Lookups::Once
                 } else {
                     Lookups::ReadThenWrite
                 },
-                pid_source: if increment_once {
+                pid_source: if on(Strategy::CachedPid) {
                     PidSource::Cached
                 } else {
                     PidSource::AskOs
                 },
-                clock_reads: if increment_once {
+                clock_reads: if on(Strategy::ClockOnce) {
                     ClockReads::PerOp
                 } else {
                     ClockReads::PerWrite
                 },
-                clock_source: if increment_once {
+                clock_source: if on(Strategy::CoarseClock) {
                     ClockSource::CoarseUnlessCompared
                 } else {
                     ClockSource::Monotonic
@@ -215,7 +216,7 @@ pub enum Lookups {
     Once,
 }
 
-/// Where the pid comes from (`increment-once`).
+/// Where the pid comes from (`cached-pid`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PidSource {
     AskOs,
@@ -224,7 +225,7 @@ pub enum PidSource {
 }
 
 /// How often the monotonic clock is read for the timestamps written beside
-/// values (`increment-once`).
+/// values (`clock-once`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClockReads {
     /// For every value written, as client_ruby's `write_value` does.
@@ -237,7 +238,7 @@ pub enum ClockReads {
 }
 
 /// Which clock the timestamps written beside values come from
-/// (`increment-once`), resolved per metric by the store.
+/// (`coarse-clock`), resolved per metric by the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClockSource {
     /// `CLOCK_MONOTONIC` for every metric, as client_ruby's

@@ -1030,16 +1030,16 @@ mod tests {
             assert_eq!(obs.get("write.lookup"), 2 * lookups * n, "{s}: {obs:?}");
             assert_eq!(set.get("write.lookup"), n, "{s}: {set:?}");
 
-            // increment-once: the pid asked of the OS once per process, not per call.
-            let asked = if s.contains(Strategy::IncrementOnce) {
+            // cached-pid: the pid asked of the OS once per process, not per call.
+            let asked = if s.contains(Strategy::CachedPid) {
                 0
             } else {
                 n
             };
             assert_eq!(inc.get("write.getpid"), asked, "{s}: {inc:?}");
 
-            // increment-once: one clock reading per observe, not one per value written.
-            let per_observe = if s.contains(Strategy::IncrementOnce) {
+            // clock-once: one clock reading per observe, not one per value written.
+            let per_observe = if s.contains(Strategy::ClockOnce) {
                 1
             } else {
                 2
@@ -1047,9 +1047,9 @@ mod tests {
             assert_eq!(clock_reads(&obs), per_observe * n, "{s}: {obs:?}");
             assert_eq!(clock_reads(&inc), n, "{s}: {inc:?}");
 
-            // increment-once: the coarse clock wherever timestamps are discarded
+            // coarse-clock: the coarse clock wherever timestamps are discarded
             // (sum), the precise one where they are compared (most_recent).
-            let coarse = s.contains(Strategy::IncrementOnce);
+            let coarse = s.contains(Strategy::CoarseClock);
             for (counts, discarded) in [(&inc, true), (&obs, true), (&set, false)] {
                 let (precise, rough) = (
                     counts.get("write.clock.monotonic"),
@@ -1180,12 +1180,12 @@ mod tests {
         }
     }
 
-    /// An observe's bucket and sum carry one reading with `increment-once`,
+    /// An observe's bucket and sum carry one reading with `clock-once`,
     /// and timestamps never go back.
     #[test]
-    fn timestamps_are_clock_readings_once_per_op_with_increment_once() {
+    fn timestamps_are_clock_readings_once_per_op_with_clock_once() {
         for strategies in StrategySet::combinations(Stage::Write) {
-            let per_op = strategies.contains(Strategy::IncrementOnce);
+            let per_op = strategies.contains(Strategy::ClockOnce);
             let stamps = observe_timestamps(strategies);
             let mut last = 0.0;
             for &(bucket, sum) in &stamps {
@@ -1201,6 +1201,8 @@ mod tests {
         }
     }
 
+    /// `coarse-clock`: every metric's clock is the coarse one but
+    /// `most_recent`'s, the one aggregation that compares timestamps.
     #[test]
     fn only_most_recent_keeps_the_precise_clock() {
         let registry = Registry::from_json(
@@ -1221,7 +1223,7 @@ mod tests {
                 ..ClientConfig::default()
             };
             let client = Client::new(dir.path(), &registry, config).unwrap();
-            let coarse = strategies.contains(Strategy::IncrementOnce);
+            let coarse = strategies.contains(Strategy::CoarseClock);
             for metric in &client.metrics {
                 let expected = if coarse && metric.aggregation != ProcessAggregation::MostRecent {
                     Clock::MonotonicCoarse

@@ -104,6 +104,9 @@ macro_rules! strategies {
 strategies! {
     KeyCache = "key-cache", Write;
     IncrementOnce = "increment-once", Write;
+    CachedPid = "cached-pid", Write;
+    ClockOnce = "clock-once", Write;
+    CoarseClock = "coarse-clock", Write;
     MmapStore = "mmap-store", Write;
     SingleRead = "single-read", Export;
     DecodeOnce = "decode-once", Export;
@@ -269,7 +272,10 @@ mod tests {
         assert!(!set.contains(Strategy::Prerender));
         assert_eq!(set.to_string().parse::<StrategySet>().unwrap(), set);
         assert_eq!("none".parse::<StrategySet>().unwrap(), StrategySet::NONE);
-        assert_eq!("all".parse::<StrategySet>().unwrap().iter().count(), 11);
+        assert_eq!(
+            "all".parse::<StrategySet>().unwrap().iter().count(),
+            Strategy::ALL.len()
+        );
         assert!("key-cache,bogus"
             .parse::<StrategySet>()
             .unwrap_err()
@@ -278,7 +284,7 @@ mod tests {
 
     #[test]
     fn combinations_cover_each_stage() {
-        assert_eq!(StrategySet::combinations(Stage::Write).len(), 8);
+        assert_eq!(StrategySet::combinations(Stage::Write).len(), 64);
         assert_eq!(StrategySet::combinations(Stage::Export).len(), 16);
         assert_eq!(StrategySet::combinations(Stage::Render).len(), 2);
         assert_eq!(StrategySet::combinations(Stage::Ingest).len(), 16);
