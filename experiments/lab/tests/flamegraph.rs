@@ -6,10 +6,13 @@
 //! The perf checks run where the kernel allows perf events (`cpu-clock`, as
 //! `perf_event_paranoid` = 2 allows for one's own processes) and the `perf`
 //! tool runs. Where the kernel refuses them they say so (`SKIPPED:`); where it
-//! allows them but the tool is missing, that is a skip that fails under `CI`.
+//! should allow them but does not, or the tool is missing, that is a skip that
+//! fails under `CI`.
 //!
 //! "Duration" is CPU time: `--seconds` is CPU seconds of the workload, and
-//! `cpu-clock` samples CPU time, so sample counts hold on a loaded machine.
+//! `cpu-clock` samples CPU time, so sample counts hold on a loaded machine:
+//! a 1 s profile holds at least 90 % of 997 samples per CPU second it
+//! covers (at least 897).
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -27,9 +30,10 @@ const LEAST_RATE: f64 = 0.9;
 
 /// A diff whose largest frame change (inclusive, per unit of work) is at most
 /// this fraction of the first side's total is *flat*. Two interleaved
-/// profiles of the same set of about 1,500 samples each differ by a few
-/// percent (sampling and CPU-per-run noise on a shared machine); a strategy
-/// that saves a quarter of the work is far outside it.
+/// profiles of the same set of about 1,000 samples each differ by a few
+/// percent (sampling and CPU-per-run noise on a shared machine: 1.6 % at
+/// load 14); a strategy that saves a quarter of the work is far outside it
+/// (fast-unescape alone: 47–51 %).
 const FLAT: f64 = 0.12;
 
 fn flamegraph(args: &[&str], out: &Path) -> Output {
@@ -56,15 +60,28 @@ fn profiled(args: &[&str], out: &Path) -> String {
     stdout
 }
 
-/// Whether the perf checks can run here; says why not once (a skip that
-/// fails under CI when the kernel allows perf events but the tool is missing).
+/// Whether the perf checks can run here; says why not once. The kernel may
+/// refuse perf events (`perf_event_paranoid` = 3): said, not a failure. When
+/// it should allow them (≤ 2) but does not, or the tool is missing, that is a
+/// skip that fails under CI.
 fn perf_allowed() -> bool {
     static ALLOWED: OnceLock<bool> = OnceLock::new();
     *ALLOWED.get_or_init(|| match profile::perf_access() {
         Access::Denied(why) => {
-            not_allowed(&format!(
-                "perf checks of promlab flamegraph: the kernel refuses perf events here ({why}); the pprof fallback was checked instead"
-            ));
+            let paranoid: Option<i32> =
+                std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok());
+            if paranoid.is_some_and(|p| p <= 2) {
+                common::skip(
+                    &format!("perf events for promlab flamegraph's full-rate checks ({why}), though perf_event_paranoid allows them"),
+                    "let the tests call perf_event_open: a container's seccomp profile may block it",
+                );
+            } else {
+                not_allowed(&format!(
+                    "perf checks of promlab flamegraph: the kernel refuses perf events here ({why}); the pprof fallback was checked instead"
+                ));
+            }
             false
         }
         Access::UserAndKernel | Access::UserOnly => match profile::perf_tool() {
@@ -126,8 +143,8 @@ fn full_rate_profile(stdout: &str, svg: &Path, run_frame: &str) -> Folded {
     let folded = read_folded(&svg.with_extension("folded"));
     let samples = folded.samples() as f64;
     // At least 90 % of the asked rate over the CPU time profiled, which was
-    // at least the 1.5 s asked.
-    assert!(cpu >= 1.5, "{line}");
+    // at least the 1 s asked.
+    assert!(cpu >= 1.0, "{line}");
     assert!(
         samples >= LEAST_RATE * HZ * cpu,
         "{samples} samples in {cpu} s of CPU: below {LEAST_RATE} of {HZ} Hz ({line})"
@@ -155,7 +172,7 @@ fn baseline_export_profile_is_full_rate_and_names_the_unescape() {
             "--strategies",
             "none",
             "--seconds",
-            "1.5",
+            "1",
             "--sampler",
             "perf",
         ],
@@ -195,7 +212,7 @@ fn baseline_ingest_profile_is_full_rate_and_names_the_label_map() {
             "--strategies",
             "none",
             "--seconds",
-            "1.5",
+            "1",
             "--sampler",
             "perf",
         ],
@@ -253,7 +270,7 @@ fn a_diff_of_a_set_against_itself_is_flat_and_a_real_change_is_not() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (same, stdout) = diff("none", "none", "1.5", tmp.path());
+    let (same, stdout) = diff("none", "none", "1", tmp.path());
     let (change, frame) = same.largest_change();
     assert!(
         change.abs() <= FLAT,
@@ -262,7 +279,7 @@ fn a_diff_of_a_set_against_itself_is_flat_and_a_real_change_is_not() {
     );
     // fast-unescape alone takes a third of the baseline's work away (1.5× in
     // the ablation), nearly all of it the unescape's.
-    let (real, stdout) = diff("none", "fast-unescape", "1.5", tmp.path());
+    let (real, stdout) = diff("none", "fast-unescape", "1", tmp.path());
     let (change, frame) = real.largest_change();
     assert!(
         change <= -2.0 * FLAT,

@@ -210,7 +210,7 @@ fn is_strategy_arm(arm: &str) -> bool {
         || arm.strip_prefix("all-").is_some_and(strategy)
 }
 
-fn per_unit(ns: f64) -> String {
+pub(super) fn per_unit(ns: f64) -> String {
     if ns >= 100.0 {
         format!("{ns:.0}")
     } else {

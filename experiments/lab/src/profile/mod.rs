@@ -216,7 +216,7 @@ impl Profiler {
         self.open = Some(OpenSlice {
             arm,
             timer,
-            cpu: process_cpu(self.user_only()),
+            cpu: self.sampler.cpu_now(),
             wall: Instant::now(),
             start_ns: monotonic_ns(),
         });
@@ -229,7 +229,7 @@ impl Profiler {
             return Ok(());
         };
         let end_ns = monotonic_ns();
-        let cpu = process_cpu(self.user_only()) - open.cpu;
+        let cpu = self.sampler.cpu_now().saturating_sub(open.cpu);
         let profile = &mut self.arms[open.arm];
         profile.wall += open.wall.elapsed();
         profile.cpu += cpu;
@@ -238,11 +238,6 @@ impl Profiler {
         }
         self.windows.push((open.start_ns, end_ns, open.arm));
         Ok(())
-    }
-
-    /// perf without kernel frames samples user time only.
-    fn user_only(&self) -> bool {
-        self.sampler.kind == SamplerKind::Perf && !self.sampler.kernel
     }
 
     /// Stops sampling (ending the open slice); each arm's stacks, as recorded.
@@ -289,9 +284,12 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// CPU time this thread has used (what a slice of runs is measured in).
-pub fn thread_cpu() -> Duration {
-    Duration::from_nanos(clock_ns(libc::CLOCK_THREAD_CPUTIME_ID))
+impl Sampler {
+    /// The CPU time this process has used, of the kind the sampler samples:
+    /// what a profile's length is measured in.
+    pub fn cpu_now(&self) -> Duration {
+        process_cpu(self.kind == SamplerKind::Perf && !self.kernel)
+    }
 }
 
 /// CPU time this process has used: user and system, or user only.
