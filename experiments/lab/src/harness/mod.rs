@@ -17,6 +17,7 @@
 pub mod dossier;
 pub mod floor;
 pub mod peers;
+pub mod profiles;
 pub mod query;
 pub mod report;
 pub mod rss;
