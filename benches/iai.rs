@@ -10,8 +10,8 @@
 //! **Arms follow the features**, like the criterion benches:
 //! `harness::arms(stage, harness::configured(stage))` — baseline, each
 //! strategy of S alone, S minus each, S. iai-callgrind's macros take literal
-//! argument lists, so each benchmark is declared over arm *indices* 0..10
-//! (`MAX_ARMS`, the most any stage has: 2 × 4 strategies + 2); the setup
+//! argument lists, so each benchmark is declared over arm *indices* 0..14
+//! (`MAX_ARMS`, the most any stage has: write's 2 × 6 strategies + 2); the setup
 //! resolves an index to its arm at run time, and an index past the build's
 //! arm list gives `None`, a benchmark that does nothing (a near-zero count).
 //! Index 0 is always the baseline; with no feature, for a stage of n
@@ -26,8 +26,8 @@
 //! arm and `query_paths` for its other paths (uncached, through serde).
 //!
 //! iai-callgrind names them `<function> arm_<i>:<setup>(<i>)`; with no
-//! feature, `write_long_label arm_8` and `arm_9` (write has 8 arms) and
-//! render's `arm_2`..`arm_9` are such empty benchmarks (20 instructions).
+//! feature, export's and ingest's `arm_10`..`arm_13` (they have 10 arms) and
+//! render's `arm_2`..`arm_13` are such empty benchmarks (20 instructions).
 //!
 //! Run with `cargo bench --features S --bench iai` (needs valgrind and
 //! `iai-callgrind-runner` 0.16.1 on the PATH); build without
@@ -39,7 +39,7 @@ use promlab_lab::harness::{self, ArmKind, Generator, Output, Workload};
 use std::hint::black_box;
 
 /// Arm indices each benchmark is declared over (see the module doc).
-const MAX_ARMS: usize = 10;
+const MAX_ARMS: usize = 14;
 
 /// One arm of a harness workload, verified, ready for its counted run.
 struct ArmRun {
@@ -186,7 +186,7 @@ fn prometheus_captures(index: usize) -> Option<ArmRun> {
 
 // 1000 × (histogram observe + counter increment), 195-character label, warm writer.
 #[library_benchmark]
-#[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], setup = long_label)]
+#[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], setup = long_label)]
 fn write_long_label(arm: Option<ArmRun>) -> Option<ArmRun> {
     run(arm)
 }
@@ -194,14 +194,14 @@ fn write_long_label(arm: Option<ArmRun>) -> Option<ArmRun> {
 // One scrape of the seed repro (10 processes × 150 statements, 2,102 lines) by
 // a long-lived exporter that has scraped it once already.
 #[library_benchmark]
-#[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], setup = seed_repro)]
+#[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], setup = seed_repro)]
 fn scrape_seed_repro(arm: Option<ArmRun>) -> Option<ArmRun> {
     run(arm)
 }
 
 // One per-object scrape of a live registry (100 queues: 6,396 lines).
 #[library_benchmark]
-#[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], setup = rabbitmq)]
+#[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], setup = rabbitmq)]
 fn render_rabbitmq_per_object(arm: Option<ArmRun>) -> Option<ArmRun> {
     run(arm)
 }
@@ -209,8 +209,8 @@ fn render_rabbitmq_per_object(arm: Option<ArmRun>) -> Option<ArmRun> {
 // One ablation run of asap-1e5 (5 groups × 100 series, 65 ticks) and of
 // prometheus-captures (quick: 4 passes of the 27 requests).
 #[library_benchmark]
-#[benches::asap(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], setup = asap)]
-#[benches::prometheus_captures(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], setup = prometheus_captures)]
+#[benches::asap(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], setup = asap)]
+#[benches::prometheus_captures(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], setup = prometheus_captures)]
 fn ingest_requests(arm: Option<ArmRun>) -> Option<ArmRun> {
     run(arm)
 }
@@ -218,7 +218,7 @@ fn ingest_requests(arm: Option<ArmRun>) -> Option<ArmRun> {
 // One query of a long-lived receiver state (asap-query, quick: 1,000 groups ×
 // 2 series): per arm, the answer kept per closed window after its first query.
 #[library_benchmark]
-#[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], setup = query)]
+#[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], setup = query)]
 fn query_asap(arm: Option<ArmRun>) -> Option<ArmRun> {
     run(arm)
 }

@@ -104,6 +104,9 @@ macro_rules! strategies {
 strategies! {
     KeyCache = "key-cache", Write;
     IncrementOnce = "increment-once", Write;
+    CachedPid = "cached-pid", Write;
+    ClockOnce = "clock-once", Write;
+    CoarseClock = "coarse-clock", Write;
     MmapStore = "mmap-store", Write;
     SingleRead = "single-read", Export;
     DecodeOnce = "decode-once", Export;
@@ -137,9 +140,14 @@ impl FromStr for Strategy {
     }
 }
 
-/// A set of strategies: what a run actually uses.
+/// A set of strategies: what a run actually uses (one bit per strategy).
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StrategySet(u16);
+pub struct StrategySet(u32);
+
+const _: () = assert!(
+    Strategy::ALL.len() <= u32::BITS as usize,
+    "widen StrategySet"
+);
 
 impl StrategySet {
     /// The baseline: no strategy at all.
@@ -166,15 +174,15 @@ impl StrategySet {
     }
 
     pub fn contains(self, s: Strategy) -> bool {
-        self.0 & (1 << s as u8) != 0
+        self.0 & (1 << s as u32) != 0
     }
 
     pub fn with(self, s: Strategy) -> StrategySet {
-        StrategySet(self.0 | (1 << s as u8))
+        StrategySet(self.0 | (1 << s as u32))
     }
 
     pub fn without(self, s: Strategy) -> StrategySet {
-        StrategySet(self.0 & !(1 << s as u8))
+        StrategySet(self.0 & !(1 << s as u32))
     }
 
     pub fn is_empty(self) -> bool {
@@ -264,7 +272,10 @@ mod tests {
         assert!(!set.contains(Strategy::Prerender));
         assert_eq!(set.to_string().parse::<StrategySet>().unwrap(), set);
         assert_eq!("none".parse::<StrategySet>().unwrap(), StrategySet::NONE);
-        assert_eq!("all".parse::<StrategySet>().unwrap().iter().count(), 11);
+        assert_eq!(
+            "all".parse::<StrategySet>().unwrap().iter().count(),
+            Strategy::ALL.len()
+        );
         assert!("key-cache,bogus"
             .parse::<StrategySet>()
             .unwrap_err()
@@ -273,7 +284,7 @@ mod tests {
 
     #[test]
     fn combinations_cover_each_stage() {
-        assert_eq!(StrategySet::combinations(Stage::Write).len(), 8);
+        assert_eq!(StrategySet::combinations(Stage::Write).len(), 64);
         assert_eq!(StrategySet::combinations(Stage::Export).len(), 16);
         assert_eq!(StrategySet::combinations(Stage::Render).len(), 2);
         assert_eq!(StrategySet::combinations(Stage::Ingest).len(), 16);

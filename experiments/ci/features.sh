@@ -21,13 +21,15 @@ fi
 
 # feature → the stage benches it changes (prerender: render, and export's long-lived exporter).
 declare -A STAGES=(
-    [key-cache]="write" [increment-once]="write" [mmap-store]="write"
+    [key-cache]="write" [increment-once]="write" [cached-pid]="write" [clock-once]="write"
+    [coarse-clock]="write" [mmap-store]="write"
     [single-read]="export" [decode-once]="export" [fast-unescape]="export"
     [prerender]="render export"
     [borrowed-decode]="ingest" [series-cache]="ingest" [batch-routing]="ingest" [bulk-sketch]="ingest"
     [all]="write export render ingest"
 )
-ORDER=(key-cache increment-once mmap-store single-read decode-once fast-unescape prerender
+ORDER=(key-cache increment-once cached-pid clock-once coarse-clock mmap-store
+       single-read decode-once fast-unescape prerender
        borrowed-decode series-cache batch-routing bulk-sketch all)
 
 features=("$@")

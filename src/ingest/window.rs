@@ -21,7 +21,7 @@
 use super::bins::PaneBins;
 use super::groups::{AggGroups, Budget, OVERFLOW};
 use super::plan::Aggregation;
-use super::seams::SketchUpdate;
+use crate::seams::SketchUpdate;
 use super::sketch::{PaneSketch, PANE_BINS};
 use crate::text::{write_escaped, Escape};
 use serde::ser::{SerializeMap, Serializer};

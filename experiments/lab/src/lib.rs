@@ -9,5 +9,6 @@ pub mod fixtures;
 pub mod harness;
 pub mod http_client;
 pub mod machine;
+pub mod profile;
 pub mod serve;
 pub mod verify;

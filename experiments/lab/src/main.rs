@@ -33,8 +33,10 @@ enum Command {
     Ablate(promlab_lab::cli::AblateArgs),
     /// Regenerate the dossiers' measured tables and the ranking from the latest results.
     Report(promlab_lab::cli::ReportArgs),
-    /// Profile a scenario's runs under one strategy set and write an SVG flamegraph.
+    /// Profile a scenario's runs under one strategy set (or two, --diff) and write an SVG flamegraph.
     Flamegraph(promlab_lab::cli::FlamegraphArgs),
+    /// Profile every arm of the ablation (one scenario per stage by default) for the dossiers.
+    Profiles(promlab_lab::cli::ProfilesArgs),
     /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
     Serve(promlab_lab::cli::ServeArgs),
     /// Check the whole pipeline end to end under every strategy set against the naive references.
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
         Some(Command::Ablate(args)) => promlab_lab::cli::ablate(args),
         Some(Command::Report(args)) => promlab_lab::cli::report(args),
         Some(Command::Flamegraph(args)) => promlab_lab::cli::flamegraph(args),
+        Some(Command::Profiles(args)) => promlab_lab::cli::profiles(args),
         Some(Command::Serve(args)) => promlab_lab::cli::serve(args),
         Some(Command::Verify(args)) => promlab_lab::verify::run(args),
         Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),

@@ -1,7 +1,7 @@
 //! Real OS processes writing the same counters and histograms concurrently,
 //! each into its own file, while the parent exports under `flock`: the
 //! exported sums are exact. Children are forked from a client that already
-//! wrote, so this also proves the cached pid (`increment-once`) is refreshed
+//! wrote, so this also proves the cached pid (`cached-pid`) is refreshed
 //! after `fork` and every child writes its own file.
 
 use promlab::registry::Registry;

@@ -2,7 +2,7 @@
 //! values (quotes, backslashes, newlines, `&`, `=`, `%`, `+`, `~`, `*`,
 //! non-ASCII, empty) and values through the whole chain — write → store →
 //! export → exposition → scrape → remote write → ingest → quantiles — under
-//! all 2,048 strategy sets ([`promlab_lab::verify::check_case`]); per stage,
+//! all 2^n strategy sets of the n strategies ([`promlab_lab::verify::check_case`]); per stage,
 //! each strategy alone and all of the stage's strategies against the naive
 //! reference (memchr-style, one macro); and `promlab verify --quick` exits 0.
 
@@ -182,8 +182,11 @@ against_reference! {
     write_baseline: check_write, small(), [];
     write_key_cache: check_write, small(), [KeyCache];
     write_increment_once: check_write, small(), [IncrementOnce];
+    write_cached_pid: check_write, small(), [CachedPid];
+    write_clock_once: check_write, small(), [ClockOnce];
+    write_coarse_clock: check_write, small(), [CoarseClock];
     write_mmap_store: check_write, small(), [MmapStore];
-    write_all: check_write, small(), [KeyCache, IncrementOnce, MmapStore];
+    write_all: check_write, small(), [KeyCache, IncrementOnce, CachedPid, ClockOnce, CoarseClock, MmapStore];
     export_baseline: check_export, small(), [];
     export_single_read: check_export, small(), [SingleRead];
     export_decode_once: check_export, small(), [DecodeOnce];
@@ -216,14 +219,15 @@ fn every_strategy_is_tested_alone_and_with_its_stage() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 6, failure_persistence: None, ..ProptestConfig::default() })]
 
-    /// The whole chain under every one of the 2,048 strategy sets.
+    /// The whole chain under every one of the 2^n strategy sets.
     #[test]
     fn every_strategy_set_end_to_end(case in case(1..5, 60, 8)) {
         let tmp = tempfile::tempdir().unwrap();
         let sets = verify::every_set();
-        prop_assert_eq!(sets.len(), 2048);
+        let every = 1usize << S::ALL.len();
+        prop_assert_eq!(sets.len(), every);
         match verify::check_case(&case, &sets, tmp.path()) {
-            Ok(report) => prop_assert_eq!(report.sets, 2048),
+            Ok(report) => prop_assert_eq!(report.sets, every),
             Err(e) => return Err(TestCaseError::fail(format!("{e:#}"))),
         }
     }
@@ -268,5 +272,9 @@ fn promlab_verify_quick_exits_zero() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("verify: 2048 strategy sets × "), "{stdout}");
+    let every = 1usize << S::ALL.len();
+    assert!(
+        stdout.contains(&format!("verify: {every} strategy sets × ")),
+        "{stdout}"
+    );
 }

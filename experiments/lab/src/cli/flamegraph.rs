@@ -1,18 +1,22 @@
-//! `promlab flamegraph`: where one scenario's time goes under one strategy set.
+//! `promlab flamegraph`: where one scenario's time goes under one strategy set,
+//! or (`--diff A B`) how it changes from one set to another, per unit of work.
 //!
-//! The scenario's workload is built and warmed first, so the profile shows the
-//! steady state the ablation times (`Workload::run`), not setup. Sampling is
-//! pprof's `SIGPROF` timer (CPU time of the process), which works where perf's
-//! hardware counters are unavailable, e.g. in this VM.
+//! The workload is built, each set's first run verified against the
+//! scenario's expected digest, then runs are profiled (`harness::profiles`):
+//! the steady state the ablation times (`Workload::run`), not the setup. The
+//! sampler is perf's `cpu-clock` where the kernel allows it, pprof's timer
+//! otherwise (`crate::profile`); the summary names it and the rate it reached.
+//! Beside `FILE.svg` go the folded stacks, `FILE.folded`. A diff draws B's
+//! frames in `FILE.svg` and A's in `FILE.a.svg` (`profile::draw` says why
+//! both), `FILE.folded` holding the differential stacks (stack, A, B) and
+//! `FILE.a.folded`, `FILE.b.folded` each side's own.
 
+use crate::harness::profiles::{self, ArmRecord, Recorded};
+use crate::profile::{self, draw, SamplerChoice};
 use anyhow::{bail, Context, Result};
 use promlab::strategy::StrategySet;
-use std::io::Write;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
-
-/// Samples per second: a prime, so sampling does not lock step with a periodic loop.
-const FREQUENCY_HZ: i32 = 997;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// `promlab flamegraph`: profile a scenario's runs and write an SVG flamegraph.
 #[derive(clap::Args, Debug)]
@@ -20,15 +24,26 @@ pub struct FlamegraphArgs {
     /// A built-in scenario name or a scenario .toml path.
     pub scenario: String,
     /// Strategies to run: a comma-separated list, `none`, `all`, or `default`.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", conflicts_with = "diff")]
     pub strategies: StrategySet,
+    /// Profile two strategy sets, interleaved, and draw B's profile coloured by
+    /// the difference per unit of work: red where B spends more, blue where less.
+    #[arg(long, num_args = 2, value_names = ["A", "B"])]
+    pub diff: Option<Vec<StrategySet>>,
     /// The scenario's quick size (default: its full size).
     #[arg(long)]
     pub quick: bool,
-    /// How long to keep running the workload under the profiler.
+    /// CPU seconds of the workload to profile (per set with --diff); on a busy
+    /// machine the wall time is longer, the sample count the same.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
-    /// Where the SVG goes.
+    /// Samples per second of CPU time.
+    #[arg(long, default_value_t = 997)]
+    pub frequency: u32,
+    /// The sampler: perf events where allowed, else pprof's timer (`auto`); or force one.
+    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
+    pub sampler: SamplerChoice,
+    /// Where the SVG goes; the folded stacks go beside it (`.folded`).
     #[arg(long)]
     pub out: PathBuf,
 }
@@ -40,98 +55,294 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<()> {
             args.seconds
         );
     }
-    let duration = Duration::from_secs_f64(args.seconds);
+    let sampler = profile::choose(args.sampler, args.frequency)?;
     let scenario = crate::harness::load_scenario(&args.scenario)?;
     let stage = scenario.stage();
+    let asked: Vec<StrategySet> = args.diff.clone().unwrap_or(vec![args.strategies]);
     // Only the scenario's own stage has strategies that change its runs.
-    let strategies = args.strategies.restrict(stage);
-    if strategies.is_empty() && !args.strategies.is_empty() {
-        eprintln!(
-            "note: none of `{}` belongs to the {stage} stage of {}; profiling the baseline",
-            args.strategies, scenario.name
-        );
+    let sets: Vec<StrategySet> = asked.iter().map(|s| s.restrict(stage)).collect();
+    for (asked, set) in asked.iter().zip(&sets) {
+        if set.is_empty() && !asked.is_empty() {
+            eprintln!(
+                "note: none of `{asked}` belongs to the {stage} stage of {}; profiling the baseline there",
+                scenario.name
+            );
+        }
     }
+    let outputs = Outputs::new(&args.out, sets.len() == 2);
     // Open the output before the long part, so a bad path fails at once; a
-    // failure after that removes it rather than leave an empty file behind.
-    let mut file = std::fs::File::create(&args.out)
+    // failure after that removes what was written rather than leave half of it.
+    let file = std::fs::File::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let profiled = profile(&scenario, &args, strategies, duration).and_then(|(svg, summary)| {
-        file.write_all(&svg)
-            .and_then(|()| file.flush())
-            .with_context(|| format!("cannot write {}", args.out.display()))?;
-        Ok(summary)
-    });
-    match profiled {
+    drop(file);
+    let arms: Vec<(String, StrategySet)> = match sets.as_slice() {
+        [a, b] => vec![("A".to_string(), *a), ("B".to_string(), *b)],
+        [set] => vec![(set.to_string(), *set)],
+        _ => unreachable!("one set or two"),
+    };
+    eprintln!(
+        "profiling {} ({stage}, {}), strategies {}: {:.1} s of CPU{}, {}",
+        scenario.name,
+        if args.quick { "quick" } else { "full" },
+        sets.iter()
+            .map(|s| format!("`{s}`"))
+            .collect::<Vec<_>>()
+            .join(" against "),
+        args.seconds,
+        if sets.len() == 2 {
+            " each, interleaved"
+        } else {
+            ""
+        },
+        sampler.describe()
+    );
+    let result = profiles::record(
+        &scenario,
+        args.quick,
+        &arms,
+        Duration::from_secs_f64(args.seconds),
+        sampler,
+    )
+    .and_then(|recorded| write(&recorded, &scenario.name, args.quick, &outputs));
+    match result {
         Ok(summary) => {
-            println!("{}: {summary}", args.out.display());
+            println!("{summary}");
             Ok(())
         }
         Err(err) => {
-            drop(file);
-            let _ = std::fs::remove_file(&args.out);
+            outputs.remove();
             Err(err)
         }
     }
 }
 
-/// Builds, warms and profiles the workload; returns the SVG and a one-line summary.
-fn profile(
-    scenario: &crate::harness::Scenario,
-    args: &FlamegraphArgs,
-    strategies: StrategySet,
-    duration: Duration,
-) -> Result<(Vec<u8>, String)> {
-    let stage = scenario.stage();
-    let size = scenario.size(args.quick);
-    let mut workload = crate::harness::workloads::build(&size.params)
-        .with_context(|| format!("cannot build scenario {}", scenario.name))?;
-    workload.run(strategies)?;
+/// The files one invocation writes.
+struct Outputs {
+    svg: PathBuf,
+    folded: PathBuf,
+    /// For a diff: the graph on A's frames, and each side's folded stacks.
+    sides: Option<(PathBuf, [PathBuf; 2])>,
+}
 
-    let guard = pprof::ProfilerGuardBuilder::default()
-        .frequency(FREQUENCY_HZ)
-        // Unwinding through these from a signal handler can deadlock (pprof's advice).
-        .blocklist(&["libc", "libgcc", "pthread", "vdso"])
-        .build()
-        .context("cannot start the profiler")?;
-    let start = Instant::now();
-    let mut runs = 0u64;
-    while runs == 0 || start.elapsed() < duration {
-        workload.run(strategies)?;
-        runs += 1;
+impl Outputs {
+    fn new(svg: &Path, diff: bool) -> Outputs {
+        let beside = |ext: &str| svg.with_extension(ext);
+        Outputs {
+            svg: svg.to_path_buf(),
+            folded: beside("folded"),
+            sides: diff.then(|| (beside("a.svg"), [beside("a.folded"), beside("b.folded")])),
+        }
     }
-    let elapsed = start.elapsed();
-    let report = guard
-        .report()
-        .build()
-        .context("cannot build the profile report")?;
-    drop(guard);
-    if report.data.is_empty() {
+
+    fn remove(&self) {
+        let sides = self
+            .sides
+            .iter()
+            .flat_map(|(svg, folded)| [svg].into_iter().chain(folded));
+        for path in [&self.svg, &self.folded].into_iter().chain(sides) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Draws and writes the profile(s); returns the summary to print.
+fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) -> Result<String> {
+    let sampler = &recorded.sampler;
+    let size = if quick { "quick" } else { "full" };
+    let mut summary = format!("sampler: {}\n", sampler.describe());
+    for arm in &recorded.arms {
+        summary.push_str(&format!("  {}\n", arm.summary(sampler, recorded.units)));
+        check_samples(arm, sampler)?;
+        let rate = arm.profile.rate_hz() / f64::from(sampler.frequency_hz);
+        if sampler.kind == profile::SamplerKind::Perf && rate < 0.9 {
+            summary.push_str(&format!(
+                "  warning: {}: {:.0} % of the asked rate (perf lost samples? see below)\n",
+                arm.arm,
+                100.0 * rate
+            ));
+        }
+    }
+    for warning in &recorded.warnings {
+        summary.push_str(&format!("  warning: {warning}\n"));
+    }
+    match recorded.arms.as_slice() {
+        [arm] => {
+            let title = format!(
+                "promlab {scenario} ({size}), strategies: {}",
+                arm.strategies
+            );
+            let subtitle = format!(
+                "{} samples of {} runs, {} sampler",
+                arm.profile.samples(),
+                arm.runs,
+                sampler.kind.name()
+            );
+            let svg = draw::svg(
+                &arm.profile.folded,
+                &draw::Style {
+                    title: &title,
+                    subtitle: &subtitle,
+                    min_width_px: draw::MIN_WIDTH_PX,
+                },
+            )?;
+            write_file(&outputs.svg, &svg)?;
+            write_file(&outputs.folded, arm.profile.folded.to_text().as_bytes())?;
+            summary.push_str(&format!(
+                "wrote {} and {}\nhottest frames (inclusive): {}",
+                outputs.svg.display(),
+                outputs.folded.display(),
+                hottest(&arm.profile.folded)
+            ));
+        }
+        [a, b] => {
+            let units = recorded.units;
+            let unit = units.1.trim_end_matches('s');
+            let diff = draw::Diff::new(
+                &a.profile.folded,
+                a.work(units.0),
+                &b.profile.folded,
+                b.work(units.0),
+            )?;
+            let title = format!(
+                "promlab {scenario} ({size}): `{}` → `{}`, per {unit}",
+                a.strategies, b.strategies
+            );
+            let (on_a, sides) = outputs.sides.as_ref().expect("a diff has two sides");
+            for (shape, path, frames) in [
+                (draw::Shape::Second, &outputs.svg, "B's"),
+                (draw::Shape::First, on_a, "A's"),
+            ] {
+                let subtitle = format!(
+                    "on {frames} frames; a frame's own samples per {unit}: red where B spends more than A, blue where less"
+                );
+                let style = draw::Style {
+                    title: &title,
+                    subtitle: &subtitle,
+                    min_width_px: draw::MIN_WIDTH_PX,
+                };
+                write_file(path, &diff.svg(shape, &style)?)?;
+            }
+            write_file(&outputs.folded, diff.to_text().as_bytes())?;
+            for (arm, path) in [a, b].iter().zip(sides) {
+                write_file(path, arm.profile.folded.to_text().as_bytes())?;
+            }
+            let per_k = |arm: &ArmRecord| {
+                arm.profile.samples() as f64 * 1000.0 / arm.work(units.0).max(1.0)
+            };
+            let (total_a, total_b) = diff.totals();
+            let (flat, frame) = diff.largest_change();
+            summary.push_str(&format!(
+                "per 1,000 {unit}s: A {:.2} samples, B {:.2} (B/A {:.3}); largest change of a frame: {:+.1} % of A's total, at {}\n",
+                per_k(a),
+                per_k(b),
+                total_b as f64 / total_a.max(1) as f64,
+                100.0 * flat,
+                frame.rsplit(';').next().unwrap_or(&frame)
+            ));
+            let changes: Vec<String> = diff
+                .own_changes(5)
+                .into_iter()
+                .map(|(frame, a, b)| format!("{frame} {a} → {b}"))
+                .collect();
+            summary.push_str(&format!(
+                "own samples that changed most (A scaled to B's work): {}\nwrote {} (on B's frames), {} (on A's), {} (differential folded: stack, A, B), {} and {}",
+                changes.join("; "),
+                outputs.svg.display(),
+                on_a.display(),
+                outputs.folded.display(),
+                sides[0].display(),
+                sides[1].display()
+            ));
+        }
+        _ => unreachable!("one arm or two"),
+    }
+    Ok(summary)
+}
+
+fn check_samples(arm: &ArmRecord, sampler: &profile::Sampler) -> Result<()> {
+    if arm.profile.samples() == 0 {
         bail!(
-            "the profiler took no samples in {:.2} s ({runs} runs); try a longer --seconds",
-            elapsed.as_secs_f64()
+            "{} took no samples of {} in {:.2} s of CPU ({} runs); try a longer --seconds",
+            sampler.kind.name(),
+            arm.arm,
+            arm.profile.cpu.as_secs_f64(),
+            arm.runs
         );
     }
+    Ok(())
+}
 
-    let mut options = pprof::flamegraph::Options::default();
-    options.title = format!(
-        "promlab {} ({}, {}), strategies: {}",
-        scenario.name,
-        stage,
-        if args.quick { "quick" } else { "full" },
-        strategies
+fn hottest(folded: &profile::Folded) -> String {
+    let total = folded.samples().max(1) as f64;
+    folded
+        .hottest(6)
+        .into_iter()
+        .map(|(frame, n)| format!("{frame} {:.1} %", 100.0 * n as f64 / total))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `promlab profiles`: the profile set the dossiers embed.
+#[derive(clap::Args, Debug)]
+pub struct ProfilesArgs {
+    /// Scenarios (built-in names or .toml paths); by default one per stage:
+    /// write-long-label, large-ruby, rabbitmq-per-object, asap-1e5.
+    pub scenarios: Vec<String>,
+    /// The scenarios' quick sizes (default: their full sizes).
+    #[arg(long)]
+    pub quick: bool,
+    /// CPU seconds of profile per arm (each arm's runs are whole, so the
+    /// slowest arms may run longer).
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Samples per second of CPU time.
+    #[arg(long, default_value_t = 997)]
+    pub frequency: u32,
+    /// The sampler: perf events where allowed, else pprof's timer (`auto`); or force one.
+    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
+    pub sampler: SamplerChoice,
+    /// The results directory whose `profiles/` to write (default: a new
+    /// experiments/results/<date>T<time>Z-<host>-<revision>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+pub fn profiles(args: ProfilesArgs) -> Result<()> {
+    if !(args.seconds.is_finite() && args.seconds > 0.0 && args.seconds <= 86_400.0) {
+        bail!(
+            "--seconds must be a positive number of seconds (at most a day), not {}",
+            args.seconds
+        );
+    }
+    let load_at_start = crate::harness::report::run_started();
+    let options = profiles::SetOptions {
+        quick: args.quick,
+        cpu: Duration::from_secs_f64(args.seconds),
+        sampler: profile::choose(args.sampler, args.frequency)?,
+    };
+    let out = args
+        .out
+        .unwrap_or_else(crate::harness::report::default_results_dir);
+    let dir = profiles::profile_set(&args.scenarios, &options, &out)?;
+    let ablate = crate::harness::AblateOptions {
+        quick: args.quick,
+        only: None,
+        out: None,
+        repeats: None,
+        print_digests: false,
+        progress: false,
+        peers: false,
+        with_clickhouse: false,
+        peak_rss: None,
+    };
+    crate::harness::report::write_machine(&dir, &ablate, load_at_start)?;
+    println!(
+        "profiles: {} (`promlab report` draws the dossiers' flamegraphs from the newest set)",
+        dir.display()
     );
-    // Rendered in memory first: a half-written SVG is worse than none.
-    let mut svg = Vec::new();
-    report
-        .flamegraph_with_options(&mut svg, &mut options)
-        .context("cannot render the flamegraph")?;
-    let samples: isize = report.data.values().sum();
-    let summary = format!(
-        "{runs} runs of {} in {:.2} s, {samples} samples: {:.0} Hz measured ({FREQUENCY_HZ} Hz asked; \
-         the kernel's timer may deliver fewer)",
-        scenario.name,
-        elapsed.as_secs_f64(),
-        samples as f64 / elapsed.as_secs_f64().max(1e-9)
-    );
-    Ok((svg, summary))
+    Ok(())
 }

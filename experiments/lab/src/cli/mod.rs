@@ -3,7 +3,7 @@ mod flamegraph;
 pub mod ingest;
 mod soak;
 
-pub use flamegraph::{flamegraph, FlamegraphArgs};
+pub use flamegraph::{flamegraph, profiles, FlamegraphArgs, ProfilesArgs};
 pub use soak::{soak, SoakArgs};
 
 use crate::serve::ServerLimits;
@@ -362,6 +362,11 @@ pub struct ReportArgs {
     /// `<!-- floors:end -->`) is regenerated.
     #[arg(long, default_value = "README.md")]
     pub readme: PathBuf,
+    /// A profile set (`promlab profiles`: a results directory's `profiles/`) to
+    /// draw the dossiers' differential flamegraphs from (default: the results
+    /// directory's own, else the newest under experiments/results).
+    #[arg(long)]
+    pub profiles: Option<PathBuf>,
 }
 
 pub fn report(args: ReportArgs) -> Result<()> {
@@ -371,8 +376,27 @@ pub fn report(args: ReportArgs) -> Result<()> {
             crate::harness::dossier::latest_results(std::path::Path::new("experiments/results"))?
         }
     };
-    crate::harness::dossier::regenerate(&results, &args.strategies_dir, Some(&args.readme))?;
+    let profiles = args.profiles.or_else(|| {
+        let own = results.join("profiles");
+        if own.join("profiles.csv").is_file() {
+            Some(own)
+        } else {
+            crate::harness::profiles::latest(std::path::Path::new("experiments/results"))
+        }
+    });
+    crate::harness::dossier::regenerate(
+        &results,
+        &args.strategies_dir,
+        Some(&args.readme),
+        profiles.as_deref(),
+    )?;
     println!("dossiers regenerated from {}", results.display());
+    match profiles {
+        Some(dir) => println!("differential flamegraphs drawn from {}", dir.display()),
+        None => println!(
+            "no profile set (`promlab profiles`): the dossiers' flamegraphs were left alone"
+        ),
+    }
     Ok(())
 }
 

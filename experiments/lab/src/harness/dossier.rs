@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 const BEGIN: &str = "<!-- ablation:begin -->";
 const END: &str = "<!-- ablation:end -->";
+const PROFILES_BEGIN: &str = "<!-- profiles:begin -->";
+const PROFILES_END: &str = "<!-- profiles:end -->";
 const FLOORS_BEGIN: &str = "<!-- floors:begin -->";
 const FLOORS_END: &str = "<!-- floors:end -->";
 
@@ -208,7 +210,7 @@ fn is_strategy_arm(arm: &str) -> bool {
         || arm.strip_prefix("all-").is_some_and(strategy)
 }
 
-fn per_unit(ns: f64) -> String {
+pub(super) fn per_unit(ns: f64) -> String {
     if ns >= 100.0 {
         format!("{ns:.0}")
     } else {
@@ -226,23 +228,36 @@ fn replace_between(text: &str, begin_mark: &str, end_mark: &str, block: &str) ->
     Some(format!("{}\n{}{}", &text[..begin], block, &text[end..]))
 }
 
-/// Rewrites every dossier's measured block, `strategies/README.md`'s ranking
-/// and (given its path) the top-level README's floors table.
-pub fn regenerate(results: &Path, strategies_dir: &Path, readme_path: Option<&Path>) -> Result<()> {
+/// Rewrites every dossier's measured block (and, given a profile set, its
+/// differential flamegraphs: `harness::profiles`), `strategies/README.md`'s
+/// ranking and (given its path) the top-level README's floors table.
+pub fn regenerate(
+    results: &Path,
+    strategies_dir: &Path,
+    readme_path: Option<&Path>,
+    profiles: Option<&Path>,
+) -> Result<()> {
     let rows = read_rows(results)?;
     if rows.is_empty() {
         bail!("no CSV rows in {}", results.display());
     }
     for strategy in Strategy::ALL {
         let path = strategies_dir.join(format!("{}.md", strategy.name()));
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        let Ok(mut text) = std::fs::read_to_string(&path) else {
             continue;
         };
         let table = strategy_table(strategy, &rows, results);
         match replace_block(&text, &table) {
-            Some(updated) => std::fs::write(&path, updated)?,
+            Some(updated) => text = updated,
             None => eprintln!("{}: no {BEGIN} … {END} block, left alone", path.display()),
         }
+        if let Some(profiles) = profiles {
+            let block = super::profiles::dossier_block(strategy, profiles, strategies_dir)
+                .with_context(|| format!("profiles for {}", path.display()))?;
+            text = replace_between(&text, PROFILES_BEGIN, PROFILES_END, &block)
+                .unwrap_or_else(|| with_profiles_section(&text, &block));
+        }
+        std::fs::write(&path, text)?;
     }
     let readme = strategies_dir.join("README.md");
     let text = std::fs::read_to_string(&readme)
@@ -268,6 +283,25 @@ pub fn regenerate(results: &Path, strategies_dir: &Path, readme_path: Option<&Pa
         }
     }
     Ok(())
+}
+
+/// A dossier without a profiles block gets one after its measured table
+/// (or at its end), so a new strategy's dossier shows its profiles without
+/// anyone adding the markers.
+fn with_profiles_section(text: &str, block: &str) -> String {
+    let section = format!(
+        "\n### Where the time goes: differential flamegraphs\n\n{PROFILES_BEGIN}\n{block}{PROFILES_END}\n"
+    );
+    match text.find(END) {
+        Some(at) => {
+            let after = at + END.len();
+            let line_end = text[after..]
+                .find('\n')
+                .map_or(text.len(), |i| after + i + 1);
+            format!("{}{section}{}", &text[..line_end], &text[line_end..])
+        }
+        None => format!("{}\n{section}", text.trim_end()),
+    }
 }
 
 /// Per stage, strategies ranked by their median speed-up alone over the stage's scenarios.

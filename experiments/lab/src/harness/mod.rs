@@ -17,6 +17,7 @@
 pub mod dossier;
 pub mod floor;
 pub mod peers;
+pub mod profiles;
 pub mod query;
 pub mod report;
 pub mod rss;
@@ -683,17 +684,17 @@ mod tests {
             ["baseline", "series-cache", "batch-routing", "all"]
         );
         assert_eq!(a[3].1, set("series-cache,batch-routing"));
-        // Three: each alone, each left out, all.
+        // Six: each alone, each left out, all.
         let a = arms(Stage::Write, StrategySet::all());
-        assert_eq!(a.len(), 8);
+        assert_eq!(a.len(), 14);
         assert_eq!(
-            a[4],
+            a[7],
             (
                 "all-key-cache".to_string(),
-                set("increment-once,mmap-store")
+                set("increment-once,cached-pid,clock-once,coarse-clock,mmap-store")
             )
         );
-        assert_eq!(a[7].1, StrategySet::all().restrict(Stage::Write));
+        assert_eq!(a[13].1, StrategySet::all().restrict(Stage::Write));
         // Strategies of other stages are not arms; prerender is one of export's.
         let a = arms(Stage::Export, set("key-cache,prerender"));
         assert_eq!(names(&a), ["baseline", "prerender"]);
@@ -802,9 +803,9 @@ mod tests {
             peak_rss: None,
         };
         let result = run_scenario(&scenario, &options).unwrap();
-        // Eight strategy arms and the floor.
-        assert_eq!(result.arms.len(), 9);
-        assert_eq!(result.arms[8].kind, ArmKind::Floor);
+        // Fourteen strategy arms (baseline, six alone, six left out, all) and the floor.
+        assert_eq!(result.arms.len(), 15);
+        assert_eq!(result.arms[14].kind, ArmKind::Floor);
         assert!(result.arms.iter().all(|a| a.samples.len() == 2));
         assert_eq!(result.digest, scenario.quick.expected);
         // A wrong digest stops the run, naming the strategies.

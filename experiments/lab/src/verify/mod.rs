@@ -1,21 +1,22 @@
 //! `promlab verify [--quick]`: the whole pipeline, end to end, under every one
-//! of the 2^11 = 2,048 strategy sets, checked against the naive references of
+//! of the 2^n strategy sets of the n strategies (`Strategy::ALL`; 14 strategies,
+//! 16,384 sets, as of this writing), checked against the naive references of
 //! `promlab::reference` and against what client_ruby wrote and printed.
 //!
 //! The chain, per input (a registry and the op logs of its writer processes):
 //! write ops → store files → export → exposition → scraped into remote-write
 //! requests → ingest → windows → quantiles.
 //!
-//! **How 2,048 sets are checked without running the chain 2,048 times.** Each
+//! **How 2^n sets are checked without running the chain 2^n times.** Each
 //! stage's output depends only on that stage's strategies: the store on the
-//! set's 3 write strategies, the exposition on the store and the set's 4
-//! export strategies (`single-read`, `decode-once`, `fast-unescape`, and
-//! `prerender`, which the long-lived exporter uses), the quantiles on the
-//! exposition and the set's 4 ingest strategies. So each stage runs once per
-//! distinct stage subset, on the outputs of the previous stage's subsets: 8
-//! stores, then 8 × 16 exposition sequences (each store exported under each
-//! export subset), then 16 ingest runs per distinct exposition sequence. Then
-//! every one of the 2,048 sets is walked and its own chain — its write
+//! set's write strategies, the exposition on the store and the set's export
+//! strategies (and `prerender`, which the long-lived exporter uses), the
+//! quantiles on the exposition and the set's ingest strategies. So each stage
+//! runs once per distinct stage subset, on the outputs of the previous stage's
+//! subsets: one store per write subset, then each store exported under each
+//! export subset (an exposition sequence each), then one ingest run per ingest
+//! subset and distinct exposition sequence. (`verify` prints the counts.) Then
+//! every one of the 2^n sets is walked and its own chain — its write
 //! subset's store → that store's exposition under its export subset → that
 //! exposition's quantiles under its ingest subset — must pass every check.
 //!
@@ -121,7 +122,7 @@ fn subsets(sets: &[StrategySet], stage: Stage) -> Vec<StrategySet> {
     out
 }
 
-/// Every one of the 2^11 strategy sets, the baseline first.
+/// Every one of the 2^n strategy sets, the baseline first.
 pub fn every_set() -> Vec<StrategySet> {
     StrategySet::subsets(&promlab::strategy::Strategy::ALL)
 }

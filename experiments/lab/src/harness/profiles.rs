@@ -1,0 +1,613 @@
+//! Profiles of a scenario's arms (`promlab flamegraph`, `promlab profiles`),
+//! and the profile sets the dossiers embed.
+//!
+//! A workload is built once and each arm's first run is verified against the
+//! scenario's expected digest, as `promlab ablate` does, so what is profiled
+//! is what was verified. The arms then run in interleaved slices (a quarter
+//! second of CPU each, whole runs) until each has used the CPU time asked:
+//! CPU time, not wall time, because `cpu-clock` samples CPU time, so an arm's
+//! sample count is the same on a busy machine as on a quiet one.
+//!
+//! A profile set (`promlab profiles`) is a results directory's `profiles/`:
+//! `profiles.csv` (one row per arm: sampler, samples, CPU time, rate, runs and
+//! units of work) and `<scenario>/<arm>.folded`. `promlab report` draws from
+//! it, per strategy, the differential flamegraphs its dossier embeds
+//! (`<scenario>/<a>-vs-<b>.on-<a>.svg` and `.on-<b>.svg`, on each profile's
+//! frames, and the differential folded stacks beside them, `<a>-vs-<b>.folded`).
+
+use super::dossier::per_unit;
+use super::{digest, load_scenario, workloads, Output, Scenario};
+use crate::profile::{self, draw, ArmProfile, Folded, Profiler, Sampler, SamplerKind};
+use anyhow::{bail, Context, Result};
+use promlab::strategy::{Stage, Strategy, StrategySet};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The scenarios `promlab profiles` profiles when none is named: one per
+/// stage, each the workload of the upstream report its strategies answer.
+pub const DEFAULT_SCENARIOS: [&str; 4] = [
+    "write-long-label",
+    "large-ruby",
+    "rabbitmq-per-object",
+    "asap-1e5",
+];
+
+/// The longest slice of one arm before the next arm's turn (whole runs).
+const SLICE_CPU: Duration = Duration::from_millis(250);
+
+/// One arm's profile, rooted at the workload's run.
+pub struct ArmRecord {
+    pub arm: String,
+    pub strategies: StrategySet,
+    pub profile: ArmProfile,
+    /// Samples whose stack reached the workload's run frame.
+    pub reached: u64,
+    pub runs: u64,
+}
+
+impl ArmRecord {
+    /// Units of work the profile covers.
+    pub fn work(&self, units_per_run: u64) -> f64 {
+        self.runs as f64 * units_per_run as f64
+    }
+
+    /// Its rate, samples reaching the run, and runs, in one line.
+    pub fn summary(&self, sampler: &Sampler, units: (u64, &str)) -> String {
+        let samples = self.profile.samples();
+        let rate = self.profile.rate_hz();
+        let stacks = match sampler.kind {
+            SamplerKind::Perf => format!(
+                "{:.1} % of stacks unwound to the workload's run",
+                100.0 * self.reached as f64 / samples.max(1) as f64
+            ),
+            // pprof names frames by their DWARF names (`run`), so its stacks stay whole.
+            SamplerKind::Pprof => "stacks from the process's start".to_string(),
+        };
+        format!(
+            "{}: {} runs ({} {} each), {:.2} s CPU in {:.2} s, {samples} samples: {rate:.0} Hz, {:.0} % of the {} Hz asked; {stacks}",
+            self.arm,
+            self.runs,
+            units.0,
+            units.1,
+            self.profile.cpu.as_secs_f64(),
+            self.profile.wall.as_secs_f64(),
+            100.0 * rate / f64::from(sampler.frequency_hz),
+            sampler.frequency_hz,
+        )
+    }
+}
+
+/// What [`record`] returns.
+pub struct Recorded {
+    pub sampler: Sampler,
+    pub arms: Vec<ArmRecord>,
+    /// Units of work one run does, and their name.
+    pub units: (u64, &'static str),
+    pub warnings: Vec<String>,
+}
+
+/// Profiles `arms` of `scenario` (each verified first), interleaved, until
+/// each has used `cpu` of CPU time.
+pub fn record(
+    scenario: &Scenario,
+    quick: bool,
+    arms: &[(String, StrategySet)],
+    cpu: Duration,
+    sampler: Sampler,
+) -> Result<Recorded> {
+    let size = scenario.size(quick);
+    let mut workload = workloads::build(&size.params)
+        .with_context(|| format!("cannot build scenario {}", scenario.name))?;
+    // The first run of each set: verified, and the warm-up.
+    let mut verified: Vec<StrategySet> = Vec::new();
+    for (name, set) in arms {
+        let output = workload.run(*set)?;
+        if verified.contains(set) {
+            continue;
+        }
+        let got = match &output {
+            Output::Units(_) => bail!("arm {name} returned units, not the stage's answer"),
+            other => digest(&other.bytes()?),
+        };
+        if got != size.expected {
+            bail!(
+                "scenario {}: strategies `{set}` produced digest {got}, {} expected; not profiling an unverified run",
+                scenario.name,
+                size.expected
+            );
+        }
+        verified.push(*set);
+    }
+    let slice = if arms.len() == 1 {
+        cpu
+    } else {
+        SLICE_CPU.min(cpu)
+    };
+    let mut profiler = Profiler::start(sampler.clone(), arms.len())?;
+    let mut runs = vec![0u64; arms.len()];
+    let mut round = 0;
+    while (0..arms.len()).any(|i| profiler.cpu(i) < cpu) {
+        for k in 0..arms.len() {
+            let i = (k + round) % arms.len();
+            if profiler.cpu(i) >= cpu {
+                continue;
+            }
+            let set = arms[i].1;
+            let done = profiler.slice(i, || -> Result<u64> {
+                let start = sampler.cpu_now();
+                let mut done = 0;
+                while done == 0 || sampler.cpu_now().saturating_sub(start) < slice {
+                    workload.run(set)?;
+                    done += 1;
+                }
+                Ok(done)
+            })??;
+            runs[i] += done;
+        }
+        round += 1;
+    }
+    let profiles = profiler.finish()?;
+    let records = profiles
+        .arms
+        .into_iter()
+        .zip(arms)
+        .zip(runs)
+        .map(|((mut profile, (arm, set)), runs)| {
+            let (rooted, reached) = profile.folded.rooted_at(profile::RUN_FRAME);
+            profile.folded = rooted;
+            ArmRecord {
+                arm: arm.clone(),
+                strategies: *set,
+                profile,
+                reached,
+                runs,
+            }
+        })
+        .collect();
+    Ok(Recorded {
+        sampler: profiles.sampler,
+        arms: records,
+        units: workload.units(),
+        warnings: profiles.warnings,
+    })
+}
+
+/// One row of `profiles.csv`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProfileRow {
+    pub scenario: String,
+    pub stage: String,
+    pub size: String,
+    pub arm: String,
+    /// The arm's strategy set (`none` for the baseline).
+    pub strategies: String,
+    /// `perf` or `pprof`.
+    pub sampler: String,
+    pub frequency_hz: u32,
+    pub samples: u64,
+    pub cpu_seconds: f64,
+    pub wall_seconds: f64,
+    /// Samples per second of CPU time.
+    pub rate_hz: f64,
+    /// Fraction of samples whose stack was unwound to the workload's run.
+    pub unwound: f64,
+    pub runs: u64,
+    pub units_per_run: u64,
+    pub unit: String,
+    /// The folded stacks, relative to the profiles directory.
+    pub folded: String,
+}
+
+impl ProfileRow {
+    fn work(&self) -> f64 {
+        self.runs as f64 * self.units_per_run as f64
+    }
+
+    fn set(&self) -> Result<StrategySet> {
+        self.strategies
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("{}/{}: {e}", self.scenario, self.arm))
+    }
+}
+
+/// Options of `promlab profiles`.
+pub struct SetOptions {
+    pub quick: bool,
+    /// CPU time per arm.
+    pub cpu: Duration,
+    pub sampler: Sampler,
+}
+
+/// `promlab profiles`: every arm of each scenario (the ablation's: baseline,
+/// each strategy alone, all but each, all; `Strategy::ALL`, so a new strategy
+/// is profiled without more code) into `<out>/profiles/`.
+pub fn profile_set(names: &[String], options: &SetOptions, out: &Path) -> Result<PathBuf> {
+    let names: Vec<String> = if names.is_empty() {
+        DEFAULT_SCENARIOS.iter().map(|n| n.to_string()).collect()
+    } else {
+        names.to_vec()
+    };
+    let scenarios: Vec<Scenario> = names
+        .iter()
+        .map(|n| load_scenario(n))
+        .collect::<Result<_>>()?;
+    let dir = out.join("profiles");
+    let mut rows = Vec::new();
+    for scenario in &scenarios {
+        let stage = scenario.stage();
+        let arms = super::arms(stage, StrategySet::all());
+        eprintln!(
+            "{}: profiling {} arms, {:.1} s of CPU each, {}",
+            scenario.name,
+            arms.len(),
+            options.cpu.as_secs_f64(),
+            options.sampler.describe()
+        );
+        let recorded = record(
+            scenario,
+            options.quick,
+            &arms,
+            options.cpu,
+            options.sampler.clone(),
+        )?;
+        for warning in &recorded.warnings {
+            eprintln!("  warning: {warning}");
+        }
+        let scenario_dir = dir.join(&scenario.name);
+        std::fs::create_dir_all(&scenario_dir)
+            .with_context(|| format!("cannot create {}", scenario_dir.display()))?;
+        for arm in &recorded.arms {
+            eprintln!("  {}", arm.summary(&recorded.sampler, recorded.units));
+            let folded = format!("{}/{}.folded", scenario.name, arm.arm);
+            let pruned = arm.profile.folded.pruned(SET_MIN_FRACTION);
+            std::fs::write(dir.join(&folded), pruned.to_text())
+                .with_context(|| format!("cannot write {folded}"))?;
+            rows.push(ProfileRow {
+                scenario: scenario.name.clone(),
+                stage: stage.to_string(),
+                size: if options.quick { "quick" } else { "full" }.to_string(),
+                arm: arm.arm.clone(),
+                strategies: arm.strategies.to_string(),
+                sampler: recorded.sampler.kind.name().to_string(),
+                frequency_hz: recorded.sampler.frequency_hz,
+                samples: arm.profile.samples(),
+                cpu_seconds: round3(arm.profile.cpu.as_secs_f64()),
+                wall_seconds: round3(arm.profile.wall.as_secs_f64()),
+                rate_hz: round3(arm.profile.rate_hz()),
+                unwound: round3(arm.reached as f64 / arm.profile.samples().max(1) as f64),
+                runs: arm.runs,
+                units_per_run: recorded.units.0,
+                unit: recorded.units.1.to_string(),
+                folded,
+            });
+        }
+    }
+    let mut writer = csv::Writer::from_path(dir.join("profiles.csv"))?;
+    for row in &rows {
+        writer.serialize(row)?;
+    }
+    writer.flush()?;
+    Ok(dir)
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Reads `<dir>/profiles.csv`.
+pub fn read_rows(dir: &Path) -> Result<Vec<ProfileRow>> {
+    let path = dir.join("profiles.csv");
+    let file =
+        std::fs::File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+    csv::Reader::from_reader(file)
+        .deserialize()
+        .enumerate()
+        .map(|(i, row)| row.with_context(|| format!("{} row {}", path.display(), i + 1)))
+        .collect()
+}
+
+/// The newest results directory with a profile set (`<dir>/profiles/profiles.csv`).
+pub fn latest(root: &Path) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("profiles")))
+        .filter(|p| p.join("profiles.csv").is_file())
+        .collect();
+    dirs.sort();
+    dirs.pop()
+}
+
+/// A profile set's folded stacks keep frames of at least this fraction of
+/// the arm's samples (a frame below it counts as its caller's own time), so a
+/// committed set stays small; the dossiers' graphs prune further.
+pub const SET_MIN_FRACTION: f64 = 0.001;
+
+/// Frames narrower than this (pixels of 1,200: 0.25 % of the samples) are
+/// left out of the dossiers' SVGs and of the folded stacks beside them.
+pub const DOSSIER_MIN_WIDTH_PX: f64 = 3.0;
+
+/// One comparison a dossier shows: `b` against `a`, per unit of work.
+struct Pair<'a> {
+    a: &'a ProfileRow,
+    b: &'a ProfileRow,
+}
+
+/// The pairs of `strategy`'s dossier in one scenario: the baseline against
+/// it alone, and all of its stage's strategies without it against all (when
+/// that is another pair: with one strategy in the stage, it is the same).
+fn pairs<'a>(strategy: Strategy, rows: &[&'a ProfileRow]) -> Result<Vec<Pair<'a>>> {
+    let find = |set: StrategySet| -> Result<Option<&'a ProfileRow>> {
+        for row in rows {
+            if row.set()? == set {
+                return Ok(Some(*row));
+            }
+        }
+        Ok(None)
+    };
+    let mut pairs = Vec::new();
+    if let (Some(a), Some(b)) = (
+        find(StrategySet::NONE)?,
+        find(StrategySet::NONE.with(strategy))?,
+    ) {
+        pairs.push(Pair { a, b });
+    }
+    // The arm with every strategy of the set: the largest.
+    let mut all: Option<(&ProfileRow, usize)> = None;
+    for row in rows {
+        let n = row.set()?.iter().count();
+        if all.is_none_or(|(_, m)| n > m) {
+            all = Some((*row, n));
+        }
+    }
+    if let Some((all, _)) = all {
+        let all_set = all.set()?;
+        if all_set.contains(strategy) {
+            if let Some(without) = find(all_set.without(strategy))? {
+                let same = pairs
+                    .first()
+                    .is_some_and(|p| p.a.arm == without.arm && p.b.arm == all.arm);
+                if !same {
+                    pairs.push(Pair { a: without, b: all });
+                }
+            }
+        }
+    }
+    Ok(pairs)
+}
+
+/// The markdown block of `strategy`'s dossier: per profiled scenario of its
+/// stage, its differential flamegraphs, drawn into `profiles` (SVG and the
+/// differential folded stacks beside it), linked relative to `dossier_dir`.
+pub fn dossier_block(strategy: Strategy, profiles: &Path, dossier_dir: &Path) -> Result<String> {
+    let rows = read_rows(profiles)?;
+    let link_base = relative_path(dossier_dir, profiles)?;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Regenerated by `promlab report` from `{}` (`promlab profiles`; the README beside it says how and where it was \
+         taken). Differential flamegraphs per unit of work, the first profile's samples scaled to the second's \
+         units of work; each frame coloured by the change of its own samples, **red where the second spends \
+         more per unit, blue where it spends less**: on the first profile's frames (what the second no longer \
+         spends shows) and on the second's (what it spends instead shows). Click one for the interactive SVG \
+         (search, zoom). The folded stacks, the diff's (`<first>-vs-<second>.folded`: stack, first, second) \
+         and each arm's own (`<arm>.folded`), open in inferno and `flamegraph.pl` (an arm's in speedscope \
+         too).\n",
+        profiles.display()
+    );
+    let mut scenarios: Vec<&str> = rows.iter().map(|r| r.scenario.as_str()).collect();
+    scenarios.dedup();
+    let mut shown = 0;
+    for scenario in scenarios {
+        let of: Vec<&ProfileRow> = rows.iter().filter(|r| r.scenario == scenario).collect();
+        let Ok(stage) = of[0].stage.parse::<Stage>() else {
+            continue;
+        };
+        if !strategy.applies_to(stage) {
+            continue;
+        }
+        for pair in pairs(strategy, &of)? {
+            let name = format!("{}-vs-{}", pair.a.arm, pair.b.arm);
+            let read = |row: &ProfileRow| -> Result<Folded> {
+                let path = profiles.join(&row.folded);
+                Folded::parse(
+                    &std::fs::read_to_string(&path)
+                        .with_context(|| format!("cannot read {}", path.display()))?,
+                )
+            };
+            let diff =
+                draw::Diff::new(&read(pair.a)?, pair.a.work(), &read(pair.b)?, pair.b.work())?
+                    .pruned(DOSSIER_MIN_WIDTH_PX / 1200.0);
+            let unit = pair.b.unit.trim_end_matches('s');
+            let label = |row: &ProfileRow| {
+                if row.arm == "baseline" {
+                    "baseline".to_string()
+                } else {
+                    format!("`{}`", row.strategies)
+                }
+            };
+            let title = format!(
+                "{scenario} ({stage}, {}): {} → {}, per {unit}",
+                pair.b.size, pair.a.arm, pair.b.arm
+            );
+            let scenario_dir = profiles.join(scenario);
+            std::fs::write(scenario_dir.join(format!("{name}.folded")), diff.to_text())?;
+            let mut cells = Vec::new();
+            for (shape, on) in [(draw::Shape::First, pair.a), (draw::Shape::Second, pair.b)] {
+                let subtitle = format!(
+                    "on {}'s frames; a frame's own samples per {unit}: red where {} spends more, blue where less",
+                    on.arm, pair.b.arm
+                );
+                let svg = diff.svg(
+                    shape,
+                    &draw::Style {
+                        title: &title,
+                        subtitle: &subtitle,
+                        min_width_px: DOSSIER_MIN_WIDTH_PX,
+                    },
+                )?;
+                let file = format!("{name}.on-{}.svg", on.arm);
+                std::fs::write(scenario_dir.join(&file), svg)?;
+                let link = format!("{}/{scenario}/{file}", link_base.display());
+                cells.push(format!(
+                    "[![{title}, on {}'s frames]({link})]({link})",
+                    on.arm
+                ));
+            }
+            let ns = |row: &ProfileRow| row.cpu_seconds * 1e9 / row.work().max(1.0);
+            let _ = writeln!(
+                out,
+                "**{scenario} ({}): {} → {}**: CPU time per {unit} {} → {} ns ({:.2}×); {} at {:.0} and {:.0} Hz, {} and {} samples.\n",
+                pair.b.size,
+                label(pair.a),
+                label(pair.b),
+                per_unit(ns(pair.a)),
+                per_unit(ns(pair.b)),
+                ns(pair.b) / ns(pair.a).max(1e-9),
+                pair.b.sampler,
+                pair.a.rate_hz,
+                pair.b.rate_hz,
+                pair.a.samples,
+                pair.b.samples,
+            );
+            let _ = writeln!(
+                out,
+                "| on {}'s frames: blue where {} spends less | on {}'s frames: red where it spends more |\n| --- | --- |\n| {} | {} |\n",
+                pair.a.arm, pair.b.arm, pair.b.arm, cells[0], cells[1]
+            );
+            let changes: Vec<String> = diff
+                .own_changes(4)
+                .into_iter()
+                .filter(|(_, a, b)| a != b)
+                .map(|(frame, a, b)| format!("`{}` {a} → {b}", frame.replace('`', "'")))
+                .collect();
+            if !changes.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "Own samples that changed most (the first's scaled to the second's work; the diff's folded stacks: [`{name}.folded`]({}/{scenario}/{name}.folded)): {}.\n",
+                    link_base.display(),
+                    changes.join(", ")
+                );
+            }
+            shown += 1;
+        }
+    }
+    if shown == 0 {
+        let _ = writeln!(
+            out,
+            "No profile of `{}` in this set: `promlab profiles` (with a scenario of its stage) makes one.\n",
+            strategy.name()
+        );
+    }
+    Ok(out)
+}
+
+/// `to` as seen from the directory `from` (both relative to the same directory, or absolute).
+fn relative_path(from: &Path, to: &Path) -> Result<PathBuf> {
+    let canonical = |p: &Path| {
+        p.canonicalize()
+            .with_context(|| format!("cannot find {}", p.display()))
+    };
+    let (from, to) = (canonical(from)?, canonical(to)?);
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for part in &to[common..] {
+        path.push(part);
+    }
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(arm: &str, strategies: &str) -> ProfileRow {
+        ProfileRow {
+            scenario: "large-ruby".into(),
+            stage: "export".into(),
+            size: "quick".into(),
+            arm: arm.into(),
+            strategies: strategies.into(),
+            sampler: "perf".into(),
+            frequency_hz: 997,
+            samples: 100,
+            cpu_seconds: 0.1,
+            wall_seconds: 0.1,
+            rate_hz: 997.0,
+            unwound: 1.0,
+            runs: 10,
+            units_per_run: 5,
+            unit: "lines".into(),
+            folded: format!("large-ruby/{arm}.folded"),
+        }
+    }
+
+    #[test]
+    fn pairs_are_baseline_to_it_and_all_without_it_to_all() {
+        let rows = [
+            row("baseline", "none"),
+            row("single-read", "single-read"),
+            row("decode-once", "decode-once"),
+            row("fast-unescape", "fast-unescape"),
+            row("all-single-read", "decode-once,fast-unescape"),
+            row("all-decode-once", "single-read,fast-unescape"),
+            row("all-fast-unescape", "single-read,decode-once"),
+            row("all", "single-read,decode-once,fast-unescape"),
+        ];
+        let refs: Vec<&ProfileRow> = rows.iter().collect();
+        let names = |s: Strategy| -> Vec<(String, String)> {
+            pairs(s, &refs)
+                .unwrap()
+                .iter()
+                .map(|p| (p.a.arm.clone(), p.b.arm.clone()))
+                .collect()
+        };
+        assert_eq!(
+            names(Strategy::FastUnescape),
+            [
+                ("baseline".into(), "fast-unescape".into()),
+                ("all-fast-unescape".into(), "all".into())
+            ]
+        );
+        // With two, all without one is the other alone.
+        let two = [
+            row("baseline", "none"),
+            row("decode-once", "decode-once"),
+            row("fast-unescape", "fast-unescape"),
+            row("all", "decode-once,fast-unescape"),
+        ];
+        let refs: Vec<&ProfileRow> = two.iter().collect();
+        let second = &pairs(Strategy::FastUnescape, &refs).unwrap()[1];
+        assert_eq!(
+            (second.a.arm.as_str(), second.b.arm.as_str()),
+            ("decode-once", "all")
+        );
+        // With one strategy the second pair is the first.
+        let one = [row("baseline", "none"), row("prerender", "prerender")];
+        let refs: Vec<&ProfileRow> = one.iter().collect();
+        assert_eq!(pairs(Strategy::Prerender, &refs).unwrap().len(), 1);
+        // A strategy the set has no profile of: no pair.
+        assert!(pairs(Strategy::SingleRead, &refs).unwrap().is_empty());
+    }
+
+    #[test]
+    fn relative_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (
+            tmp.path().join("strategies"),
+            tmp.path().join("x/y/profiles"),
+        );
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        assert_eq!(
+            relative_path(&a, &b).unwrap(),
+            PathBuf::from("../x/y/profiles")
+        );
+    }
+}
