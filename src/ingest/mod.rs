@@ -8,6 +8,7 @@
 //! strategies are on. [`seams`] has the table of seams, their variants, and the
 //! one combined variant (and why).
 
+pub mod bins;
 pub mod feed;
 pub mod lanes;
 pub mod pipeline;

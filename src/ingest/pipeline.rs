@@ -367,8 +367,9 @@ impl Ingester {
         home.totals.merge(&stats);
     }
 
-    /// The accumulators, in plan order (for a [lane](super::lanes)'s merged view).
-    pub(super) fn accumulators(&self) -> &[Accumulator] {
+    /// The accumulators, in plan order (for a [lane](super::lanes)'s merged
+    /// view, and for what reads the closed windows' panes out).
+    pub fn accumulators(&self) -> &[Accumulator] {
         &self.accumulators
     }
 

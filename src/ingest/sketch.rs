@@ -207,6 +207,35 @@ impl BulkSketch {
 }
 
 impl BulkSketch {
+    /// This sketch's bins (see [`super::bins`]).
+    pub fn bins(&self) -> super::bins::PaneBins {
+        super::bins::PaneBins {
+            positive: self.positive.nonzero(),
+            negative: self.negative.nonzero(),
+            zero_count: self.zero_count,
+            min: self.min,
+            max: self.max,
+        }
+    }
+
+    /// A sketch of `config` holding `bins`: each key's count added as one add
+    /// of that many, which leaves the store any order of the single adds leaves.
+    pub fn from_bins(config: Config, bins: &super::bins::PaneBins) -> Self {
+        let mut sketch = BulkSketch::new(config);
+        for &(key, n) in &bins.positive {
+            sketch.positive.add_n(key, n);
+        }
+        for &(key, n) in &bins.negative {
+            sketch.negative.add_n(key, n);
+        }
+        sketch.zero_count = bins.zero_count;
+        sketch.min = bins.min;
+        sketch.max = bins.max;
+        sketch
+    }
+}
+
+impl BulkSketch {
     /// [`BulkSketch::quantile`] of each of `qs` (NaN where `None`), onto `out`:
     /// the same rank and the same bin, found by one scan that resumes where
     /// the previous quantile stopped (ascending `qs` walk the bins once) and
@@ -333,6 +362,16 @@ impl BulkStore {
         self.lo = floor;
         let idx = (key.max(self.lo) - self.lo) as usize;
         self.bins[idx] += n;
+    }
+
+    /// (key, count) of every bin that counts something, keys ascending.
+    fn nonzero(&self) -> Vec<(i32, u64)> {
+        self.bins
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n > 0)
+            .map(|(i, &n)| (self.lo + i as i32, n))
+            .collect()
     }
 
     fn key_at_rank(&self, rank: u64) -> i32 {

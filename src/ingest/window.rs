@@ -552,6 +552,23 @@ impl Accumulator {
         budget.held.bins = (budget.held.bins + into.bins_len()).saturating_sub(before);
     }
 
+    /// The panes of the closed window `start`, each with its group key, if it is kept.
+    pub fn closed_panes(&self, start: i64) -> Option<Vec<(&[u8], &PaneSketch)>> {
+        let window = self.closed.iter().find(|w| w.start == start)?;
+        let mut keys: Vec<&[u8]> = vec![&[]; self.groups.len()];
+        for (key, &gid) in &self.group_ids {
+            keys[gid as usize] = key;
+        }
+        Some(
+            window
+                .panes
+                .iter()
+                .enumerate()
+                .filter_map(|(gid, pane)| Some((keys[gid], pane.as_ref()?)))
+                .collect(),
+        )
+    }
+
     /// The last closed window's start.
     pub fn last_closed(&self) -> Option<i64> {
         self.closed.back().map(|w| w.start)
