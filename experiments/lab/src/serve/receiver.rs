@@ -17,6 +17,7 @@
 //! - `GET /metrics`: the receiver's own counters.
 //! - `POST /-/reload`: re-reads the plan file (bumps the plan generation).
 
+use crate::cluster::export::{ExportConfig, Exporter};
 use anyhow::Result;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -57,6 +58,15 @@ pub struct Receiver {
     /// reading its body while every lane is busy (with fewer, each tick of a
     /// two-connection sender on one lane allocated and zeroed a fresh 3.6 MB).
     spare_limit: usize,
+    /// `--clickhouse`: each closed window's bins to a ClickHouse node.
+    pub cluster: std::sync::OnceLock<Arc<Exporter>>,
+}
+
+/// What the ClickHouse exporter reads closed windows from.
+impl AsRef<LanedIngester> for Receiver {
+    fn as_ref(&self) -> &LanedIngester {
+        &self.ingester
+    }
 }
 
 /// One request's buffers: its body as read, and that body decompressed.
@@ -124,6 +134,7 @@ impl Receiver {
             spare_buffers: Mutex::new(Vec::new()),
             spare_limit: ingester.lanes() + 1,
             ingester,
+            cluster: std::sync::OnceLock::new(),
         })
     }
 
@@ -181,6 +192,8 @@ pub struct ReceiverConfig {
     pub server: super::ServerLimits,
     /// Lanes: requests ingesting at once, each on a whole ingester; 0: one per core.
     pub ingest_threads: usize,
+    /// `--clickhouse`: where closed windows go, besides memory.
+    pub clickhouse: Option<ExportConfig>,
 }
 
 /// Runs the receiver until Ctrl-C or SIGTERM (blocking; builds its own runtime).
@@ -201,8 +214,16 @@ pub fn serve(config: ReceiverConfig) -> Result<()> {
         config.plan.clone(),
         config.max_body_bytes,
     );
+    let exporter = match config.clickhouse.clone() {
+        Some(export) => {
+            let exporter = Exporter::start(export, receiver.clone())?;
+            let _ = receiver.cluster.set(exporter.clone());
+            Some(exporter)
+        }
+        None => None,
+    };
     let strategies = config.strategies;
-    super::run(
+    let served = super::run(
         config.listen,
         Some(2),
         app(receiver),
@@ -210,7 +231,14 @@ pub fn serve(config: ReceiverConfig) -> Result<()> {
         |addr| {
             eprintln!("promlab: remote-write receiver on http://{addr}/api/v1/write (strategies: {strategies}; ingest threads: {threads})")
         },
-    )
+    );
+    // A clean stop: the open windows and the queue to ClickHouse written, within the shutdown timeout.
+    if let Some(exporter) = exporter {
+        if !exporter.shutdown(config.server.shutdown_timeout) {
+            eprintln!("promlab: ClickHouse: stopped with batches unwritten (the query flags their windows incomplete)");
+        }
+    }
+    served
 }
 
 /// Remote write 1.0's media type, and the `proto` parameter naming it (optional).
@@ -624,6 +652,9 @@ async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
             .label(b"code", status.to_string().as_bytes())
             .value()
             .integer(n.load(Ordering::Relaxed));
+    }
+    if let Some(cluster) = rx.cluster.get() {
+        cluster.encode_metrics(&mut out);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
