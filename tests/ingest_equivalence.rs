@@ -117,7 +117,31 @@ struct Scenario {
 }
 
 fn scenario(finite_only: bool, keep: BoxedStrategy<usize>) -> impl Strategy<Value = Scenario> {
-    let sample = (-4_000i64..9_000, value(finite_only));
+    scenario_of(value(finite_only), keep)
+}
+
+/// Values over the whole range the receiver accepts: normal magnitudes from
+/// the smallest to the largest (both signs, both extremes), subnormals,
+/// zeros, and ordinary values, so panes hold outliers far from the rest.
+fn whole_range_value() -> BoxedStrategy<f64> {
+    let normal =
+        (-307.65f64..308.25).prop_map(|e| 10f64.powf(e).clamp(f64::MIN_POSITIVE, f64::MAX));
+    prop_oneof![
+        6 => 1.0f64..100.0,
+        2 => normal.clone(),
+        1 => normal.prop_map(|v| -v),
+        1 => prop::sample::select(vec![f64::MAX, -f64::MAX, f64::MIN_POSITIVE, 1e20, 1e300, 1e-300]),
+        1 => prop::num::f64::SUBNORMAL,
+        1 => Just(0.0),
+    ]
+    .boxed()
+}
+
+fn scenario_of(
+    value: BoxedStrategy<f64>,
+    keep: BoxedStrategy<usize>,
+) -> impl Strategy<Value = Scenario> {
+    let sample = (-4_000i64..9_000, value);
     let series = (0usize..6, prop::collection::vec(sample, 1..5));
     let request = prop::collection::vec(series, 0..8);
     (
@@ -452,6 +476,50 @@ proptest! {
                 prop_assert_eq!(&got.1, &reference.1, "panes differ, {} lanes", lanes);
                 prop_assert_eq!(&got.2, &reference.2, "panes after flush differ, {} lanes", lanes);
                 prop_assert_eq!(&got.3, &reference.3, "query JSON differs, {} lanes", lanes);
+            }
+        }
+    }
+}
+
+proptest! {
+    // Each case replays up to seven requests through 2 × 4 laned ingesters.
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Issue 23, item 1: the DDSketch guarantee over the whole range the
+    /// receiver accepts, with outliers, each group's samples split over 1–4
+    /// lanes (requests take turns), both sketch seams: every pane holds the
+    /// samples the window rules say, and every quantile is within α of the
+    /// exact value at its rank (0 for a zero or subnormal; q = 0 and 1 exact).
+    #[test]
+    fn quantiles_within_alpha_over_the_whole_range_on_lanes(s in scenario_of(whole_range_value(), Just(1000usize).boxed())) {
+        let expected = model(&s);
+        for set in [StrategySet::NONE, StrategySet::all()] {
+            for lanes in 1..=4 {
+                let laned = LanedIngester::new(lanes, || Ingester::new(s.plan.clone(), set));
+                for r in 0..s.requests.len() {
+                    laned.handle_on(r, &encode(&s, r, false)).unwrap();
+                }
+                laned.flush();
+                let panes = laned.snapshot();
+                let got: BTreeMap<_, _> = panes.iter().map(|p| ((p.aggregation.clone(), p.group.clone(), p.window_start_ms), p)).collect();
+                prop_assert_eq!(got.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>());
+                for (key, values) in &expected {
+                    let pane = got[key];
+                    prop_assert_eq!(pane.count, values.len() as u64);
+                    let alpha = s.plan.aggregations.iter().find(|a| a.id == key.0).unwrap().relative_accuracy;
+                    for (q, bits) in QUANTILES.iter().zip(&pane.quantile_bits) {
+                        let estimate = f64::from_bits(bits.unwrap());
+                        let exact = values[(q * (values.len() as f64 - 1.0)) as usize];
+                        if *q == 0.0 || *q == 1.0 {
+                            prop_assert_eq!(estimate, exact);
+                        } else if exact.abs() < f64::MIN_POSITIVE {
+                            prop_assert_eq!(estimate, 0.0, "q={} exact {:e}", q, exact);
+                        } else {
+                            let bound = alpha * exact.abs() * (1.0 + 1e-9);
+                            prop_assert!((estimate - exact).abs() <= bound, "q={} estimate {:e} exact {:e} (alpha {}, {} lanes, {})", q, estimate, exact, alpha, lanes, set);
+                        }
+                    }
+                }
             }
         }
     }

@@ -3,6 +3,7 @@
 //! windows, groups, pane slots and bins stay bounded with every drop counted,
 //! and on input within the limits the result is the unbounded one, bit for bit.
 
+use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::pipeline::{Ingester, Limits};
 use promlab::ingest::plan::Plan;
 use promlab::ingest::window::{Capacity, Stats};
@@ -108,13 +109,17 @@ fn groups_pane_slots_and_bins_stay_bounded_and_every_drop_is_counted() {
 #[test]
 fn bins_at_their_limit_drop_samples_and_come_back_as_windows_expire() {
     for set in sets() {
-        let mut limits = serving();
-        limits.capacity.bins = 1;
         let plan = Plan {
             lateness_secs: 0,
             keep_windows: 1,
             ..Plan::default()
         };
+        // Room for exactly one pane of one value (bins are taken before they
+        // are held, so a smaller limit admits no pane at all).
+        let mut probe = Ingester::new(plan.clone(), set).with_limits(serving());
+        probe.handle(&body(&[("a", NOW - 600_000, 1.0)])).unwrap();
+        let mut limits = serving();
+        limits.capacity.bins = probe.held().bins;
         let mut ingester = Ingester::new(plan, set).with_limits(limits);
         let first = ingester
             .handle(&body(&[("a", NOW - 600_000, 1.0)]))
@@ -248,5 +253,145 @@ fn within_the_limits_nothing_changes() {
     assert!(reference.0.accepted > 1000);
     for set in sets() {
         assert_eq!(run(set, serving()), reference, "{set}");
+    }
+}
+
+/// Issue 23, finding 3: after a flood of new groups, none was ever admitted
+/// again. A group is reclaimed once no window holds a pane of it (its last
+/// window aged out of the `keep_windows` closed ones), so new groups come
+/// back — on one lane and on two, every combination.
+#[test]
+fn groups_come_back_after_a_flood() {
+    let t0 = (NOW - 600_000).div_euclid(60_000) * 60_000;
+    for set in sets() {
+        for lanes in [1, 2] {
+            let plan = Plan {
+                lateness_secs: 0,
+                keep_windows: 2,
+                ..Plan::default()
+            };
+            let mut limits = serving();
+            limits.capacity.groups = 100;
+            let laned = LanedIngester::new(lanes, || {
+                Ingester::new(plan.clone(), set).with_limits(limits)
+            });
+            let what = format!("{set}, {lanes} lanes");
+            laned.handle_on(0, &body(&[("good", t0, 1.0)])).unwrap();
+            let flood: Vec<String> = (0..1_000).map(|i| format!("flood{i}")).collect();
+            let flood: Vec<(&str, i64, f64)> =
+                flood.iter().map(|g| (g.as_str(), t0 + 1, 2.0)).collect();
+            let stats = laned.handle_on(1, &body(&flood)).unwrap();
+            assert_eq!(
+                (stats.accepted, stats.over_group_limit),
+                (99, 901),
+                "{what}"
+            );
+            let refused = laned
+                .handle_on(0, &body(&[("newcomer", t0 + 2, 3.0)]))
+                .unwrap();
+            assert_eq!(refused.over_group_limit, 1, "{what}");
+            // The good group goes on; the flood's window closes, then ages out.
+            for w in 1..=3 {
+                laned
+                    .handle_on(w as usize, &body(&[("good", t0 + w * 60_000, 1.0)]))
+                    .unwrap();
+            }
+            assert_eq!(laned.groups_reclaimed(), 99, "{what}");
+            assert_eq!(laned.held().groups, 1, "{what}");
+            let back = laned
+                .handle_on(1, &body(&[("newcomer", t0 + 3 * 60_000 + 1, 3.0)]))
+                .unwrap();
+            assert_eq!((back.accepted, back.over_group_limit), (1, 0), "{what}");
+            laned.flush();
+            let answer = laned.query("data", None).unwrap();
+            let names: Vec<&str> = answer
+                .groups
+                .iter()
+                .map(|g| g.labels["label_0"].as_str())
+                .collect();
+            assert_eq!(names, ["good", "newcomer"], "{what}");
+        }
+    }
+}
+
+/// Issue 23, item 1: where a sample is refused past a limit, the answer says
+/// so — `"dropped"` on the group whose pane missed it, and on the window for
+/// groups that got no pane — and the quantiles of what was taken stay within
+/// α: 1..100 plus one 1e300 that the bins cannot afford.
+#[test]
+fn refused_samples_are_flagged_in_the_answer() {
+    let t0 = (NOW - 600_000).div_euclid(60_000) * 60_000;
+    let plan = Plan {
+        lateness_secs: 0,
+        ..Plan::default()
+    };
+    let ordinary: Vec<(&str, i64, f64)> = (1..=100).map(|v| ("a", t0, f64::from(v))).collect();
+    for set in sets() {
+        // Room for the pane of 1..100 (twice that, for a pane that exists).
+        let mut probe = Ingester::new(plan.clone(), set).with_limits(serving());
+        probe.handle(&body(&ordinary)).unwrap();
+        let mut limits = serving();
+        limits.capacity.bins = probe.held().bins;
+        let mut ingester = Ingester::new(plan.clone(), set).with_limits(limits);
+        ingester.handle(&body(&ordinary)).unwrap();
+        let stats = ingester
+            .handle(&body(&[("a", t0 + 1, 1e300), ("b", t0 + 2, 5.0)]))
+            .unwrap();
+        assert_eq!(
+            (stats.accepted, stats.over_bin_limit),
+            (0, 2),
+            "{set}: {stats:?}"
+        );
+        ingester.handle(&body(&[("a", t0 + 60_000, 1.0)])).unwrap();
+        let mut json = Vec::new();
+        assert!(ingester.query_json("data", Some(t0), &mut json));
+        let json: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(json["dropped"], 1, "{set}: {json}");
+        let a = &json["groups"][0];
+        assert_eq!(
+            (a["count"].as_u64(), a["dropped"].as_u64()),
+            (Some(100), Some(1)),
+            "{set}: {json}"
+        );
+        for (q, exact) in [("0.5", 50.0), ("0.9", 90.0), ("0.99", 99.0)] {
+            let got = a["quantiles"][q].as_f64().unwrap();
+            assert!(
+                (got - exact).abs() <= 0.01 * exact * (1.0 + 1e-9),
+                "{set}: p{q} = {got}"
+            );
+        }
+        // The answer serde makes of `QueryResult` is the same.
+        let result = ingester.query("data", Some(t0)).unwrap();
+        assert_eq!((result.dropped, result.groups[0].dropped), (1, 1));
+    }
+}
+
+/// Issue 23, finding 1: one sample of 1e20 among 1..100 answered p50 = p90 =
+/// p99 = 165.7; with 1e300, 1.65e282. Within the default limits every
+/// combination answers within α and nothing is dropped.
+#[test]
+fn one_outlier_leaves_the_other_quantiles_within_alpha() {
+    let t0 = (NOW - 600_000).div_euclid(60_000) * 60_000;
+    for outlier in [1e20, 1e300, 1e-300, -1e300] {
+        for set in sets() {
+            let mut ingester = Ingester::new(Plan::default(), set).with_limits(serving());
+            let mut samples: Vec<(&str, i64, f64)> =
+                (1..=100).map(|v| ("a", t0, f64::from(v))).collect();
+            samples.push(("a", t0, outlier));
+            ingester.handle(&body(&samples)).unwrap();
+            ingester.handle(&body(&[("a", t0 + 120_000, 1.0)])).unwrap();
+            let answer = ingester.query("data", Some(t0)).unwrap();
+            let mut sorted: Vec<f64> = samples.iter().map(|s| s.2).collect();
+            sorted.sort_by(f64::total_cmp);
+            let group = &answer.groups[0];
+            assert_eq!((group.count, group.dropped, answer.dropped), (101, 0, 0));
+            for (q, got) in &group.quantiles.0 {
+                let exact = sorted[(q * 100.0) as usize];
+                assert!(
+                    (got - exact).abs() <= 0.01 * exact.abs() * (1.0 + 1e-9),
+                    "{outlier:e} {set}: q {q} = {got} (exact {exact})"
+                );
+            }
+        }
     }
 }

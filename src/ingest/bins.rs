@@ -1,53 +1,276 @@
-//! A pane's bins, out of the receiver and back: what N receivers write to a
-//! store (the lab's ClickHouse cluster, `experiments/cluster/`) and how their
-//! rows merge into the answer one receiver gives.
+//! The bin semantics: what a pane's sketch holds, what a closed window keeps
+//! of it per group, and what it hands out (to a query, to another receiver's
+//! merge, to a distributed store).
 //!
-//! A pane's sketch is its bins — per sign, bin key → count, the keys those of
-//! [`sketches_ddsketch::Config::key`] — plus the count of values too small to
-//! key (`|v| <= min_value`, the zero bin), the exact min and max. The bins of
-//! one pane fed every sample are the bins of N panes each fed a part, added
-//! key by key ([`PaneBins::merge`]: a sum of counts, the zero counts summed,
-//! the min of the mins and the max of the maxes — what `GROUP BY … sum(count)`,
-//! `min(min)`, `max(max)` compute in SQL); integer sums and min/max do not
-//! depend on the order they are taken in. A sketch rebuilt from merged bins
-//! ([`PaneBins::to_sketch`]) adds each key's count as one add of that many,
-//! which leaves the same store as the adds of one pane fed everything (the
-//! store ends the same for any order of adds: `sketch.rs`), so every quantile
-//! is that pane's, bit for bit. The exception is that of the lanes
-//! ([`super::lanes`]): of two equal extremes `0.0` and `-0.0`, the one kept as
-//! min or max (q = 0 or 1) may differ in sign.
+//! **Bins.** For relative accuracy α, `γ = (1 + α) / (1 − α)`. A value `v`
+//! with `|v|` a normal f64 (`|v| ≥ 2.2250738585072014e-308`) is counted in bin
+//! `k = floor(ln|v| / ln γ)` of its sign's store (positive or negative), which
+//! holds `[γ^k, γ^(k+1))`; the keys are `sketches_ddsketch::Config::key`'s.
+//! Values with `|v| ≤` [`ZERO_THRESHOLD`] — `±0` and the subnormals — are
+//! counted as zeros. NaN and ±∞ are never added (the ingester rejects them,
+//! counted; Prometheus stale markers are skipped, counted).
+//!
+//! **No collapse.** A store may hold every key of the normal range
+//! ([`sketch_config`]: `max_num_bins` is that range's key span, 70,907 for
+//! α = 0.01), so neither the crate's store nor ours ever merges its lowest
+//! bins: every quantile of every value the receiver accepts is within α
+//! (below). What bounds memory is the receiver's bin budget (`--max-bins`),
+//! which refuses — counted, and flagged in the answer — a value whose bins it
+//! cannot afford; it never folds bins together.
+//!
+//! **Quantile** (the crate's definition, step for step): for `n` values and
+//! `0 < q < 1`, rank `floor(q · (n − 1))` (0-based) over the negative bins
+//! from the largest magnitude down, then the zeros, then the positive bins
+//! upwards; the answer is the bin's value `γ^k · (1 + α)` (`Config::value`),
+//! negated for a negative bin, `0.0` for a zero — capped at `±f64::MAX`, which
+//! only the topmost bin's value can pass and which is then nearer the exact
+//! value than `γ^k · (1 + α)`. `q = 0` and `q = 1` answer the exact minimum and
+//! maximum. **Guarantee:** for the value `x` at that rank, `|answer − x| ≤
+//! α·|x|` when `|x|` is normal, and `answer = 0` when `|x| ≤ ZERO_THRESHOLD`
+//! (an absolute error under 2.3e-308: no relative guarantee is possible
+//! there, a subnormal has fewer significant bits than α needs).
+//!
+//! **What a closed window keeps per group: [`PaneBins`]** — the non-empty bins
+//! of each sign as (key → count), the zero count, the count, the exact min and
+//! max, and `dropped`: the group's samples of that window the receiver refused
+//! past a limit (they are in no bin; an answer with `dropped > 0` says so).
+//! Both sketch seams (the crate's `DDSketch` and `bulk-sketch`'s
+//! [`BulkSketch`](super::sketch::BulkSketch)) hand out the same `PaneBins`
+//! for the same values, in any order (property-tested), and
+//! [`PaneBins::quantile`] answers what either sketch answers, bit for bit.
+//!
+//! **Merging is exact:** [`PaneBins::merge`] adds counts key by key and zero
+//! counts, and keeps the smaller min and the larger max — the `PaneBins` of one
+//! sketch fed both streams, so N receivers (or lanes) each holding part of a
+//! group's samples answer exactly as one. The one exception is which of two
+//! equal extremes is kept (`0.0` and `-0.0`): the merged-into pane's, where
+//! one sketch keeps the first it was fed.
+//!
+//! **Cost** ([`PaneBins::cost`], in bins of 8 bytes, what the budget counts):
+//! the counts stored plus one per run of keys (a run is a stretch of keys
+//! stored with its start; single empty keys inside a run are stored as zeros,
+//! longer gaps start a new run). A merge costs at most what its two inputs
+//! did, and a pane's bins cost at most what its open sketch was counted
+//! ([`PaneSketch::bins_len`](super::sketch::PaneSketch::bins_len): its dense
+//! stores plus two), so closing a window and merging lanes never needs more
+//! of the budget than it frees.
 
-use super::plan::Aggregation;
-use super::seams::SketchUpdate;
-use super::sketch::{BulkSketch, PaneSketch};
-use super::window::{Accumulator, Budget, Capacity, Stats};
-use std::collections::BTreeMap;
+use sketches_ddsketch::{Config, DDSketch};
 
-/// One pane's bins (see the module doc). Keys ascend in each store; no count is 0.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// The largest subnormal f64: values with `|v|` at most this count as zeros.
+pub const ZERO_THRESHOLD: f64 = f64::from_bits(0x000f_ffff_ffff_ffff);
+
+/// The key span of the normal range at accuracy `alpha`: the bins a store
+/// needs to hold every key from `f64::MIN_POSITIVE` to `f64::MAX`.
+pub fn normal_range_bins(alpha: f64) -> u32 {
+    let config = Config::new(alpha, 1, ZERO_THRESHOLD);
+    let span = i64::from(config.key(f64::MAX)) - i64::from(config.key(f64::MIN_POSITIVE)) + 1;
+    u32::try_from(span).unwrap_or(u32::MAX)
+}
+
+/// The sketch configuration of a pane at accuracy `alpha`: the zero bucket
+/// holds `±0` and the subnormals, and the bin limit is the normal range's key
+/// span, so a store never collapses.
+pub fn sketch_config(alpha: f64) -> Config {
+    Config::new(alpha, normal_range_bins(alpha), ZERO_THRESHOLD)
+}
+
+/// The value a quantile in bin `key` answers (magnitude): `Config::value`,
+/// capped at `f64::MAX` (only the topmost bin's value can pass it).
+#[inline]
+pub fn bin_value(config: &Config, key: i32) -> f64 {
+    config.value(key).min(f64::MAX)
+}
+
+/// One sign's bins: keys ascending with their counts, stored as runs of
+/// consecutive keys (see the module doc's cost).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bins {
+    /// (first key, number of keys) of each run, ascending and apart by two or more.
+    runs: Vec<(i32, u32)>,
+    /// The counts of every run, back to back (zero for a key inside a run that holds none).
+    counts: Vec<u64>,
+    total: u64,
+}
+
+impl Bins {
+    /// Bins of (key, count) pairs given with strictly ascending keys; zero counts are skipped.
+    pub fn from_sorted(pairs: impl IntoIterator<Item = (i32, u64)>) -> Bins {
+        let mut bins = Bins::default();
+        for (key, count) in pairs {
+            bins.push(key, count);
+        }
+        bins
+    }
+
+    /// Appends `count` at `key`, above every key held.
+    fn push(&mut self, key: i32, count: u64) {
+        if count == 0 {
+            return;
+        }
+        self.total += count;
+        if let Some((start, len)) = self.runs.last_mut() {
+            let end = i64::from(*start) + i64::from(*len);
+            debug_assert!(i64::from(key) >= end, "keys ascending");
+            // One empty key between: a stored zero costs what a new run would.
+            if i64::from(key) <= end + 1 {
+                if i64::from(key) == end + 1 {
+                    self.counts.push(0);
+                    *len += 1;
+                }
+                self.counts.push(count);
+                *len += 1;
+                return;
+            }
+        }
+        self.runs.push((key, 1));
+        self.counts.push(count);
+    }
+
+    /// The (key, count) of every non-empty bin, keys ascending.
+    pub fn iter(&self) -> impl Iterator<Item = (i32, u64)> + '_ {
+        let mut at = 0;
+        self.runs.iter().flat_map(move |&(start, len)| {
+            let counts = &self.counts[at..at + len as usize];
+            at += len as usize;
+            counts
+                .iter()
+                .enumerate()
+                .filter(|(_, &c)| c > 0)
+                .map(move |(i, &c)| (start + i as i32, c))
+        })
+    }
+
+    /// Values counted.
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Bins (8 bytes each) held: the counts and one per run.
+    pub fn cost(&self) -> usize {
+        self.counts.len() + self.runs.len()
+    }
+
+    /// The bins of both, counts added key by key.
+    pub fn merged(&self, other: &Bins) -> Bins {
+        let (mut a, mut b) = (self.iter().peekable(), other.iter().peekable());
+        let mut out = Bins::default();
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some(&(ka, ca)), Some(&(kb, cb))) => {
+                    if ka < kb {
+                        a.next();
+                        (ka, ca)
+                    } else if kb < ka {
+                        b.next();
+                        (kb, cb)
+                    } else {
+                        a.next();
+                        b.next();
+                        (ka, ca + cb)
+                    }
+                }
+                (Some(_), None) => a.next().expect("peeked"),
+                (None, Some(_)) => b.next().expect("peeked"),
+                (None, None) => break,
+            };
+            out.push(next.0, next.1);
+        }
+        out
+    }
+
+    /// The key of the value at 0-based `rank` in key order (`rank < count`).
+    fn key_at_rank(&self, rank: u64) -> i32 {
+        let mut below = 0;
+        let mut at = 0;
+        for &(start, len) in &self.runs {
+            let counts = &self.counts[at..at + len as usize];
+            at += len as usize;
+            let run_total: u64 = counts.iter().sum();
+            if below + run_total <= rank {
+                below += run_total;
+                continue;
+            }
+            for (i, &c) in counts.iter().enumerate() {
+                below += c;
+                if below > rank {
+                    return start + i as i32;
+                }
+            }
+        }
+        // Unreachable for rank < count; the crate answers its top key there.
+        self.runs
+            .last()
+            .map_or(0, |&(start, len)| start + len as i32 - 1)
+    }
+}
+
+/// A pane's content, exactly (see the module doc): what a closed window keeps
+/// per group and hands out.
+#[derive(Clone, Debug)]
 pub struct PaneBins {
-    /// Values above `min_value`: (key, count).
-    pub positive: Vec<(i32, u64)>,
-    /// Values below `-min_value`, keyed by their magnitude: (key, count).
-    pub negative: Vec<(i32, u64)>,
-    /// Values with `|v| <= min_value`.
+    /// Bins of the positive values, by key.
+    pub positive: Bins,
+    /// Bins of the negative values, by the key of their magnitude.
+    pub negative: Bins,
+    /// `±0` and subnormal values.
     pub zero_count: u64,
-    /// The exact extremes (`+inf` and `-inf` when empty).
+    /// The exact extremes (`+∞` and `−∞` while the pane holds nothing).
     pub min: f64,
     pub max: f64,
+    /// Samples of this pane refused past a receiver limit (in no bin).
+    pub dropped: u64,
+}
+
+impl Default for PaneBins {
+    fn default() -> Self {
+        PaneBins {
+            positive: Bins::default(),
+            negative: Bins::default(),
+            zero_count: 0,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+            dropped: 0,
+        }
+    }
+}
+
+/// Equal bins, counts and dropped samples, and extremes equal bit for bit.
+impl PartialEq for PaneBins {
+    fn eq(&self, o: &Self) -> bool {
+        self.positive == o.positive
+            && self.negative == o.negative
+            && self.zero_count == o.zero_count
+            && self.min.to_bits() == o.min.to_bits()
+            && self.max.to_bits() == o.max.to_bits()
+            && self.dropped == o.dropped
+    }
 }
 
 impl PaneBins {
-    /// Every value counted.
+    /// Values counted (not the dropped ones).
     pub fn count(&self) -> u64 {
-        let sum = |bins: &[(i32, u64)]| bins.iter().map(|&(_, n)| n).sum::<u64>();
-        sum(&self.positive) + sum(&self.negative) + self.zero_count
+        self.positive.count() + self.negative.count() + self.zero_count
     }
 
-    /// Adds `other`'s bins, as the cluster's SQL adds rows of one group.
+    /// Bins (8 bytes each) held.
+    pub fn cost(&self) -> usize {
+        self.positive.cost() + self.negative.cost()
+    }
+
+    /// Adds `other`'s values (and dropped samples), as if they had been added
+    /// here: see the module doc.
     pub fn merge(&mut self, other: &PaneBins) {
-        merge_store(&mut self.positive, &other.positive);
-        merge_store(&mut self.negative, &other.negative);
+        if !other.positive.is_empty() {
+            self.positive = self.positive.merged(&other.positive);
+        }
+        if !other.negative.is_empty() {
+            self.negative = self.negative.merged(&other.negative);
+        }
         self.zero_count += other.zero_count;
         if other.min < self.min {
             self.min = other.min;
@@ -55,305 +278,226 @@ impl PaneBins {
         if self.max < other.max {
             self.max = other.max;
         }
+        self.dropped += other.dropped;
     }
 
-    /// The sketch these bins are, for queries (the `bulk-sketch` seam's, whose
-    /// quantiles are the reference's bit for bit).
-    pub fn to_sketch(&self, config: sketches_ddsketch::Config) -> PaneSketch {
-        PaneSketch::Bulk(BulkSketch::from_bins(config, self))
-    }
-}
-
-fn merge_store(into: &mut Vec<(i32, u64)>, other: &[(i32, u64)]) {
-    let mut sum: BTreeMap<i32, u64> = into.iter().copied().collect();
-    for &(key, n) in other {
-        *sum.entry(key).or_default() += n;
-    }
-    *into = sum.into_iter().filter(|&(_, n)| n > 0).collect();
-}
-
-impl PaneSketch {
-    /// This pane's bins.
-    pub fn bins(&self) -> PaneBins {
-        match self {
-            PaneSketch::Bulk(s) => s.bins(),
-            PaneSketch::Reference(s) => reference_bins(s),
+    /// The quantile `q` in [0, 1] (see the module doc); `None` when empty or `q` is outside.
+    pub fn quantile(&self, config: &Config, q: f64) -> Option<f64> {
+        let count = self.count();
+        if !(0.0..=1.0).contains(&q) || count == 0 {
+            return None;
         }
+        if q == 0.0 {
+            return Some(self.min);
+        } else if q == 1.0 {
+            return Some(self.max);
+        }
+        let rank = (q * (count as f64 - 1.0)) as u64;
+        let negative = self.negative.count();
+        Some(if rank < negative {
+            -bin_value(config, self.negative.key_at_rank(negative - rank - 1))
+        } else if rank < self.zero_count + negative {
+            0.0
+        } else {
+            bin_value(
+                config,
+                self.positive.key_at_rank(rank - self.zero_count - negative),
+            )
+        })
+    }
+
+    /// [`PaneBins::quantile`] of each of `qs` (NaN where `None`), onto `out`.
+    pub fn quantiles_into(&self, config: &Config, qs: &[f64], out: &mut Vec<f64>) {
+        out.extend(
+            qs.iter()
+                .map(|&q| self.quantile(config, q).unwrap_or(f64::NAN)),
+        );
+    }
+
+    /// The bins of the crate's sketch, read from its own encoding (DataDog's
+    /// DDSketch binary format, which lists every non-empty bin).
+    pub fn of_ddsketch(sketch: &DDSketch) -> PaneBins {
+        datadog_format::decode(&sketch.to_java_bytes())
+            .expect("the crate's own encoding of a sketch decodes")
     }
 }
 
-/// The bins of the crate's sketch, read from its own Java-compatible
-/// encoding (its stores are private; every count there is exact below 2^53).
-fn reference_bins(sketch: &sketches_ddsketch::DDSketch) -> PaneBins {
-    let mut bins = PaneBins {
-        min: sketch.min().unwrap_or(f64::INFINITY),
-        max: sketch.max().unwrap_or(f64::NEG_INFINITY),
-        ..PaneBins::default()
-    };
-    java::read_bins(&sketch.to_java_bytes(), &mut bins)
-        .expect("the crate's own encoding of a sketch reads back");
-    bins
-}
+/// The parts of DataDog's DDSketch binary format (`DDSketchWithExactSummaryStatistics`)
+/// that `DDSketch::to_java_bytes` writes: flag bytes (a 2-bit type, a 6-bit
+/// subflag), var-length integers (7 bits a byte, least significant first,
+/// the 9th byte whole), var-length doubles (the bits of `v + 1` minus those
+/// of `1`, rotated left by 6, 7 bits a byte from the top, the 9th byte whole)
+/// and stores of (index delta, count) pairs.
+mod datadog_format {
+    use super::{Bins, PaneBins};
 
-/// What [`reference_bins`] needs of the format `DDSketch::to_java_bytes`
-/// writes (DataDog's sketches-java layout): a run of entries, each a flag
-/// byte (low 2 bits: what it is; high 6 bits: how it is laid out) and its
-/// payload. Summary entries (count, min, max, sum: 8 bytes or a var-double)
-/// are skipped: the crate's own accessors give those.
-mod java {
-    use super::PaneBins;
+    const COUNT: u8 = 0xa0;
+    const SUM: u8 = 0x84;
+    const MIN: u8 = 0x88;
+    const MAX: u8 = 0x8c;
+    const ZERO_COUNT: u8 = 0x04;
+    const INDEX_MAPPING_LOG: u8 = 0x02;
+    /// Store flags: type 1 (positive) or 3 (negative), subflag 1 (index deltas and counts).
+    const POSITIVE_STORE: u8 = (1 << 2) | 1;
+    const NEGATIVE_STORE: u8 = (1 << 2) | 3;
 
-    const FEATURES: u8 = 0;
-    const POSITIVE: u8 = 1;
-    const MAPPING: u8 = 2;
-    const NEGATIVE: u8 = 3;
-    /// The features' subflags: the zero count and the count are var-doubles; sum, min, max 8 bytes.
-    const ZERO_COUNT: u8 = 1;
-    const COUNT: u8 = 0x28;
-    /// A store's layout the crate writes: the number of bins, then per bin the
-    /// key's delta from the previous (zigzag varint) and the count (var-double).
-    const DELTAS_AND_COUNTS: u8 = 1;
+    struct Reader<'a>(&'a [u8]);
 
-    pub fn read_bins(mut input: &[u8], bins: &mut PaneBins) -> Option<()> {
-        let input = &mut input;
-        while let Some(flag) = byte(input) {
-            let (kind, sub) = (flag & 3, flag >> 2);
-            match kind {
-                FEATURES if sub == ZERO_COUNT => bins.zero_count = var_double(input)? as u64,
-                FEATURES if sub == COUNT => {
-                    var_double(input)?;
+    impl Reader<'_> {
+        fn byte(&mut self) -> Result<u8, String> {
+            let (&b, rest) = self.0.split_first().ok_or("truncated")?;
+            self.0 = rest;
+            Ok(b)
+        }
+
+        fn f64_le(&mut self) -> Result<f64, String> {
+            let mut bytes = [0u8; 8];
+            for b in &mut bytes {
+                *b = self.byte()?;
+            }
+            Ok(f64::from_le_bytes(bytes))
+        }
+
+        fn var_u64(&mut self) -> Result<u64, String> {
+            let mut value = 0u64;
+            for shift in (0..=56).step_by(7) {
+                let b = self.byte()?;
+                if shift == 56 {
+                    return Ok(value | (u64::from(b) << 56));
                 }
-                FEATURES => skip(input, 8)?,
-                MAPPING => skip(input, 16)?,
-                POSITIVE | NEGATIVE if sub == DELTAS_AND_COUNTS => {
-                    let n = varint(input)?;
-                    let mut key = 0i64;
-                    let store = if kind == POSITIVE {
-                        &mut bins.positive
-                    } else {
-                        &mut bins.negative
-                    };
-                    for _ in 0..n {
-                        let zigzag = varint(input)?;
-                        key += (zigzag >> 1) as i64 ^ -((zigzag & 1) as i64);
-                        store.push((i32::try_from(key).ok()?, var_double(input)? as u64));
-                    }
+                value |= u64::from(b & 0x7f) << shift;
+                if b < 0x80 {
+                    return Ok(value);
                 }
-                _ => return None,
+            }
+            unreachable!("the 9th byte returns")
+        }
+
+        fn var_i64(&mut self) -> Result<i64, String> {
+            let zigzag = self.var_u64()?;
+            Ok((zigzag >> 1) as i64 ^ -((zigzag & 1) as i64))
+        }
+
+        fn var_f64(&mut self) -> Result<f64, String> {
+            let mut bits = 0u64;
+            let mut shift = 57i32;
+            loop {
+                let b = self.byte()?;
+                if shift == 1 {
+                    bits |= u64::from(b);
+                    break;
+                }
+                bits |= u64::from(b & 0x7f) << shift;
+                if b < 0x80 {
+                    break;
+                }
+                shift -= 7;
+            }
+            let one = 1.0f64.to_bits();
+            Ok(f64::from_bits(bits.rotate_right(6).wrapping_add(one)) - 1.0)
+        }
+
+        fn count(&mut self) -> Result<u64, String> {
+            let c = self.var_f64()?;
+            if c < 0.0 || c.fract() != 0.0 || c > (1u64 << 53) as f64 {
+                return Err(format!("count {c} is not a whole number"));
+            }
+            Ok(c as u64)
+        }
+
+        fn store(&mut self) -> Result<Bins, String> {
+            let n = self.var_u64()?;
+            let mut key = 0i64;
+            let mut bins = Bins::default();
+            for _ in 0..n {
+                key += self.var_i64()?;
+                let key = i32::try_from(key).map_err(|_| format!("key {key} out of range"))?;
+                bins.push(key, self.count()?);
+            }
+            Ok(bins)
+        }
+    }
+
+    pub(super) fn decode(bytes: &[u8]) -> Result<PaneBins, String> {
+        let mut input = Reader(bytes);
+        let mut pane = PaneBins::default();
+        while !input.0.is_empty() {
+            match input.byte()? {
+                COUNT => {
+                    input.var_f64()?;
+                }
+                SUM => {
+                    input.f64_le()?;
+                }
+                MIN => pane.min = input.f64_le()?,
+                MAX => pane.max = input.f64_le()?,
+                INDEX_MAPPING_LOG => {
+                    input.f64_le()?; // gamma
+                    input.f64_le()?; // index offset
+                }
+                ZERO_COUNT => pane.zero_count = input.count()?,
+                POSITIVE_STORE => pane.positive = input.store()?,
+                NEGATIVE_STORE => pane.negative = input.store()?,
+                other => return Err(format!("unexpected flag byte {other:#04x}")),
             }
         }
-        Some(())
+        Ok(pane)
     }
-
-    fn byte(input: &mut &[u8]) -> Option<u8> {
-        let (&b, rest) = input.split_first()?;
-        *input = rest;
-        Some(b)
-    }
-
-    fn skip(input: &mut &[u8], n: usize) -> Option<()> {
-        *input = input.get(n..)?;
-        Some(())
-    }
-
-    /// Unsigned LEB128, at most 9 bytes (the 9th taken whole).
-    fn varint(input: &mut &[u8]) -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..=56).step_by(7) {
-            let b = byte(input)?;
-            if b < 0x80 || shift == 56 {
-                return Some(value | (u64::from(b) << shift));
-            }
-            value |= u64::from(b & 0x7f) << shift;
-        }
-        None
-    }
-
-    /// A var-double: the bits of `v + 1` minus those of `1.0`, rotated left
-    /// by 6, sent 7 bits at a time from the top (at most 9 bytes, the 9th whole).
-    fn var_double(input: &mut &[u8]) -> Option<f64> {
-        let mut bits = 0u64;
-        let mut shift = 57i32;
-        loop {
-            let b = byte(input)?;
-            if shift == 1 {
-                bits |= u64::from(b);
-                break;
-            }
-            if b < 0x80 {
-                bits |= u64::from(b) << shift;
-                break;
-            }
-            bits |= u64::from(b & 0x7f) << shift;
-            shift -= 7;
-        }
-        let one = 1.0f64.to_bits();
-        Some(f64::from_bits(bits.rotate_right(6).wrapping_add(one)) - 1.0)
-    }
-}
-
-/// The answer one receiver gives to `GET /api/v1/quantiles?agg=ID&window=START`
-/// for a window whose groups' panes have these bins (group key as the
-/// receiver writes it → bins): the same bytes, made by the same encoder.
-pub fn encode_answer(
-    aggregation: &Aggregation,
-    start: i64,
-    groups: impl IntoIterator<Item = (Vec<u8>, PaneBins)>,
-    out: &mut Vec<u8>,
-) {
-    let config = aggregation.sketch_config();
-    let mut acc = Accumulator::new(aggregation.clone(), 1, SketchUpdate::Runs);
-    let (mut next, mut budget, mut stats) = (0, Budget::new(Capacity::UNBOUNDED), Stats::default());
-    for (key, bins) in groups {
-        if bins.count() == 0 {
-            continue;
-        }
-        let gid = acc.intern(&key, &mut next, &mut budget);
-        acc.absorb(start, gid, &bins.to_sketch(config), &mut stats, &mut budget);
-    }
-    acc.query_json(Some(start), out);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use sketches_ddsketch::Config;
 
-    fn value() -> impl Strategy<Value = f64> {
-        prop_oneof![
-            4 => 1e-12f64..1e12,
-            2 => -1e6f64..-1e-6,
-            1 => Just(0.0),
-            1 => -1e-9f64..1e-9,
-            1 => prop::num::f64::NORMAL,
-        ]
+    #[test]
+    fn the_normal_range_fits_in_the_bin_limit() {
+        assert_eq!(normal_range_bins(0.01), 70_907);
+        for alpha in [1e-4, 0.001, 0.01, 0.05, 0.5] {
+            let config = sketch_config(alpha);
+            let span = config.key(f64::MAX) - config.key(f64::MIN_POSITIVE) + 1;
+            assert_eq!(span as u32, config.max_num_bins, "{alpha}");
+            assert!(config.min_possible() < f64::MIN_POSITIVE);
+            assert!(bin_value(&config, config.key(f64::MAX)).is_finite());
+        }
     }
 
-    fn fed(config: Config, seam: SketchUpdate, values: &[f64]) -> PaneSketch {
-        let mut pane = PaneSketch::new(config, seam);
-        pane.add_slice(values);
-        pane
+    #[test]
+    fn runs_store_single_gaps_as_zeros() {
+        let bins = Bins::from_sorted([(1, 2), (2, 1), (4, 5), (9, 1), (10, 0)]);
+        assert_eq!(bins.runs, vec![(1, 4), (9, 1)]);
+        assert_eq!(bins.counts, vec![2, 1, 0, 5, 1]);
+        assert_eq!(bins.cost(), 7);
+        assert_eq!(bins.count(), 9);
+        assert_eq!(
+            bins.iter().collect::<Vec<_>>(),
+            vec![(1, 2), (2, 1), (4, 5), (9, 1)]
+        );
+        assert_eq!(
+            (0..9).map(|r| bins.key_at_rank(r)).collect::<Vec<_>>(),
+            vec![1, 1, 2, 4, 4, 4, 4, 4, 9]
+        );
     }
 
-    /// Equal bins, the extremes by value (of `0.0` and `-0.0` either may be kept).
-    fn same_bins(a: &PaneBins, b: &PaneBins) -> bool {
-        a.positive == b.positive
-            && a.negative == b.negative
-            && a.zero_count == b.zero_count
-            && a.min == b.min
-            && a.max == b.max
+    fn pairs() -> impl Strategy<Value = Vec<(i32, u64)>> {
+        prop::collection::btree_map(-40i32..40, 0u64..4, 0..30)
+            .prop_map(|m| m.into_iter().collect())
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
-
-        /// Item 4 of issue 25: any split of a pane's samples over N receivers,
-        /// each pane's bins written as rows and summed as the SQL sums them,
-        /// rebuilt, is the pane one receiver makes of every sample: the same
-        /// bins, every quantile bit for bit (q = 0 and 1 by value), for both
-        /// sketch seams and through the lowest bins' collapse.
+        /// Merging adds counts key by key and never costs more than its inputs.
         #[test]
-        fn any_split_merged_as_the_sql_merges_is_the_single_pane(
-            values in prop::collection::vec(value(), 0..300),
-            receiver_of in prop::collection::vec(0usize..4, 300),
-            receivers in 1usize..=4,
-            limit in prop_oneof![Just(2048u32), 1u32..300],
-        ) {
-            let config = Config::new(0.02, limit, 1e-9);
-            for seam in [SketchUpdate::PerSample, SketchUpdate::Runs] {
-                let single = fed(config, seam, &values);
-                let mut parts = vec![Vec::new(); receivers];
-                for (v, r) in values.iter().zip(&receiver_of) {
-                    parts[r % receivers].push(*v);
-                }
-                let mut merged = PaneBins { min: f64::INFINITY, max: f64::NEG_INFINITY, ..PaneBins::default() };
-                for part in &parts {
-                    merged.merge(&fed(config, seam, part).bins());
-                }
-                prop_assert_eq!(merged.count(), single.count());
-                let rebuilt = merged.to_sketch(config);
-                prop_assert!(same_bins(&rebuilt.bins(), &single.bins()), "{:?} vs {:?}", rebuilt.bins(), single.bins());
-                for i in 1..100 {
-                    let q = i as f64 / 100.0;
-                    prop_assert_eq!(rebuilt.quantile(q).map(f64::to_bits), single.quantile(q).map(f64::to_bits), "q = {}", q);
-                }
-                prop_assert_eq!(rebuilt.quantile(0.0), single.quantile(0.0));
-                prop_assert_eq!(rebuilt.quantile(1.0), single.quantile(1.0));
+        fn merged_bins_add_and_cost_no_more(a in pairs(), b in pairs()) {
+            let (x, y) = (Bins::from_sorted(a.clone()), Bins::from_sorted(b.clone()));
+            let merged = x.merged(&y);
+            let mut want = std::collections::BTreeMap::new();
+            for (k, c) in a.into_iter().chain(b) {
+                *want.entry(k).or_insert(0) += c;
             }
-        }
-
-        /// The crate's sketch read through its encoding has the bulk seam's bins.
-        #[test]
-        fn reference_bins_are_the_bulk_seams(values in prop::collection::vec(value(), 0..300), limit in prop_oneof![Just(2048u32), 1u32..300]) {
-            let config = Config::new(0.01, limit, 1e-9);
-            let reference = fed(config, SketchUpdate::PerSample, &values).bins();
-            let bulk = fed(config, SketchUpdate::Runs, &values).bins();
-            prop_assert!(same_bins(&reference, &bulk), "{:?} vs {:?}", reference, bulk);
-        }
-    }
-
-    /// The answer made from a window's bins, whole or split over three
-    /// ingesters by series, is the bytes the ingester itself answers.
-    #[test]
-    fn encoded_answer_is_the_receivers_bytes() {
-        use crate::ingest::feed::FeedWorkload;
-        use crate::ingest::pipeline::Ingester;
-        use crate::ingest::plan::Plan;
-        use crate::strategy::StrategySet;
-        let workload = FeedWorkload {
-            groups: 7,
-            series_per_group: 5,
-            samples_per_sec: 3,
-            batch_rows: 11,
-            ..FeedWorkload::seed(1_700_000_040_000)
-        };
-        let generator = workload.generator();
-        let plan = Plan::default();
-        let agg = &plan.aggregations[0];
-        for strategies in [StrategySet::NONE, StrategySet::all()] {
-            let mut single = Ingester::new(plan.clone(), strategies);
-            let mut split: Vec<Ingester> = (0..3)
-                .map(|_| Ingester::new(plan.clone(), strategies))
-                .collect();
-            for t in 0..150 {
-                for (r, raw) in generator.tick_raw(t).iter().enumerate() {
-                    single.handle_decoded(raw).unwrap();
-                    split[r % 3].handle_decoded(raw).unwrap();
-                }
-            }
-            single.flush();
-            split.iter_mut().for_each(Ingester::flush);
-            let starts: Vec<i64> = single.accumulators()[0].closed_starts().collect();
-            assert_eq!(starts.len(), 3);
-            for &start in &starts {
-                let mut want = Vec::new();
-                assert!(single.query_json("data", Some(start), &mut want));
-                let mut groups: BTreeMap<Vec<u8>, PaneBins> = BTreeMap::new();
-                for ingester in &split {
-                    for (key, pane) in ingester.accumulators()[0].closed_panes(start).unwrap() {
-                        groups
-                            .entry(key.to_vec())
-                            .or_insert_with(|| PaneBins {
-                                min: f64::INFINITY,
-                                max: f64::NEG_INFINITY,
-                                ..PaneBins::default()
-                            })
-                            .merge(&pane.bins());
-                    }
-                }
-                let mut got = Vec::new();
-                encode_answer(agg, start, groups, &mut got);
-                assert_eq!(
-                    String::from_utf8(got).unwrap(),
-                    String::from_utf8(want).unwrap()
-                );
-            }
-            // A window nobody holds answers as the receiver answers it.
-            let (mut got, mut want) = (Vec::new(), Vec::new());
-            encode_answer(agg, 0, Vec::new(), &mut got);
-            assert!(single.query_json("data", Some(0), &mut want));
-            assert_eq!(got, want);
+            want.retain(|_, c| *c > 0);
+            prop_assert_eq!(merged.iter().collect::<Vec<_>>(), want.into_iter().collect::<Vec<_>>());
+            prop_assert!(merged.cost() <= x.cost() + y.cost());
+            prop_assert_eq!(merged.count(), x.count() + y.count());
         }
     }
 }

@@ -1,17 +1,19 @@
 //! Across cores: whole requests on N lanes at once.
 //!
-//! A lane is a whole [`Ingester`] (its own series cache, groups and open
-//! windows) behind its own lock; a request takes whichever lane is free and
-//! goes through every seam there, so N requests ingest on N cores with nothing
-//! shared but a watermark. Lane 0 is the home: when the watermark closes a
-//! window, every lane's panes of it are merged into the home's, which closes
-//! it, keeps it and answers queries of it.
+//! A lane is a whole [`Ingester`] (its own series cache and open windows)
+//! behind its own lock; a request takes whichever lane is free and goes
+//! through every seam there, so N requests ingest on N cores sharing only the
+//! watermark, the budget and the group table ([`super::groups`]: a group has
+//! one id in every lane; the table's lock is taken when a lane meets a group
+//! key it has not resolved yet). Lane 0 is the home: when the watermark closes
+//! a window, every lane's panes of it are merged into the home's as bins,
+//! group by group, and the home keeps it and answers queries of it.
 //!
 //! Why the quantiles are one ingester's, bit for bit:
 //! - A pane's sketch does not depend on the order it was fed: its bins,
-//!   count, min and max are those of the multiset of values
-//!   ([`PaneSketch::merge`](super::sketch::PaneSketch::merge), property-tested
-//!   through collapses for both sketch seams). So a group's pane merged from
+//!   count, min and max are those of the multiset of values, and merging
+//!   bins adds them ([`PaneBins::merge`](super::bins::PaneBins::merge),
+//!   property-tested for both sketch seams). So a group's pane merged from
 //!   the lanes is the pane one ingester makes of the same samples.
 //! - Which samples a pane takes depends on the watermark only through which
 //!   windows it has closed. Every lane applies a request against the windows
@@ -25,18 +27,26 @@
 //!   ingester keeps the first it saw as min or max (q = 0 or 1) and a merge
 //!   keeps the home's.
 //!
-//! Limits: each lane holds up to its [`Limits`](super::pipeline::Limits);
-//! lanes past the home hold only open windows and their series cache, so N
-//! lanes hold at most N times the limits. Below them the outcome is one
-//! ingester's; at them, a lane may drop a sample one ingester would have kept.
+//! Limits are the ingester's, not a lane's: groups, pane slots and bins are
+//! taken from one budget before any lane holds them, so all lanes together
+//! stay within the [`Limits`](super::pipeline::Limits) (merging a window's
+//! panes at its close needs no more bins or slots than they held). Every
+//! (sample, aggregation) pair a lane takes is accepted, late, or dropped past
+//! a limit, once: a merge never refuses. Below the limits the outcome is one
+//! ingester's; at them, a lane may drop a sample one ingester would have kept
+//! (only the home holds closed windows, which go first under pressure: a
+//! lane that had to refuse asks the home to drop them before the next request).
 
-use super::pipeline::{CacheStats, IngestError, Ingester, Limits};
+use super::groups::Shared;
+use super::pipeline::{CacheStats, ClosedBins, IngestError, Ingester, Limits};
 use super::plan::Plan;
-use super::window::{Accumulator, Budget, Capacity, Held, PaneReport, QueryResult, Stats};
+use super::window::{Held, PaneReport, QueryResult, Stats, WindowBins};
 use crate::strategy::StrategySet;
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 thread_local! {
     /// The lane this thread took last.
@@ -49,6 +59,8 @@ pub const MAX_LANES: usize = 64;
 /// N lanes of one ingester (see the module doc).
 pub struct LanedIngester {
     lanes: Box<[Mutex<Ingester>]>,
+    /// The lanes' budget and groups.
+    shared: Arc<Shared>,
     /// The watermark every lane was last advanced to (changed with every lane locked).
     closed_through: AtomicI64,
     /// The latest watermark a request advanced to (at least `closed_through`).
@@ -60,13 +72,18 @@ pub struct LanedIngester {
 }
 
 impl LanedIngester {
-    /// `lanes` lanes (clamped to `1..=MAX_LANES`), each made by `make` (all alike).
+    /// `lanes` lanes (clamped to `1..=MAX_LANES`), each made by `make` (all
+    /// alike, before any request), sharing the first one's budget and groups.
     pub fn new(lanes: usize, mut make: impl FnMut() -> Ingester) -> Self {
-        let lanes = (0..lanes.clamp(1, MAX_LANES))
-            .map(|_| Mutex::new(make()))
-            .collect();
+        let mut made: Vec<Ingester> = (0..lanes.clamp(1, MAX_LANES)).map(|_| make()).collect();
+        let shared = made[0].shared().clone();
+        for lane in &mut made[1..] {
+            lane.share(&shared);
+        }
+        let lanes = made.into_iter().map(Mutex::new).collect();
         LanedIngester {
             lanes,
+            shared,
             closed_through: AtomicI64::new(i64::MIN),
             watermark: AtomicI64::new(i64::MIN),
             next: AtomicUsize::new(0),
@@ -97,7 +114,7 @@ impl LanedIngester {
     /// sketch's bins on another thread than the one that allocated them waits
     /// for that thread's arena (requests on 2 lanes and 2 cores went 1.1×
     /// where 2 processes went 1.95×).
-    fn free_lane(&self) -> MutexGuard<'_, Ingester> {
+    fn free_lane(&self) -> (usize, MutexGuard<'_, Ingester>) {
         let n = self.lanes.len();
         let start = match LAST_LANE.get() {
             last if last < n => last,
@@ -106,38 +123,43 @@ impl LanedIngester {
         for i in (start..n).chain(0..start) {
             if let Some(lane) = self.lanes[i].try_lock() {
                 LAST_LANE.set(i);
-                return lane;
+                return (i, lane);
             }
         }
-        self.lock(start)
+        (start, self.lock(start))
     }
 
     /// One request body as sent (snappy block), on a free lane.
     pub fn handle(&self, body: &[u8]) -> Result<Stats, IngestError> {
-        let mut lane = self.free_lane();
+        let (i, mut lane) = self.free_lane();
         let applied = lane.handle_deferred(body);
-        self.finish(lane, applied)
+        self.finish(i, lane, applied)
     }
 
     /// One decompressed `WriteRequest`, on a free lane.
     pub fn handle_decoded(&self, raw: &[u8]) -> Result<Stats, IngestError> {
-        let mut lane = self.free_lane();
+        let (i, mut lane) = self.free_lane();
         let applied = lane.handle_decoded_deferred(raw);
-        self.finish(lane, applied)
+        self.finish(i, lane, applied)
     }
 
     /// One request body on lane `lane` (modulo the lanes): for runs that
     /// choose which lane takes which request.
     pub fn handle_on(&self, lane: usize, body: &[u8]) -> Result<Stats, IngestError> {
-        let mut lane = self.lock(lane % self.lanes.len());
+        let i = lane % self.lanes.len();
+        let mut lane = self.lock(i);
         let applied = lane.handle_deferred(body);
-        self.finish(lane, applied)
+        self.finish(i, lane, applied)
     }
 
     /// Records the request's watermark; if it closes a window of any
     /// aggregation, closes it on every lane before the request is answered.
+    /// A lane other than the home that had to refuse samples past the bins
+    /// or pane slots has the home drop closed windows, as one ingester would
+    /// have before refusing.
     fn finish(
         &self,
+        i: usize,
         lane: MutexGuard<'_, Ingester>,
         applied: Result<(Stats, i64), IngestError>,
     ) -> Result<Stats, IngestError> {
@@ -151,6 +173,9 @@ impl LanedIngester {
             });
         self.watermark.fetch_max(watermark, Ordering::AcqRel);
         drop(lane);
+        if i != 0 && stats.over_bin_limit + stats.over_pane_limit > 0 {
+            self.lock(0).relieve();
+        }
         if closes {
             self.close();
         }
@@ -167,12 +192,8 @@ impl LanedIngester {
             return; // another request's close got here first
         }
         let (home, rest) = lanes.split_first_mut().expect("one lane at least");
-        for lane in rest.iter_mut() {
-            lane.hand_over_closing(home, watermark);
-        }
-        for lane in &mut lanes {
-            lane.advance_to(watermark);
-        }
+        let mut rest: Vec<&mut Ingester> = rest.iter_mut().map(|l| &mut **l).collect();
+        home.close_with(&mut rest, watermark);
         self.closed_through.store(watermark, Ordering::Release);
     }
 
@@ -227,7 +248,7 @@ impl LanedIngester {
         self.lock(0).strategies()
     }
 
-    /// Summed over the lanes (the home's includes what its limits refused of merged panes).
+    /// Summed over the lanes: every (sample, aggregation) pair once.
     pub fn totals(&self) -> Stats {
         let mut sum = Stats::default();
         for i in 0..self.lanes.len() {
@@ -251,13 +272,14 @@ impl LanedIngester {
         sum
     }
 
-    /// What the lanes hold of what the limits bound, summed.
+    /// What the lanes hold together of what the limits bound (no lane's lock taken).
     pub fn held(&self) -> Held {
-        let mut held = Held::default();
-        for i in 0..self.lanes.len() {
-            held.merge(&self.lock(i).held());
-        }
-        held
+        self.shared.budget.held()
+    }
+
+    /// Groups reclaimed since start.
+    pub fn groups_reclaimed(&self) -> u64 {
+        self.shared.budget.reclaimed()
     }
 
     /// Panes and bins held (open + closed), summed over the lanes.
@@ -275,10 +297,12 @@ impl LanedIngester {
         if self.lanes.len() == 1 || home_has(&home, aggregation, window) {
             return home.query(aggregation, window);
         }
-        let a = position(&home, aggregation)?;
+        let a = home.position(aggregation)?;
         let mut lanes = vec![home];
         lanes.extend((1..self.lanes.len()).map(|i| self.lock(i)));
-        Some(merged_open(&lanes, a, window).query(window))
+        let merged = merged_open(&lanes, a, window);
+        let table = lanes[0].shared().groups.lock();
+        Some(lanes[0].accumulators()[a].query_bins(merged.values().next(), table.agg(a)))
     }
 
     /// [`LanedIngester::query`]'s answer as JSON (the bytes `serde_json` makes
@@ -288,13 +312,21 @@ impl LanedIngester {
         if self.lanes.len() == 1 || home_has(&home, aggregation, window) {
             return home.query_json(aggregation, window, out);
         }
-        let Some(a) = position(&home, aggregation) else {
+        let Some(a) = home.position(aggregation) else {
             return false;
         };
         let mut lanes = vec![home];
         lanes.extend((1..self.lanes.len()).map(|i| self.lock(i)));
-        merged_open(&lanes, a, window).query_json(window, out);
+        let merged = merged_open(&lanes, a, window);
+        let table = lanes[0].shared().groups.lock();
+        lanes[0].accumulators()[a].encode_bins(merged.values().next(), table.agg(a), out);
         true
+    }
+
+    /// An aggregation's closed windows as they are handed out (the home keeps them):
+    /// see [`Ingester::closed_bins`].
+    pub fn closed_bins(&self, aggregation: &str) -> Option<Vec<ClosedBins>> {
+        self.lock(0).closed_bins(aggregation)
     }
 
     /// Every aggregation's last closed window, in plan order.
@@ -310,8 +342,11 @@ impl LanedIngester {
             .into_iter()
             .filter(|p| p.closed)
             .collect();
+        let table = lanes[0].shared().groups.lock();
         for a in 0..lanes[0].accumulators().len() {
-            panes.extend(merged_open(&lanes, a, None).panes());
+            for bins in merged_open(&lanes, a, None).values() {
+                panes.extend(lanes[0].accumulators()[a].bins_panes(bins, table.agg(a)));
+            }
         }
         panes.sort();
         panes
@@ -326,16 +361,10 @@ impl From<Ingester> for LanedIngester {
     }
 }
 
-fn position(lane: &Ingester, aggregation: &str) -> Option<usize> {
-    lane.accumulators()
-        .iter()
-        .position(|a| a.agg.id == aggregation)
-}
-
 /// Whether the home alone answers: the last closed window, or a closed one
 /// (an aggregation that does not exist answers nothing there either).
 fn home_has(home: &Ingester, aggregation: &str, window: Option<i64>) -> bool {
-    let Some(a) = position(home, aggregation) else {
+    let Some(a) = home.position(aggregation) else {
         return true;
     };
     match window {
@@ -345,21 +374,20 @@ fn home_has(home: &Ingester, aggregation: &str, window: Option<i64>) -> bool {
 }
 
 /// Aggregation `a`'s open windows (only `window`, when given) over every
-/// lane, merged into one accumulator of its own.
-fn merged_open(lanes: &[MutexGuard<'_, Ingester>], a: usize, window: Option<i64>) -> Accumulator {
-    let home = &lanes[0];
-    let plan = &home.plan().plan;
-    let mut merged = Accumulator::new(
-        plan.aggregations[a].clone(),
-        plan.keep_windows,
-        home.seams().sketch,
-    );
-    let (mut next, mut budget, mut stats) = (0, Budget::new(Capacity::UNBOUNDED), Stats::default());
+/// lane, merged as bins (group by group id), by start.
+fn merged_open(
+    lanes: &[MutexGuard<'_, Ingester>],
+    a: usize,
+    window: Option<i64>,
+) -> BTreeMap<i64, WindowBins> {
+    let mut merged: BTreeMap<i64, WindowBins> = BTreeMap::new();
     for lane in lanes {
-        for open in lane.accumulators()[a].open_panes(window) {
-            for (key, pane) in &open.panes {
-                let gid = merged.intern(key, &mut next, &mut budget);
-                merged.absorb(open.start, gid, pane, &mut stats, &mut budget);
+        for bins in lane.accumulators()[a].open_bins(window) {
+            match merged.get_mut(&bins.start) {
+                Some(into) => into.merge(bins),
+                None => {
+                    merged.insert(bins.start, bins);
+                }
             }
         }
     }

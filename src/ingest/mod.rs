@@ -9,7 +9,9 @@
 //! one combined variant (and why).
 
 pub mod bins;
+pub mod distributed;
 pub mod feed;
+pub mod groups;
 pub mod lanes;
 pub mod pipeline;
 pub mod plan;

@@ -15,17 +15,19 @@
 //! before any sample is applied, so a 400 (or a 413) changes no window. Past
 //! the ingester's [`Limits`], single samples are counted and dropped.
 
+use super::bins::PaneBins;
+use super::groups::{Budget, Shared};
 use super::plan::{Plan, PlanGeneration};
 use super::seams::{Canonicalize, Route, Seams};
 use super::window::{
-    write_group_key, Accumulator, Budget, Capacity, Held, PaneReport, QueryResult, Stats,
-    STALE_NAN_BITS,
+    write_group_key, Accumulator, Capacity, Held, PaneReport, QueryResult, Stats, STALE_NAN_BITS,
 };
 use super::wire::Sample;
 use super::wire::{self, Batch, WireError, WriteRequest};
 use crate::strategy::StrategySet;
 use crate::text::{write_escaped, Escape};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +55,16 @@ fn invalid(msg: impl Into<String>) -> IngestError {
     IngestError::Invalid(msg.into())
 }
 
+/// A closed window as it is handed out (see [`Ingester::closed_bins`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClosedBins {
+    pub start: i64,
+    /// Per group: its labels (as the answer names them) and its bins.
+    pub groups: Vec<(BTreeMap<String, String>, PaneBins)>,
+    /// Samples of the window refused for groups that got no pane there.
+    pub dropped: u64,
+}
+
 /// Series-cache counters (for `/metrics`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -69,8 +81,8 @@ pub struct CacheStats {
 /// Default bound of the series cache (entries; about 200 bytes each).
 pub const DEFAULT_CACHE_CAPACITY: usize = 1 << 18;
 
-/// The bounds an ingester keeps, per instance (an ingester split across threads
-/// gives each part its own). [`Limits::UNBOUNDED`], the library's default, takes
+/// The bounds an ingester keeps (a [laned](super::lanes) one over all its
+/// lanes together). [`Limits::UNBOUNDED`], the library's default, takes
 /// timestamps as they come, as a replay of recorded data must;
 /// [`Limits::serving`] is what `promlab serve` starts from.
 #[derive(Clone, Copy, Debug)]
@@ -134,12 +146,14 @@ pub struct Ingester {
     seams: Seams,
     plan: PlanGeneration,
     accumulators: Vec<Accumulator>,
-    /// Global destination id → (aggregation, group id).
+    /// Destination id → (aggregation, group id), for the destinations this
+    /// ingester interned (the group table's, copied so that routing takes no lock).
     dests: Vec<(u16, u32)>,
     watermark: i64,
     totals: Stats,
     limits: Limits,
-    budget: Budget,
+    /// The budget and the groups, shared with the other lanes of a laned ingester.
+    shared: Arc<Shared>,
     cache: SeriesCache,
     max_decoded: usize,
     decompressed: Vec<u8>,
@@ -166,7 +180,7 @@ impl Ingester {
             watermark: i64::MIN,
             totals: Stats::default(),
             limits: Limits::UNBOUNDED,
-            budget: Budget::new(Capacity::UNBOUNDED),
+            shared: Arc::new(Shared::new(Capacity::UNBOUNDED)),
             cache: SeriesCache::new(DEFAULT_CACHE_CAPACITY),
             max_decoded: 32 << 20,
             decompressed: Vec::new(),
@@ -191,18 +205,42 @@ impl Ingester {
     /// Bounds what this ingester takes and holds (see [`Limits`]).
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
-        self.budget.capacity = limits.capacity;
+        Arc::get_mut(&mut self.shared)
+            .expect("limits are set before the ingester is shared")
+            .budget
+            .capacity = limits.capacity;
         self.cache.max_bytes = limits.max_cache_bytes;
         self
+    }
+
+    /// Lanes: holds `shared` (another lane's budget and groups, of the same
+    /// plan) instead of its own; before any request.
+    pub(super) fn share(&mut self, shared: &Arc<Shared>) {
+        debug_assert_eq!(self.budget().held(), Held::default());
+        self.shared = Arc::clone(shared);
+    }
+
+    /// The budget and groups this ingester holds against (shared by lanes).
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn budget(&self) -> &Budget {
+        &self.shared.budget
     }
 
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
 
-    /// What the ingester holds of what its limits bound.
+    /// What the ingester holds of what its limits bound (with every lane it shares them with).
     pub fn held(&self) -> Held {
-        self.budget.held
+        self.budget().held()
+    }
+
+    /// Groups reclaimed since start (with every lane it shares them with).
+    pub fn groups_reclaimed(&self) -> u64 {
+        self.budget().reclaimed()
     }
 
     pub fn strategies(&self) -> StrategySet {
@@ -221,31 +259,47 @@ impl Ingester {
     /// Installs a plan and bumps the generation. Aggregations whose definition
     /// did not change keep their windows; the others start empty.
     pub fn set_plan(&mut self, plan: Plan) {
-        let mut old: HashMap<String, Accumulator> = self
+        let mut old: HashMap<String, (usize, Accumulator)> = self
             .accumulators
             .drain(..)
-            .map(|a| (a.agg.id.clone(), a))
+            .enumerate()
+            .map(|(i, a)| (a.agg.id.clone(), (i, a)))
             .collect();
         let keep_all = plan.keep_windows == self.plan.plan.keep_windows;
-        self.accumulators = plan
-            .aggregations
-            .iter()
-            .map(|agg| match old.remove(&agg.id) {
-                Some(acc) if acc.agg == *agg && keep_all => acc,
-                _ => Accumulator::new(agg.clone(), plan.keep_windows, self.seams.sketch),
-            })
-            .collect();
-        self.budget.recount(&self.accumulators);
-        // Destination ids are renumbered from the surviving groups.
-        self.dests.clear();
-        let mut next = 0u32;
-        for (a, acc) in self.accumulators.iter_mut().enumerate() {
-            next = acc.renumber(a as u16, next, &mut self.dests);
+        let mut kept = Vec::with_capacity(plan.aggregations.len());
+        let mut replaced = Vec::new();
+        for agg in &plan.aggregations {
+            match old.remove(&agg.id) {
+                Some((i, acc)) if acc.agg == *agg && keep_all => {
+                    kept.push(Some(i));
+                    self.accumulators.push(acc);
+                }
+                other => {
+                    replaced.extend(other.map(|(_, acc)| acc));
+                    kept.push(None);
+                    self.accumulators.push(Accumulator::new(
+                        agg.clone(),
+                        plan.keep_windows,
+                        self.seams.sketch,
+                    ));
+                }
+            }
         }
-        self.plan = PlanGeneration {
-            plan,
-            generation: self.plan.generation + 1,
-        };
+        // What the aggregations left behind held goes back to the budget.
+        let budget = &self.shared.budget;
+        for acc in replaced.iter().chain(old.values().map(|(_, acc)| acc)) {
+            let held = acc.held();
+            budget.give_slots(held.pane_slots);
+            budget.give_bins(held.bins);
+        }
+        let generation = self.plan.generation + 1;
+        self.shared
+            .groups
+            .lock()
+            .set_plan(generation, &plan.aggregations, &kept, budget);
+        // Destination ids: re-read from the table as series are resolved again.
+        self.dests.clear();
+        self.plan = PlanGeneration { plan, generation };
     }
 
     /// One request body as sent (snappy block): the receiver's and `promlab ingest`'s entry point.
@@ -336,40 +390,60 @@ impl Ingester {
     /// Moves the watermark to `watermark` if that is later, closing the windows it passes.
     pub fn advance_to(&mut self, watermark: i64) {
         if watermark > self.watermark {
-            self.watermark = watermark;
-            for acc in &mut self.accumulators {
-                acc.close_through(watermark, &mut self.budget);
-            }
+            self.close_with(&mut [], watermark);
         }
     }
 
-    /// Lanes: moves this lane's panes of the windows `watermark` closes into
-    /// `home`'s (merged, group by group key), before either closes them.
-    /// Both hold the same plan. What `home`'s limits refuse is counted in its totals.
-    pub fn hand_over_closing(&mut self, home: &mut Ingester, watermark: i64) {
-        debug_assert_eq!(self.plan.generation, home.plan.generation);
-        let mut stats = Stats::default();
+    /// Moves this ingester's watermark and `others'` (the other lanes, all of
+    /// one plan and one [`Shared`]) to `watermark`, closing the windows it
+    /// passes: every lane's panes of a closing window merged here, exactly
+    /// (see [`Accumulator::close_from`]); then reclaims the groups no window
+    /// holds any more, if that is worth it (see [`super::groups`]).
+    pub fn close_with(&mut self, others: &mut [&mut Ingester], watermark: i64) {
+        let shared = Arc::clone(&self.shared);
         for a in 0..self.accumulators.len() {
-            let taken = self.accumulators[a].take_closing(watermark, &mut self.budget);
-            for window in taken {
-                for (key, pane) in &window.panes {
-                    let (gid, _) = home.intern(a as u16, key);
-                    home.accumulators[a].absorb(
-                        window.start,
-                        gid,
-                        pane,
-                        &mut stats,
-                        &mut home.budget,
-                    );
-                }
+            let mut theirs: Vec<&mut Accumulator> =
+                others.iter_mut().map(|o| &mut o.accumulators[a]).collect();
+            self.accumulators[a].close_from(&mut theirs, watermark, &shared.budget);
+        }
+        self.watermark = self.watermark.max(watermark);
+        for other in others.iter_mut() {
+            other.watermark = other.watermark.max(watermark);
+        }
+        let mut table = shared.groups.lock();
+        let mut reclaimed = 0;
+        for a in 0..self.accumulators.len() {
+            let mut live = Vec::new();
+            self.accumulators[a].mark_live(&mut live);
+            for other in others.iter() {
+                other.accumulators[a].mark_live(&mut live);
+            }
+            let unused = table.unused(a, &live);
+            if table.worth_reclaiming(unused, &shared.budget) {
+                reclaimed += table.reclaim(a, &live, &shared.budget);
             }
         }
-        home.totals.merge(&stats);
+        if reclaimed > 0 {
+            // Their ids may be given to other groups: nothing may route by them.
+            for lane in std::iter::once(self).chain(others.iter_mut().map(|o| &mut **o)) {
+                lane.cache.invalidate();
+                lane.dests.clear();
+            }
+        }
     }
 
-    /// The accumulators, in plan order (for a [lane](super::lanes)'s merged
-    /// view, and for what reads the closed windows' panes out).
-    pub fn accumulators(&self) -> &[Accumulator] {
+    /// Lanes: after this lane had to refuse samples past the bins or pane
+    /// slots, drops closed windows here (the oldest first) while those are
+    /// at their limits, as one ingester would have before refusing.
+    pub(super) fn relieve(&mut self) {
+        let shared = Arc::clone(&self.shared);
+        for acc in &mut self.accumulators {
+            acc.relieve(&shared.budget);
+        }
+    }
+
+    /// The accumulators, in plan order (for a [lane](super::lanes)'s merged view).
+    pub(super) fn accumulators(&self) -> &[Accumulator] {
         &self.accumulators
     }
 
@@ -407,26 +481,66 @@ impl Ingester {
 
     /// One aggregation's quantiles for its last closed window (or `window`).
     pub fn query(&self, aggregation: &str, window: Option<i64>) -> Option<QueryResult> {
-        self.accumulators
-            .iter()
-            .find(|a| a.agg.id == aggregation)
-            .map(|a| a.query(window))
+        let a = self.position(aggregation)?;
+        Some(self.accumulators[a].query(window, self.shared.groups.lock().agg(a)))
     }
 
     /// [`Ingester::query`]'s answer as JSON (the bytes `serde_json` makes of
     /// it), appended to `out`; `false` when there is no such aggregation. A
     /// closed window's answer is encoded on its first query and kept.
     pub fn query_json(&self, aggregation: &str, window: Option<i64>, out: &mut Vec<u8>) -> bool {
-        self.accumulator(aggregation)
-            .map(|a| a.query_json(window, out))
-            .is_some()
+        let Some(a) = self.position(aggregation) else {
+            return false;
+        };
+        self.accumulators[a].query_json(window, self.shared.groups.lock().agg(a), out);
+        true
+    }
+
+    /// The closed windows kept of an aggregation, oldest first, as they are
+    /// handed out ([`super::bins`]): per group its labels and bins (with the
+    /// samples it had refused), and the window's samples refused for groups
+    /// without a pane. `None` when there is no such aggregation.
+    pub fn closed_bins(&self, aggregation: &str) -> Option<Vec<ClosedBins>> {
+        self.closed_bins_after(aggregation, None)
+    }
+
+    /// [`Ingester::closed_bins`] of the windows starting after `after` only
+    /// (what a distributed store has not been handed yet).
+    pub fn closed_bins_after(
+        &self,
+        aggregation: &str,
+        after: Option<i64>,
+    ) -> Option<Vec<ClosedBins>> {
+        let a = self.position(aggregation)?;
+        let table = self.shared.groups.lock();
+        let groups = table.agg(a);
+        Some(
+            self.accumulators[a]
+                .closed_windows()
+                .filter(|w| after.is_none_or(|after| w.start > after))
+                .map(|w| ClosedBins {
+                    start: w.start,
+                    groups: w
+                        .panes
+                        .iter()
+                        .map(|(gid, bins)| {
+                            let labels = groups.get(*gid).map_or(&[][..], |g| &g.labels);
+                            (labels.iter().cloned().collect(), bins.clone())
+                        })
+                        .collect(),
+                    dropped: w.dropped,
+                })
+                .collect(),
+        )
     }
 
     /// [`Ingester::query_json`] without the kept answers: encoded afresh.
     pub fn encode_query(&self, aggregation: &str, window: Option<i64>, out: &mut Vec<u8>) -> bool {
-        self.accumulator(aggregation)
-            .map(|a| a.encode_query(window, out))
-            .is_some()
+        let Some(a) = self.position(aggregation) else {
+            return false;
+        };
+        self.accumulators[a].encode_query(window, self.shared.groups.lock().agg(a), out);
+        true
     }
 
     /// The quantile scan alone, every pane of the window (the query's floor);
@@ -445,17 +559,31 @@ impl Ingester {
         self.accumulators.iter().find(|a| a.agg.id == aggregation)
     }
 
+    /// The index of an aggregation in the plan.
+    pub(super) fn position(&self, aggregation: &str) -> Option<usize> {
+        self.accumulators
+            .iter()
+            .position(|a| a.agg.id == aggregation)
+    }
+
     /// Every aggregation's last closed window, in plan order.
     pub fn query_all(&self) -> Vec<QueryResult> {
-        self.accumulators.iter().map(|a| a.query(None)).collect()
+        let table = self.shared.groups.lock();
+        self.accumulators
+            .iter()
+            .enumerate()
+            .map(|(a, acc)| acc.query(None, table.agg(a)))
+            .collect()
     }
 
     /// Every pane (open and closed) of every aggregation, sorted: the exact outcome.
     pub fn snapshot(&self) -> Vec<PaneReport> {
+        let table = self.shared.groups.lock();
         let mut panes: Vec<PaneReport> = self
             .accumulators
             .iter()
-            .flat_map(Accumulator::panes)
+            .enumerate()
+            .flat_map(|(a, acc)| acc.panes(table.agg(a)))
             .collect();
         panes.sort();
         panes
@@ -514,14 +642,20 @@ impl Ingester {
         Ok(Resolved::Cached(ids))
     }
 
+    /// The (group id, destination id) of a group key, from the shared group
+    /// table (a new group if the budget has room, else the overflow group).
     fn intern(&mut self, agg: u16, group_key: &[u8]) -> (u32, u32) {
-        let mut next = self.dests.len() as u32;
-        let acc = &mut self.accumulators[agg as usize];
-        let gid = acc.intern(group_key, &mut next, &mut self.budget);
-        if next as usize > self.dests.len() {
-            self.dests.push((agg, gid));
+        let (gid, dest) = self
+            .shared
+            .groups
+            .lock()
+            .intern(agg, group_key, &self.shared.budget);
+        let d = dest as usize;
+        if self.dests.len() <= d {
+            self.dests.resize(d + 1, (u16::MAX, 0));
         }
-        (gid, acc.dest_of(gid))
+        self.dests[d] = (agg, gid);
+        (gid, dest)
     }
 
     /// Reference route: per sample and aggregation, string keys into a `HashMap`
@@ -579,7 +713,7 @@ impl Ingester {
                 &values,
                 watermark,
                 stats,
-                &mut self.budget,
+                &self.shared.budget,
             );
         }
         newest
@@ -665,7 +799,7 @@ impl Ingester {
             Groups {
                 dests: &self.dests,
                 accumulators: &mut self.accumulators,
-                budget: &mut self.budget,
+                budget: &self.shared.budget,
             },
             watermark,
             stats,
@@ -904,7 +1038,7 @@ fn group_key_of(labels: &HashMap<String, String>, group_by: &[String]) -> String
 pub(super) struct Groups<'a> {
     pub(super) dests: &'a [(u16, u32)],
     pub(super) accumulators: &'a mut [Accumulator],
-    pub(super) budget: &'a mut Budget,
+    pub(super) budget: &'a Budget,
 }
 
 /// Scratch space of the batched router, reused across requests.
@@ -1069,6 +1203,12 @@ impl SeriesCache {
             evicted: 0,
             invalidated: 0,
         }
+    }
+
+    /// Drops every entry, counted as invalidated (their destination ids may be reused).
+    pub(super) fn invalidate(&mut self) {
+        self.invalidated += self.entries.len() as u64;
+        self.clear();
     }
 
     fn clear(&mut self) {

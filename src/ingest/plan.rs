@@ -76,10 +76,11 @@ impl Aggregation {
         secs_to_ms(self.window_secs).max(1)
     }
 
-    /// The DDSketch configuration of this aggregation's panes (the crate's default
-    /// bin limit and minimum value, this aggregation's accuracy).
+    /// The DDSketch configuration of this aggregation's panes: this
+    /// aggregation's accuracy, no collapse over the normal range, `±0` and
+    /// subnormals as zeros ([`super::bins::sketch_config`]).
     pub fn sketch_config(&self) -> sketches_ddsketch::Config {
-        sketches_ddsketch::Config::new(self.relative_accuracy, 2048, 1.0e-9)
+        super::bins::sketch_config(self.relative_accuracy)
     }
 }
 

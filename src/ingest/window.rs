@@ -1,4 +1,4 @@
-//! Per-aggregation accumulators: groups, tumbling windows, panes.
+//! Per-aggregation accumulators: tumbling windows and their panes.
 //!
 //! Windows are `[start, start + window)` on sample timestamps, `start` a multiple
 //! of the window length. A window closes when the watermark (the newest routed
@@ -7,14 +7,27 @@
 //! requests, never inside one, so what a request does cannot depend on the order
 //! of its samples — which lets strategies regroup them. The last `keep_windows`
 //! closed windows of each aggregation are kept for queries.
+//!
+//! An open window holds a pane ([`PaneSketch`]) per group id that has
+//! samples there, in one lane; a closed window holds each group's
+//! [`PaneBins`] (every lane's pane of it merged, exactly: [`super::bins`]).
+//! Samples refused past a limit are counted per request (`Stats`), per
+//! group and per window, and an answer that misses some says so: `"dropped"`
+//! on the group (its samples refused while it had a pane there) and on the
+//! window (samples of groups that got no pane there, past the group, pane or
+//! bin limit). The groups themselves, and the budget every limit counts
+//! against, are the ingester's ([`super::groups`]), shared by its lanes.
 
+use super::bins::PaneBins;
+use super::groups::{AggGroups, Budget, OVERFLOW};
 use super::plan::Aggregation;
 use super::seams::SketchUpdate;
 use super::sketch::PaneSketch;
 use crate::text::{write_escaped, Escape};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use sketches_ddsketch::Config;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -119,19 +132,21 @@ pub fn parse_group_key(key: &[u8]) -> Vec<Vec<u8>> {
     values
 }
 
-/// How much of each bounded resource an ingester may hold, across its aggregations.
-/// Per ingester: an ingester split across threads gives each part its own.
+/// How much of each bounded resource an ingester may hold, across its
+/// aggregations and, for a [laned](super::lanes) one, across its lanes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacity {
     /// Groups (distinct group-by value tuples), over all aggregations.
     pub groups: usize,
     /// Bytes of the group keys (each held twice: as key and as labels).
     pub group_bytes: usize,
-    /// Pane slots: per window, one per group id up to the highest that has a pane there.
+    /// Pane slots: per open window and lane, one per group id up to the
+    /// highest that has a pane there; per closed window, one per pane.
     pub pane_slots: usize,
     /// Sketch bins (8 bytes each), over every pane. Past this, no new pane
     /// gets a sketch, but panes that exist still take samples, up to twice
     /// this: a flood of new groups cannot starve the groups already there.
+    /// A value whose bins would pass the limit that applies is refused.
     pub bins: usize,
 }
 
@@ -162,61 +177,114 @@ impl Held {
     }
 }
 
-/// The capacity and what is held of it, threaded through every accumulator of an ingester.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Budget {
-    pub capacity: Capacity,
-    pub held: Held,
-}
-
-impl Budget {
-    pub fn new(capacity: Capacity) -> Self {
-        Budget {
-            capacity,
-            held: Held::default(),
-        }
-    }
-
-    /// Recounts what `accumulators` hold (after a plan change).
-    pub fn recount<'a>(&mut self, accumulators: impl IntoIterator<Item = &'a Accumulator>) {
-        let mut held = Held::default();
-        for acc in accumulators {
-            held.merge(&acc.held());
-        }
-        self.held = held;
-    }
-}
-
-/// One aggregation's groups and windows.
+/// One aggregation's windows, in one lane (the home lane also keeps the closed ones).
 pub struct Accumulator {
     pub agg: Aggregation,
     window_ms: i64,
-    config: sketches_ddsketch::Config,
+    config: Config,
     keep: usize,
     /// The sketch-update seam: per sample into `DDSketch`es, or (`bulk-sketch`)
     /// per run into [`super::sketch::BulkSketch`]es.
     sketch: SketchUpdate,
-    /// Per group id: its labels (present ones, group-by order) and global destination id.
-    groups: Vec<(Vec<(String, String)>, u32)>,
-    group_ids: HashMap<Box<[u8]>, u32>,
-    /// The group id every new group key gets once the group limit is reached:
-    /// its samples are counted and dropped, and it never has a pane.
-    overflow: Option<u32>,
-    /// Open windows by start; each holds a pane per group id (None until a sample arrives).
-    open: BTreeMap<i64, Panes>,
+    /// Open windows by start.
+    open: BTreeMap<i64, OpenWindow>,
     /// Closed windows, oldest first.
     closed: VecDeque<ClosedWindow>,
     /// The groups in answer order with their labels' JSON, for queries.
     query_order: Mutex<QueryOrder>,
 }
 
+/// An open window in one lane.
+#[derive(Default)]
+struct OpenWindow {
+    /// A pane per group id (`None` until a sample arrives).
+    panes: Vec<Option<PaneSketch>>,
+    /// Samples refused past a limit for groups without a pane here.
+    dropped: u64,
+    /// Per group with a pane here: its samples refused past a limit.
+    group_dropped: HashMap<u32, u64>,
+}
+
+impl OpenWindow {
+    fn bins_len(&self) -> usize {
+        self.panes.iter().flatten().map(PaneSketch::bins_len).sum()
+    }
+
+    /// The window as bins (what closing keeps, or a merged view of lanes).
+    fn to_bins(&self, start: i64) -> WindowBins {
+        let panes = self
+            .panes
+            .iter()
+            .enumerate()
+            .filter_map(|(gid, pane)| {
+                let mut bins = pane.as_ref()?.to_bins();
+                bins.dropped = self.group_dropped.get(&(gid as u32)).copied().unwrap_or(0);
+                Some((gid as u32, bins))
+            })
+            .collect();
+        WindowBins {
+            start,
+            panes,
+            dropped: self.dropped,
+        }
+    }
+}
+
+/// One window's panes as bins, by group id (ascending), and the samples
+/// refused for groups with no pane there: what a closed window keeps, what
+/// merging lanes (or receivers) adds up.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WindowBins {
+    pub start: i64,
+    pub panes: Vec<(u32, PaneBins)>,
+    pub dropped: u64,
+}
+
+impl WindowBins {
+    /// Group `gid`'s pane.
+    pub fn pane(&self, gid: u32) -> Option<&PaneBins> {
+        let i = self.panes.binary_search_by_key(&gid, |(g, _)| *g).ok()?;
+        Some(&self.panes[i].1)
+    }
+
+    /// Bins held.
+    pub fn cost(&self) -> usize {
+        self.panes.iter().map(|(_, p)| p.cost()).sum()
+    }
+
+    /// Adds `other`'s panes (group by group, exactly) and dropped samples.
+    pub fn merge(&mut self, other: WindowBins) {
+        self.dropped += other.dropped;
+        if other.panes.is_empty() {
+            return;
+        }
+        if self.panes.is_empty() {
+            self.panes = other.panes;
+            return;
+        }
+        let mut merged = Vec::with_capacity(self.panes.len().max(other.panes.len()));
+        let mut theirs = other.panes.into_iter().peekable();
+        for (gid, mut pane) in self.panes.drain(..) {
+            while let Some((g, p)) = theirs.next_if(|(g, _)| *g < gid) {
+                merged.push((g, p));
+            }
+            if let Some((_, p)) = theirs.next_if(|(g, _)| *g == gid) {
+                pane.merge(&p);
+            }
+            merged.push((gid, pane));
+        }
+        merged.extend(theirs);
+        self.panes = merged;
+    }
+}
+
 /// Every group in the order a query answers them (by their labels as a map),
-/// each with the start of its JSON object up to its count; rebuilt when groups
-/// were added since. A group's labels never change.
+/// each with the start of its JSON object up to its count; rebuilt when the
+/// groups changed since.
 #[derive(Default)]
 struct QueryOrder {
-    /// How many groups (ids `0..covered`) this covers.
-    covered: usize,
+    /// The groups' version this was built at (`None`: never built).
+    version: Option<u64>,
     /// Group ids in answer order.
     sorted: Vec<u32>,
     /// Per group id: `{"labels":{…},"count":`.
@@ -226,9 +294,83 @@ struct QueryOrder {
 /// A closed window: its panes never change again, so its query answer is
 /// encoded once, on the first query, and kept.
 struct ClosedWindow {
-    start: i64,
-    panes: Vec<Option<PaneSketch>>,
+    bins: WindowBins,
     answer: OnceLock<Box<[u8]>>,
+}
+
+/// A window as a query reads it.
+#[derive(Clone, Copy)]
+enum View<'a> {
+    /// One lane's open window.
+    Open(&'a OpenWindow),
+    /// A closed window, or lanes' open windows merged.
+    Bins(&'a WindowBins),
+}
+
+/// A pane as a query reads it.
+enum PaneRef<'a> {
+    /// An open pane and its refused samples.
+    Sketch(&'a PaneSketch, u64),
+    Bins(&'a PaneBins),
+}
+
+impl PaneRef<'_> {
+    fn count(&self) -> u64 {
+        match self {
+            PaneRef::Sketch(p, _) => p.count(),
+            PaneRef::Bins(b) => b.count(),
+        }
+    }
+
+    fn dropped(&self) -> u64 {
+        match self {
+            PaneRef::Sketch(_, d) => *d,
+            PaneRef::Bins(b) => b.dropped,
+        }
+    }
+
+    fn quantiles_into(&self, config: &Config, qs: &[f64], out: &mut Vec<f64>) {
+        match self {
+            PaneRef::Sketch(p, _) => p.quantiles_into(qs, out),
+            PaneRef::Bins(b) => b.quantiles_into(config, qs, out),
+        }
+    }
+}
+
+impl<'a> View<'a> {
+    fn dropped(self) -> u64 {
+        match self {
+            View::Open(w) => w.dropped,
+            View::Bins(w) => w.dropped,
+        }
+    }
+
+    fn pane(self, gid: u32) -> Option<PaneRef<'a>> {
+        match self {
+            View::Open(w) => {
+                let pane = w.panes.get(gid as usize)?.as_ref()?;
+                Some(PaneRef::Sketch(
+                    pane,
+                    w.group_dropped.get(&gid).copied().unwrap_or(0),
+                ))
+            }
+            View::Bins(w) => w.pane(gid).map(PaneRef::Bins),
+        }
+    }
+
+    /// Every pane with its group id, ascending.
+    fn panes(self) -> Vec<(u32, PaneRef<'a>)> {
+        match self {
+            View::Open(w) => (0..w.panes.len() as u32)
+                .filter_map(|gid| Some((gid, self.pane(gid)?)))
+                .collect(),
+            View::Bins(w) => w
+                .panes
+                .iter()
+                .map(|(gid, p)| (*gid, PaneRef::Bins(p)))
+                .collect(),
+        }
+    }
 }
 
 impl Accumulator {
@@ -241,85 +383,22 @@ impl Accumulator {
             agg,
             keep,
             sketch,
-            groups: Vec::new(),
-            group_ids: HashMap::new(),
-            overflow: None,
             open: BTreeMap::new(),
             closed: VecDeque::new(),
             query_order: Mutex::new(QueryOrder::default()),
         }
     }
 
-    /// The group id of a group key, creating the group (with global destination
-    /// id `*next_dest`, then bumped) on first sight; past the budget's group
-    /// limit, the overflow group's id.
-    pub fn intern(&mut self, key: &[u8], next_dest: &mut u32, budget: &mut Budget) -> u32 {
-        if let Some(&gid) = self.group_ids.get(key) {
-            return gid;
-        }
-        let (held, capacity) = (&mut budget.held, &budget.capacity);
-        let bytes = 2 * key.len();
-        if held.groups >= capacity.groups
-            || held.group_bytes.saturating_add(bytes) > capacity.group_bytes
-        {
-            return *self.overflow.get_or_insert_with(|| {
-                let gid = self.groups.len() as u32;
-                self.groups.push((Vec::new(), *next_dest));
-                *next_dest += 1;
-                gid
-            });
-        }
-        held.groups += 1;
-        held.group_bytes += bytes;
-        let gid = self.groups.len() as u32;
-        let labels = self
-            .agg
-            .group_by
-            .iter()
-            .zip(parse_group_key(key))
-            .filter(|(_, v)| !v.is_empty())
-            .map(|(n, v)| (n.clone(), String::from_utf8_lossy(&v).into_owned()))
-            .collect();
-        self.groups.push((labels, *next_dest));
-        *next_dest += 1;
-        self.group_ids.insert(key.into(), gid);
-        gid
-    }
-
-    /// Gives every group a fresh global destination id from `next` on (after a
-    /// plan change), recording (aggregation, group) per id in `dests`.
-    pub fn renumber(&mut self, agg: u16, mut next: u32, dests: &mut Vec<(u16, u32)>) -> u32 {
-        for (gid, group) in self.groups.iter_mut().enumerate() {
-            group.1 = next;
-            dests.push((agg, gid as u32));
-            next += 1;
-        }
-        next
-    }
-
-    pub fn dest_of(&self, gid: u32) -> u32 {
-        self.groups[gid as usize].1
-    }
-
-    /// What this aggregation holds of what [`Capacity`] bounds.
+    /// The pane slots and bins this lane's windows of this aggregation hold.
     pub fn held(&self) -> Held {
-        let windows = self
-            .closed
-            .iter()
-            .map(|w| &w.panes)
-            .chain(self.open.values());
-        let mut held = Held {
-            groups: self.group_ids.len(),
-            group_bytes: self.group_ids.keys().map(|k| 2 * k.len()).sum(),
-            ..Held::default()
-        };
-        for panes in windows {
-            held.pane_slots += panes.len();
-            held.bins += panes
-                .iter()
-                .flatten()
-                .map(PaneSketch::bins_len)
-                .sum::<usize>();
+        let mut held = Held::default();
+        for w in self.open.values() {
+            held.pane_slots += w.panes.len();
+            held.bins += w.bins_len();
+        }
+        for w in &self.closed {
+            held.pane_slots += w.bins.panes.len();
+            held.bins += w.bins.cost();
         }
         held
     }
@@ -335,33 +414,6 @@ impl Accumulator {
         start.saturating_add(self.window_ms) <= watermark
     }
 
-    /// The pane of (window, group), created on first use; `None` when that
-    /// needs more pane slots than the budget has left, even after dropping
-    /// this aggregation's closed windows (the oldest first).
-    fn pane(&mut self, start: i64, gid: u32, budget: &mut Budget) -> Option<&mut PaneSketch> {
-        use std::collections::btree_map::Entry;
-        let gid = gid as usize;
-        // No window is created for a refused pane.
-        let panes = match self.open.entry(start) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => {
-                if !afford_slots(&mut self.closed, budget, gid + 1) {
-                    return None;
-                }
-                v.insert(Vec::new())
-            }
-        };
-        if panes.len() <= gid {
-            // A new window's slots were paid for above (its length is still 0).
-            if !panes.is_empty() && !afford_slots(&mut self.closed, budget, gid + 1 - panes.len()) {
-                return None;
-            }
-            panes.resize_with(gid + 1, || None);
-        }
-        let (config, sketch) = (self.config, self.sketch);
-        Some(panes[gid].get_or_insert_with(|| PaneSketch::new(config, sketch)))
-    }
-
     /// The sketch-update seam: one group's samples (finite values), in order.
     #[inline(never)] // one call per (group, request); kept apart so profiles show the seam
     pub fn add(
@@ -371,20 +423,19 @@ impl Accumulator {
         values: &[f64],
         watermark: i64,
         stats: &mut Stats,
-        budget: &mut Budget,
+        budget: &Budget,
     ) {
-        if self.overflow == Some(gid) {
-            stats.over_group_limit += ts.len() as u64;
-            return;
-        }
         match self.sketch {
             SketchUpdate::Runs => self.add_runs(gid, ts, values, watermark, stats, budget),
             SketchUpdate::PerSample => self.add_each(gid, ts, values, watermark, stats, budget),
         }
     }
 
-    /// Adds `values` to one pane, keeping the budget's bin count; false when
-    /// the bins are at their limit or a pane slot is not to be had.
+    /// Adds `values` to group `gid`'s pane of window `start`, within the
+    /// budget: a new pane needs its slots and the bins under their limit
+    /// (closed windows are dropped first, the oldest first), and a value
+    /// that would grow a pane's bins past the limit that applies is refused.
+    /// What is refused is counted and remembered in the window.
     #[inline]
     fn add_to_pane(
         &mut self,
@@ -392,33 +443,68 @@ impl Accumulator {
         gid: u32,
         values: &[f64],
         stats: &mut Stats,
-        budget: &mut Budget,
+        budget: &Budget,
     ) {
         let n = values.len() as u64;
-        while budget.held.bins >= budget.capacity.bins && drop_oldest(&mut self.closed, budget) {}
-        if budget.held.bins >= budget.capacity.bins {
-            // Only panes that already have a sketch may grow past the limit, to twice it.
-            let has_sketch = self
-                .open
-                .get(&start)
-                .and_then(|panes| panes.get(gid as usize))
-                .is_some_and(Option::is_some);
-            if !has_sketch || budget.held.bins >= budget.capacity.bins.saturating_mul(2) {
+        let Accumulator {
+            open,
+            closed,
+            config,
+            sketch,
+            ..
+        } = self;
+        if gid == OVERFLOW {
+            stats.over_group_limit += n;
+            refused_without_pane(open, start, n);
+            return;
+        }
+        let soft = budget.capacity.bins;
+        let has_pane = open
+            .get(&start)
+            .and_then(|w| w.panes.get(gid as usize))
+            .is_some_and(Option::is_some);
+        if !has_pane {
+            while budget.bins() >= soft && drop_oldest(closed, budget) {}
+            if budget.bins() >= soft {
                 stats.over_bin_limit += n;
+                refused_without_pane(open, start, n);
+                return;
+            }
+            if !make_room(open, closed, start, gid as usize, budget) {
+                stats.over_pane_limit += n;
+                refused_without_pane(open, start, n);
                 return;
             }
         }
-        let Some(pane) = self.pane(start, gid, budget) else {
-            stats.over_pane_limit += n;
-            return;
+        let window = open
+            .get_mut(&start)
+            .expect("the window has room for the pane");
+        let pane =
+            window.panes[gid as usize].get_or_insert_with(|| PaneSketch::new(*config, *sketch));
+        let limit = if has_pane {
+            soft.saturating_mul(2)
+        } else {
+            soft
         };
         let before = pane.bins_len();
-        match values {
-            [v] => pane.add(*v),
-            _ => pane.add_slice(values),
+        let mut granted = 0;
+        let refused = pane.add_within(values, &mut |growth| loop {
+            if budget.try_take_bins(growth, limit) {
+                granted += growth;
+                return true;
+            }
+            if !drop_oldest(closed, budget) {
+                return false;
+            }
+        });
+        // What was granted is an upper bound of the growth (exact for `bulk-sketch`).
+        let grown = pane.bins_len().saturating_sub(before);
+        budget.give_bins(granted.saturating_sub(grown));
+        stats.accepted += n - refused;
+        if refused > 0 {
+            stats.over_bin_limit += refused;
+            *window.group_dropped.entry(gid).or_default() += refused;
         }
-        budget.held.bins = (budget.held.bins + pane.bins_len()).saturating_sub(before);
-        stats.accepted += n;
     }
 
     /// Reference: per sample, find the window's pane and `DDSketch::add`.
@@ -429,7 +515,7 @@ impl Accumulator {
         values: &[f64],
         watermark: i64,
         stats: &mut Stats,
-        budget: &mut Budget,
+        budget: &Budget,
     ) {
         for (&t, &v) in ts.iter().zip(values) {
             let start = self.window_start(t);
@@ -449,7 +535,7 @@ impl Accumulator {
         values: &[f64],
         watermark: i64,
         stats: &mut Stats,
-        budget: &mut Budget,
+        budget: &Budget,
     ) {
         let mut i = 0;
         while i < ts.len() {
@@ -469,17 +555,35 @@ impl Accumulator {
         }
     }
 
-    /// Closes every open window whose end the watermark has reached, and gives
-    /// the budget back what the windows dropped past `keep` held.
-    pub fn close_through(&mut self, watermark: i64, budget: &mut Budget) {
-        while let Some((&start, _)) = self.open.first_key_value() {
-            if !self.is_closed(start, watermark) {
-                break;
-            }
-            let panes = self.open.remove(&start).expect("first key");
-            self.closed.push_back(ClosedWindow {
+    /// Closes every open window whose end the watermark has reached, here and
+    /// in `others` (the other lanes' accumulators of this aggregation): each
+    /// group's panes merged as bins ([`WindowBins::merge`], never more bins
+    /// than the panes held, so it needs nothing from the budget), kept here;
+    /// closed windows past `keep` are dropped, their slots and bins given back.
+    pub fn close_from(&mut self, others: &mut [&mut Accumulator], watermark: i64, budget: &Budget) {
+        let mut starts = BTreeSet::new();
+        for acc in std::iter::once(&*self).chain(others.iter().map(|o| &**o)) {
+            starts.extend(
+                acc.open
+                    .keys()
+                    .take_while(|&&s| acc.is_closed(s, watermark))
+                    .copied(),
+            );
+        }
+        for start in starts {
+            let mut bins = take_open(&mut self.open, start, budget).unwrap_or(WindowBins {
                 start,
-                panes,
+                ..WindowBins::default()
+            });
+            for other in others.iter_mut() {
+                if let Some(theirs) = take_open(&mut other.open, start, budget) {
+                    bins.merge(theirs);
+                }
+            }
+            budget.take_slots(bins.panes.len());
+            budget.take_bins(bins.cost());
+            self.closed.push_back(ClosedWindow {
+                bins,
                 answer: OnceLock::new(),
             });
             if self.closed.len() > self.keep {
@@ -489,132 +593,117 @@ impl Accumulator {
         }
     }
 
-    /// Moves out the open windows `watermark` closes, each pane with its
-    /// group key, giving the budget back their slots and bins: for another
-    /// lane's accumulator to [`Accumulator::absorb`] before it closes them.
-    pub fn take_closing(&mut self, watermark: i64, budget: &mut Budget) -> Vec<WindowPanes> {
-        let mut taken = Vec::new();
-        while let Some((&start, _)) = self.open.first_key_value() {
-            if !self.is_closed(start, watermark) {
-                break;
+    /// Marks in `live` (by group id) every group with a pane in a window here.
+    pub fn mark_live(&self, live: &mut Vec<bool>) {
+        let mut mark = |gid: usize| {
+            if live.len() <= gid {
+                live.resize(gid + 1, false);
             }
-            let panes = self.open.remove(&start).expect("first key");
-            budget.held.pane_slots = budget.held.pane_slots.saturating_sub(panes.len());
-            let bins: usize = panes.iter().flatten().map(PaneSketch::bins_len).sum();
-            budget.held.bins = budget.held.bins.saturating_sub(bins);
-            taken.push(self.keyed(start, panes.into_iter()));
+            live[gid] = true;
+        };
+        for w in self.open.values() {
+            for (gid, pane) in w.panes.iter().enumerate() {
+                if pane.is_some() {
+                    mark(gid);
+                }
+            }
         }
-        taken
+        for w in &self.closed {
+            for (gid, _) in &w.bins.panes {
+                mark(*gid as usize);
+            }
+        }
     }
 
-    /// Copies of the open windows' panes (only window `start`'s when given), each with its group key.
-    pub fn open_panes(&self, start: Option<i64>) -> Vec<WindowPanes> {
+    /// Drops closed windows (the oldest first) while the budget's bins or
+    /// pane slots are at their limits: what another lane, which cannot drop
+    /// this lane's history itself, asks after it had to refuse samples.
+    pub fn relieve(&mut self, budget: &Budget) {
+        while (budget.bins() >= budget.capacity.bins
+            || budget.slots() >= budget.capacity.pane_slots)
+            && drop_oldest(&mut self.closed, budget)
+        {}
+    }
+
+    /// Copies of the open windows (only window `start`'s when given) as bins,
+    /// for a query that merges lanes.
+    pub fn open_bins(&self, start: Option<i64>) -> Vec<WindowBins> {
         self.open
             .iter()
             .filter(|(s, _)| start.is_none_or(|start| **s == start))
-            .map(|(&s, panes)| self.keyed(s, panes.iter().cloned()))
+            .map(|(&s, w)| w.to_bins(s))
             .collect()
     }
 
-    fn keyed(&self, start: i64, panes: impl Iterator<Item = Option<PaneSketch>>) -> WindowPanes {
-        let mut keys: Vec<&[u8]> = vec![&[]; self.groups.len()];
-        for (key, &gid) in &self.group_ids {
-            keys[gid as usize] = key;
-        }
-        let panes = panes
-            .enumerate()
-            .filter_map(|(gid, pane)| Some((Box::from(keys[gid]), pane?)))
-            .collect();
-        WindowPanes { start, panes }
-    }
-
-    /// Merges `pane` into group `gid`'s pane of the open window `start` (made
-    /// when missing), as if its samples had been added here; past the pane
-    /// limit (or in the overflow group) its samples are counted and dropped.
-    pub fn absorb(
-        &mut self,
-        start: i64,
-        gid: u32,
-        pane: &PaneSketch,
-        stats: &mut Stats,
-        budget: &mut Budget,
-    ) {
-        if self.overflow == Some(gid) {
-            stats.over_group_limit += pane.count();
-            return;
-        }
-        let Some(into) = self.pane(start, gid, budget) else {
-            stats.over_pane_limit += pane.count();
-            return;
-        };
-        let before = into.bins_len();
-        into.merge(pane);
-        budget.held.bins = (budget.held.bins + into.bins_len()).saturating_sub(before);
-    }
-
-    /// The panes of the closed window `start`, each with its group key, if it is kept.
-    pub fn closed_panes(&self, start: i64) -> Option<Vec<(&[u8], &PaneSketch)>> {
-        let window = self.closed.iter().find(|w| w.start == start)?;
-        let mut keys: Vec<&[u8]> = vec![&[]; self.groups.len()];
-        for (key, &gid) in &self.group_ids {
-            keys[gid as usize] = key;
-        }
-        Some(
-            window
-                .panes
-                .iter()
-                .enumerate()
-                .filter_map(|(gid, pane)| Some((keys[gid], pane.as_ref()?)))
-                .collect(),
-        )
+    /// The closed windows kept, oldest first: each group's bins (by group
+    /// id; labels in the groups) and the samples refused for groups without
+    /// a pane — what a closed window hands out ([`super::bins`]).
+    pub fn closed_windows(&self) -> impl Iterator<Item = &WindowBins> + '_ {
+        self.closed.iter().map(|w| &w.bins)
     }
 
     /// The last closed window's start.
     pub fn last_closed(&self) -> Option<i64> {
-        self.closed.back().map(|w| w.start)
+        self.closed.back().map(|w| w.bins.start)
     }
 
     /// The starts of the closed windows kept, oldest first.
     pub fn closed_starts(&self) -> impl Iterator<Item = i64> + '_ {
-        self.closed.iter().map(|w| w.start)
+        self.closed.iter().map(|w| w.bins.start)
     }
 
-    fn window(&self, start: i64) -> Option<(&Vec<Option<PaneSketch>>, bool)> {
-        if let Some(w) = self.closed.iter().find(|w| w.start == start) {
-            return Some((&w.panes, true));
+    fn view(&self, start: i64) -> Option<View<'_>> {
+        if let Some(w) = self.closed.iter().find(|w| w.bins.start == start) {
+            return Some(View::Bins(&w.bins));
         }
-        self.open.get(&start).map(|p| (p, false))
+        self.open.get(&start).map(View::Open)
     }
 
     /// The window a query asks for (`None`: the last closed one), if it exists.
     fn query_start(&self, window: Option<i64>) -> Option<i64> {
         window
             .or_else(|| self.last_closed())
-            .filter(|&s| self.window(s).is_some())
+            .filter(|&s| self.view(s).is_some())
     }
 
     /// [`Accumulator::query`] as the JSON `serde_json` makes of it, appended to
     /// `out`. A closed window's answer is encoded on its first query and kept.
-    pub fn query_json(&self, window: Option<i64>, out: &mut Vec<u8>) {
+    pub fn query_json(&self, window: Option<i64>, groups: &AggGroups, out: &mut Vec<u8>) {
         let start = self.query_start(window);
-        match start.and_then(|s| self.closed.iter().find(|w| w.start == s)) {
+        match start.and_then(|s| self.closed.iter().find(|w| w.bins.start == s)) {
             Some(closed) => {
                 let answer = closed.answer.get_or_init(|| {
                     let mut answer = Vec::new();
-                    self.encode_query(start, &mut answer);
+                    self.encode_view(start, Some(View::Bins(&closed.bins)), groups, &mut answer);
                     answer.into_boxed_slice()
                 });
                 out.extend_from_slice(answer);
             }
-            None => self.encode_query(window, out),
+            None => self.encode_query(window, groups, out),
         }
     }
 
-    /// [`Accumulator::query`]'s JSON, encoded afresh (no `QueryResult`, no
-    /// owned labels, the quantiles in one scan per pane; the group order and
-    /// each group's labels as JSON are kept across queries), appended to `out`.
-    pub fn encode_query(&self, window: Option<i64>, out: &mut Vec<u8>) {
+    /// [`Accumulator::query`]'s JSON, encoded afresh, appended to `out`.
+    pub fn encode_query(&self, window: Option<i64>, groups: &AggGroups, out: &mut Vec<u8>) {
         let start = self.query_start(window);
+        self.encode_view(start, start.and_then(|s| self.view(s)), groups, out);
+    }
+
+    /// The answer for lanes' open windows merged (`bins`; `None`: no lane has the window).
+    pub fn encode_bins(&self, bins: Option<&WindowBins>, groups: &AggGroups, out: &mut Vec<u8>) {
+        self.encode_view(bins.map(|b| b.start), bins.map(View::Bins), groups, out);
+    }
+
+    /// The query's JSON (no `QueryResult`, no owned labels, the quantiles in
+    /// one scan per pane; the group order and each group's labels as JSON
+    /// are kept across queries), appended to `out`.
+    fn encode_view(
+        &self,
+        start: Option<i64>,
+        view: Option<View<'_>>,
+        groups: &AggGroups,
+        out: &mut Vec<u8>,
+    ) {
         out.extend_from_slice(b"{\"aggregation\":");
         json_string(out, &self.agg.id);
         out.extend_from_slice(b",\"window_start_ms\":");
@@ -623,10 +712,11 @@ impl Accumulator {
             None => out.extend_from_slice(b"null"),
         }
         out.extend_from_slice(b",\"groups\":[");
-        if let Some((panes, _)) = start.and_then(|s| self.window(s)) {
+        let mut ints = itoa::Buffer::new();
+        if let Some(view) = view {
             let mut order = self.query_order.lock().unwrap_or_else(|p| p.into_inner());
-            if order.covered != self.groups.len() {
-                *order = self.query_order_now();
+            if order.version != Some(groups.version) {
+                *order = query_order_now(groups);
             }
             // Each quantile's key, as `Quantiles` writes it, once.
             let keys: Vec<Vec<u8>> = self
@@ -640,10 +730,9 @@ impl Accumulator {
                 })
                 .collect();
             let mut values = Vec::with_capacity(keys.len());
-            let mut ints = itoa::Buffer::new();
             let mut first = true;
             for &gid in &order.sorted {
-                let Some(Some(pane)) = panes.get(gid as usize) else {
+                let Some(pane) = view.pane(gid) else {
                     continue;
                 };
                 if !first {
@@ -652,9 +741,13 @@ impl Accumulator {
                 first = false;
                 out.extend_from_slice(&order.heads[gid as usize]);
                 out.extend_from_slice(ints.format(pane.count()).as_bytes());
+                if pane.dropped() > 0 {
+                    out.extend_from_slice(b",\"dropped\":");
+                    out.extend_from_slice(ints.format(pane.dropped()).as_bytes());
+                }
                 out.extend_from_slice(b",\"quantiles\":{");
                 values.clear();
-                pane.quantiles_into(&self.agg.quantiles, &mut values);
+                pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
                 for (j, (key, v)) in keys.iter().zip(&values).enumerate() {
                     if j > 0 {
                         out.push(b',');
@@ -667,45 +760,12 @@ impl Accumulator {
                 out.extend_from_slice(b"}}");
             }
         }
-        out.extend_from_slice(b"]}");
-    }
-
-    /// Every group's answer order and JSON head, computed afresh.
-    fn query_order_now(&self) -> QueryOrder {
-        let labels: Vec<BTreeMap<&str, &str>> = self
-            .groups
-            .iter()
-            .map(|(labels, _)| {
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect()
-            })
-            .collect();
-        let mut sorted: Vec<u32> = (0..labels.len() as u32).collect();
-        // Stable, as `query`'s sort of the present groups in id order.
-        sorted.sort_by(|&a, &b| labels[a as usize].cmp(&labels[b as usize]));
-        let heads = labels
-            .iter()
-            .map(|labels| {
-                let mut head = b"{\"labels\":{".to_vec();
-                for (j, (k, v)) in labels.iter().enumerate() {
-                    if j > 0 {
-                        head.push(b',');
-                    }
-                    json_string(&mut head, k);
-                    head.push(b':');
-                    json_string(&mut head, v);
-                }
-                head.extend_from_slice(b"},\"count\":");
-                head.into_boxed_slice()
-            })
-            .collect();
-        QueryOrder {
-            covered: self.groups.len(),
-            sorted,
-            heads,
+        out.push(b']');
+        if let Some(dropped) = view.map(View::dropped).filter(|&d| d > 0) {
+            out.extend_from_slice(b",\"dropped\":");
+            out.extend_from_slice(ints.format(dropped).as_bytes());
         }
+        out.push(b'}');
     }
 
     /// The quantile scan alone (the query's floor): every present pane's
@@ -713,121 +773,220 @@ impl Accumulator {
     /// group-id order; returns the panes scanned.
     pub fn quantile_scan(&self, window: Option<i64>, out: &mut Vec<f64>) -> usize {
         out.clear();
-        let Some((panes, _)) = self.query_start(window).and_then(|s| self.window(s)) else {
+        let Some(view) = self.query_start(window).and_then(|s| self.view(s)) else {
             return 0;
         };
-        let mut scanned = 0;
-        for pane in panes.iter().flatten() {
-            pane.quantiles_into(&self.agg.quantiles, out);
-            scanned += 1;
+        let panes = view.panes();
+        for (_, pane) in &panes {
+            pane.quantiles_into(&self.config, &self.agg.quantiles, out);
         }
-        scanned
+        panes.len()
     }
 
     /// Per group, the quantiles of one window (`None`: the last closed one).
     /// Without such a window the result has no start and no groups.
-    pub fn query(&self, window: Option<i64>) -> QueryResult {
+    pub fn query(&self, window: Option<i64>, groups: &AggGroups) -> QueryResult {
         let start = self.query_start(window);
-        let mut groups = Vec::new();
-        if let Some((panes, _)) = start.and_then(|s| self.window(s)) {
-            for (gid, pane) in panes.iter().enumerate() {
-                let Some(pane) = pane else { continue };
-                groups.push(GroupResult {
-                    labels: self.groups[gid].0.iter().cloned().collect(),
-                    count: pane.count(),
-                    quantiles: Quantiles(
-                        self.agg
-                            .quantiles
-                            .iter()
-                            .map(|&q| (q, pane.quantile(q).unwrap_or(f64::NAN)))
-                            .collect(),
-                    ),
-                });
-            }
+        self.result_of(start, start.and_then(|s| self.view(s)), groups)
+    }
+
+    /// [`Accumulator::query`] for lanes' open windows merged.
+    pub fn query_bins(&self, bins: Option<&WindowBins>, groups: &AggGroups) -> QueryResult {
+        self.result_of(bins.map(|b| b.start), bins.map(View::Bins), groups)
+    }
+
+    fn result_of(
+        &self,
+        start: Option<i64>,
+        view: Option<View<'_>>,
+        groups: &AggGroups,
+    ) -> QueryResult {
+        let mut results = Vec::new();
+        for (gid, pane) in view.map(View::panes).unwrap_or_default() {
+            let mut values = Vec::new();
+            pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
+            results.push(GroupResult {
+                labels: labels_of(groups, gid).iter().cloned().collect(),
+                count: pane.count(),
+                dropped: pane.dropped(),
+                quantiles: Quantiles(self.agg.quantiles.iter().copied().zip(values).collect()),
+            });
         }
-        groups.sort_by(|a, b| a.labels.cmp(&b.labels));
+        results.sort_by(|a, b| a.labels.cmp(&b.labels));
         QueryResult {
             aggregation: self.agg.id.clone(),
             window_start_ms: start,
-            groups,
+            groups: results,
+            dropped: view.map_or(0, View::dropped),
         }
     }
 
     /// Every pane, open and closed, for equivalence checks.
-    pub fn panes(&self) -> Vec<PaneReport> {
-        let windows = self
-            .closed
-            .iter()
-            .map(|w| (w.start, &w.panes, true))
-            .chain(self.open.iter().map(|(s, p)| (*s, p, false)));
+    pub fn panes(&self, groups: &AggGroups) -> Vec<PaneReport> {
         let mut out = Vec::new();
-        for (start, panes, closed) in windows {
-            for (gid, pane) in panes.iter().enumerate() {
-                let Some(pane) = pane else { continue };
-                out.push(PaneReport {
-                    aggregation: self.agg.id.clone(),
-                    group: self.groups[gid].0.clone(),
-                    window_start_ms: start,
-                    closed,
-                    count: pane.count(),
-                    quantile_bits: self
-                        .agg
-                        .quantiles
-                        .iter()
-                        .map(|&q| pane.quantile(q).map(f64::to_bits))
-                        .collect(),
-                });
-            }
+        for w in &self.closed {
+            self.reports(View::Bins(&w.bins), w.bins.start, true, groups, &mut out);
+        }
+        for (&start, w) in &self.open {
+            self.reports(View::Open(w), start, false, groups, &mut out);
         }
         out
     }
 
+    /// The panes of lanes' open windows merged.
+    pub fn bins_panes(&self, bins: &WindowBins, groups: &AggGroups) -> Vec<PaneReport> {
+        let mut out = Vec::new();
+        self.reports(View::Bins(bins), bins.start, false, groups, &mut out);
+        out
+    }
+
+    fn reports(
+        &self,
+        view: View<'_>,
+        start: i64,
+        closed: bool,
+        groups: &AggGroups,
+        out: &mut Vec<PaneReport>,
+    ) {
+        for (gid, pane) in view.panes() {
+            let mut values = Vec::new();
+            pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
+            out.push(PaneReport {
+                aggregation: self.agg.id.clone(),
+                group: labels_of(groups, gid).to_vec(),
+                window_start_ms: start,
+                closed,
+                count: pane.count(),
+                dropped: pane.dropped(),
+                quantile_bits: values
+                    .iter()
+                    .map(|v| (!v.is_nan()).then_some(v.to_bits()))
+                    .collect(),
+            });
+        }
+    }
+
     /// Open and closed panes, and their bins (for self-metrics).
     pub fn footprint(&self) -> (usize, usize) {
-        let all = self
-            .closed
-            .iter()
-            .map(|w| &w.panes)
-            .chain(self.open.values());
         let mut panes = 0;
         let mut bins = 0;
-        for p in all.flatten().flatten() {
-            panes += 1;
-            bins += p.bins_len();
+        for w in self.open.values() {
+            panes += w.panes.iter().flatten().count();
+            bins += w.bins_len();
+        }
+        for w in &self.closed {
+            panes += w.bins.panes.len();
+            bins += w.bins.cost();
         }
         (panes, bins)
     }
 }
 
-/// Panes of one window, by group id.
-type Panes = Vec<Option<PaneSketch>>;
+/// Group `gid`'s labels (none for an id that is not a group).
+fn labels_of(groups: &AggGroups, gid: u32) -> &[(String, String)] {
+    groups.get(gid).map_or(&[], |g| &g.labels)
+}
 
-/// One window's panes by group key, moved or copied out of an accumulator.
-pub struct WindowPanes {
-    pub start: i64,
-    pub panes: Vec<(Box<[u8]>, PaneSketch)>,
+/// Every group's answer order and JSON head, computed afresh.
+fn query_order_now(groups: &AggGroups) -> QueryOrder {
+    let labels: Vec<BTreeMap<&str, &str>> = (0..groups.id_bound() as u32)
+        .map(|gid| {
+            labels_of(groups, gid)
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect()
+        })
+        .collect();
+    let mut sorted: Vec<u32> = (0..labels.len() as u32)
+        .filter(|&gid| groups.get(gid).is_some())
+        .collect();
+    // Stable, as `query`'s sort of the present groups in id order.
+    sorted.sort_by(|&a, &b| labels[a as usize].cmp(&labels[b as usize]));
+    let heads = labels
+        .iter()
+        .map(|labels| {
+            let mut head = b"{\"labels\":{".to_vec();
+            for (j, (k, v)) in labels.iter().enumerate() {
+                if j > 0 {
+                    head.push(b',');
+                }
+                json_string(&mut head, k);
+                head.push(b':');
+                json_string(&mut head, v);
+            }
+            head.extend_from_slice(b"},\"count\":");
+            head.into_boxed_slice()
+        })
+        .collect();
+    QueryOrder {
+        version: Some(groups.version),
+        sorted,
+        heads,
+    }
+}
+
+/// Samples of window `start` refused for a group without a pane there
+/// (remembered when the window exists: a window is never made for them).
+fn refused_without_pane(open: &mut BTreeMap<i64, OpenWindow>, start: i64, n: u64) {
+    if let Some(window) = open.get_mut(&start) {
+        window.dropped += n;
+    }
+}
+
+/// Makes window `start` (if new) and its pane slots up to `gid`, taking the
+/// slots from the budget (closed windows dropped first, the oldest first);
+/// false when even that is not enough (no window is made then).
+fn make_room(
+    open: &mut BTreeMap<i64, OpenWindow>,
+    closed: &mut VecDeque<ClosedWindow>,
+    start: i64,
+    gid: usize,
+    budget: &Budget,
+) -> bool {
+    let have = open.get(&start).map(|w| w.panes.len());
+    if have.is_some_and(|len| len > gid) {
+        return true;
+    }
+    if !afford_slots(closed, budget, gid + 1 - have.unwrap_or(0)) {
+        return false;
+    }
+    open.entry(start)
+        .or_default()
+        .panes
+        .resize_with(gid + 1, || None);
+    true
+}
+
+/// Removes open window `start` as bins, giving its slots and bins back.
+fn take_open(
+    open: &mut BTreeMap<i64, OpenWindow>,
+    start: i64,
+    budget: &Budget,
+) -> Option<WindowBins> {
+    let window = open.remove(&start)?;
+    budget.give_slots(window.panes.len());
+    budget.give_bins(window.bins_len());
+    Some(window.to_bins(start))
 }
 
 /// Drops the oldest closed window, giving its slots and bins back to the
 /// budget; false when there is none. Past `keep`, or when the budget runs out:
 /// under memory pressure, history goes before new samples.
-fn drop_oldest(closed: &mut VecDeque<ClosedWindow>, budget: &mut Budget) -> bool {
-    let Some(ClosedWindow { panes: dropped, .. }) = closed.pop_front() else {
+fn drop_oldest(closed: &mut VecDeque<ClosedWindow>, budget: &Budget) -> bool {
+    let Some(dropped) = closed.pop_front() else {
         return false;
     };
     closed_windows_changed();
-    let bins: usize = dropped.iter().flatten().map(PaneSketch::bins_len).sum();
-    budget.held.pane_slots = budget.held.pane_slots.saturating_sub(dropped.len());
-    budget.held.bins = budget.held.bins.saturating_sub(bins);
+    budget.give_slots(dropped.bins.panes.len());
+    budget.give_bins(dropped.bins.cost());
     true
 }
 
 /// Takes `grow` pane slots from the budget, dropping closed windows (oldest
 /// first) while they are short; false when even that is not enough.
-fn afford_slots(closed: &mut VecDeque<ClosedWindow>, budget: &mut Budget, grow: usize) -> bool {
+fn afford_slots(closed: &mut VecDeque<ClosedWindow>, budget: &Budget, grow: usize) -> bool {
     loop {
-        if budget.held.pane_slots.saturating_add(grow) <= budget.capacity.pane_slots {
-            budget.held.pane_slots += grow;
+        if budget.try_take_slots(grow) {
             return true;
         }
         if !drop_oldest(closed, budget) {
@@ -849,6 +1008,8 @@ pub struct PaneReport {
     pub window_start_ms: i64,
     pub closed: bool,
     pub count: u64,
+    /// Samples of the group refused past a limit while it had this pane.
+    pub dropped: u64,
     pub quantile_bits: Vec<Option<u64>>,
 }
 
@@ -858,13 +1019,26 @@ pub struct QueryResult {
     pub aggregation: String,
     pub window_start_ms: Option<i64>,
     pub groups: Vec<GroupResult>,
+    /// Samples of this window refused past a limit for groups not listed
+    /// (they got no pane); in the JSON only when not 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub dropped: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GroupResult {
     pub labels: BTreeMap<String, String>,
+    /// Values in the group's pane.
     pub count: u64,
+    /// The group's samples of this window refused past a limit (not in
+    /// `count`, nor in the quantiles); in the JSON only when not 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub dropped: u64,
     pub quantiles: Quantiles,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Quantile → value, serialized as a JSON object in plan order (`{"0.5": …}`).
@@ -883,6 +1057,8 @@ impl Serialize for Quantiles {
 
 #[cfg(test)]
 mod tests {
+    use super::super::groups::GroupTable;
+    use super::super::plan::Plan;
     use super::*;
 
     #[test]
@@ -898,14 +1074,12 @@ mod tests {
 
     #[test]
     fn windows_close_and_late_samples_drop() {
-        let mut acc = Accumulator::new(
-            super::super::plan::Plan::default().aggregations[0].clone(),
-            2,
-            SketchUpdate::PerSample,
-        );
-        let mut next = 0;
-        let mut budget = Budget::new(Capacity::UNBOUNDED);
-        let g = acc.intern(b"\"g0\"", &mut next, &mut budget);
+        let plan = Plan::default();
+        let mut acc = Accumulator::new(plan.aggregations[0].clone(), 2, SketchUpdate::PerSample);
+        let budget = Budget::new(Capacity::UNBOUNDED);
+        let mut table = GroupTable::default();
+        table.set_plan(1, &plan.aggregations, &[None], &budget);
+        let (g, _) = table.intern(0, b"\"g0\"", &budget);
         let mut stats = Stats::default();
         acc.add(
             g,
@@ -913,14 +1087,16 @@ mod tests {
             &[1.0, 2.0, 3.0],
             i64::MIN,
             &mut stats,
-            &mut budget,
+            &budget,
         );
-        acc.close_through(60_000, &mut budget);
+        acc.close_from(&mut [], 60_000, &budget);
         assert_eq!(acc.last_closed(), Some(0));
-        acc.add(g, &[30_000], &[9.0], 60_000, &mut stats, &mut budget);
+        acc.add(g, &[30_000], &[9.0], 60_000, &mut stats, &budget);
         assert_eq!((stats.accepted, stats.late), (3, 1));
-        let q = acc.query(None);
+        let q = acc.query(None, table.agg(0));
         assert_eq!(q.groups[0].count, 2);
         assert_eq!(q.groups[0].labels["label_0"], "g0");
+        assert_eq!(budget.held().pane_slots, acc.held().pane_slots);
+        assert_eq!(budget.bins(), acc.held().bins);
     }
 }

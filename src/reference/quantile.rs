@@ -30,8 +30,23 @@ pub struct SketchParams {
 }
 
 impl SketchParams {
-    /// What the ingester configures (`Aggregation::sketch_config`): α, 2,048 bins, 1e-9.
+    /// What the ingester configures (`Aggregation::sketch_config`): α, as many
+    /// bins as the normal range has keys (so no bins merge), and a zero bucket
+    /// of `±0` and the subnormals — the numbers written out here, not taken
+    /// from the code under test.
     pub fn ingest(alpha: f64) -> SketchParams {
+        let gamma_ln = ((1.0 + alpha) / (1.0 - alpha)).ln();
+        let index = |v: f64| (v.ln() / gamma_ln).floor() as i64;
+        SketchParams {
+            alpha,
+            max_bins: (index(f64::MAX) - index(f64::MIN_POSITIVE) + 1) as u32,
+            // The largest subnormal.
+            min_value: f64::MIN_POSITIVE - f64::from_bits(1),
+        }
+    }
+
+    /// The crate's defaults, which the ingester used before (2,048 bins, 1e-9).
+    pub fn crate_defaults(alpha: f64) -> SketchParams {
         SketchParams {
             alpha,
             max_bins: 2048,
@@ -147,7 +162,7 @@ mod tests {
 
     #[test]
     fn the_crate_meets_the_guarantee_with_and_without_merged_bins() {
-        let p = SketchParams::ingest(0.01);
+        let p = SketchParams::crate_defaults(0.01);
         for values in [
             (1..2000).map(|i| i as f64 * 0.37).collect::<Vec<_>>(),
             (0..3000).map(|i| 1.03f64.powi(i) * 1e-8).collect(), // spans more than 2,048 bins
@@ -168,5 +183,12 @@ mod tests {
         assert!(check(&[1.0, 2.0, 3.0], 0.5, 2.1, p).is_err());
         assert!(merges_bins(&[1e-8, 1e20], p));
         assert!(!merges_bins(&[1e-8, 1e8, -1e-8, -1e8], p));
+        // What the ingester configures merges nothing in the normal range.
+        let ingest = SketchParams::ingest(0.01);
+        assert!(!merges_bins(
+            &[f64::MIN_POSITIVE, f64::MAX, -1e-300, -1e300],
+            ingest
+        ));
+        assert_eq!(ingest.min_value.to_bits(), 0x000f_ffff_ffff_ffff);
     }
 }

@@ -20,6 +20,7 @@
 
 use super::client::{ClickHouse, Error};
 use super::schema::{Batch, Event, Origin, Schema};
+use promlab::ingest::distributed::{group_key, PaneRows};
 use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::window::closed_windows_generation;
 use promlab::text::FamilyEncoder;
@@ -319,30 +320,42 @@ fn collect(shared: &Shared, ingester: &LanedIngester, collector: &mut Collector)
     let origin = &shared.origin;
     ingester.with_home(|home, closed_through| {
         let mut batch = Batch::default();
-        for acc in home.accumulators() {
-            let id = &acc.agg.id;
-            let after = collector
-                .queued_through
-                .get(id)
-                .copied()
-                .unwrap_or(i64::MIN);
-            let alpha = acc.agg.relative_accuracy;
-            for start in acc
-                .closed_starts()
-                .filter(|&s| s > after)
-                .collect::<Vec<_>>()
-            {
-                let Some(panes) = acc.closed_panes(start) else {
-                    continue;
-                };
+        for agg in &home.plan().plan.aggregations {
+            let after = collector.queued_through.get(&agg.id).copied();
+            let Some(windows) = home.closed_bins_after(&agg.id, after) else {
+                continue;
+            };
+            for window in windows {
                 let mut samples = 0;
-                for (key, pane) in panes {
-                    let bins = pane.bins();
+                for (labels, bins) in &window.groups {
                     samples += bins.count();
-                    batch.pane(origin, id, start, key, alpha, &bins);
+                    let key = group_key(agg, labels);
+                    let rows = PaneRows::of(bins);
+                    batch.pane(
+                        origin,
+                        &agg.id,
+                        window.start,
+                        &key,
+                        agg.relative_accuracy,
+                        &rows,
+                    );
                 }
-                batch.windows.push((id.clone(), start, samples));
-                collector.queued_through.insert(id.clone(), start);
+                if window.dropped > 0 {
+                    let at = now_ms();
+                    batch.event(
+                        origin,
+                        Event::Refused,
+                        at,
+                        &agg.id,
+                        window.start,
+                        0,
+                        window.dropped,
+                    );
+                }
+                batch.windows.push((agg.id.clone(), window.start, samples));
+                collector
+                    .queued_through
+                    .insert(agg.id.clone(), window.start);
             }
         }
         if closed_through.is_some() && closed_through != collector.progress {

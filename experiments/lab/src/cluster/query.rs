@@ -19,7 +19,8 @@ use super::client::{literal, ClickHouse, Error};
 use super::rowbinary::Reader;
 use super::schema::{Event, Schema};
 use anyhow::{anyhow, bail, Context, Result};
-use promlab::ingest::bins::{encode_answer, PaneBins};
+use promlab::ingest::bins::{Bins, PaneBins};
+use promlab::ingest::distributed::encode_answer;
 use promlab::ingest::plan::Aggregation;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -120,7 +121,7 @@ pub fn answer(
     let mut json = Vec::new();
     let Some(start) = start else {
         // No such window: the receiver's answer for none (its start `null`).
-        encode_answer(agg, 0, Vec::new(), &mut json);
+        encode_answer(agg, 0, Vec::new(), 0, &mut json);
         return Ok(Answer {
             window_start: None,
             json,
@@ -128,7 +129,14 @@ pub fn answer(
         });
     };
     let groups = merged_bins(ch, schema, agg, start)?;
-    encode_answer(agg, start, groups, &mut json);
+    // The samples the window refused for groups without a pane, over receivers.
+    let refused: u64 = lives
+        .1
+        .iter()
+        .filter(|r| r.event == Event::Refused as i8 && r.window_start == start)
+        .map(|r| r.samples)
+        .sum();
+    encode_answer(agg, start, groups, refused, &mut json);
     let incomplete = incomplete(&lives, start, window_ms);
     if !incomplete.is_empty() {
         json.pop(); // the closing `}`
@@ -204,7 +212,7 @@ fn lives(
                 life.closed_through = life.closed_through.max(Some(row.closed_through_ms))
             }
             Some(Event::Stopped) => life.stopped = true,
-            Some(Event::Lost) if row.aggregation == agg.id => lost.push(row),
+            Some(Event::Lost | Event::Refused) if row.aggregation == agg.id => lost.push(row),
             _ => {}
         }
     }
@@ -273,7 +281,10 @@ fn incomplete(
 ) -> Vec<Incomplete> {
     let end = start.saturating_add(window_ms);
     let mut out = BTreeSet::new();
-    for row in lost.iter().filter(|r| r.window_start == start) {
+    for row in lost
+        .iter()
+        .filter(|r| r.window_start == start && r.event == Event::Lost as i8)
+    {
         out.insert(Incomplete {
             receiver: row.receiver.clone(),
             reason: "dropped: its queue to ClickHouse was at its bound".into(),
@@ -332,9 +343,9 @@ fn merged_bins(
         literal(&agg.id)
     );
     let panes_sql = format!(
-        "SELECT group_key, sum(pn), sum(pz), min(pmin), max(pmax), min(pa), max(pa) FROM (\
+        "SELECT group_key, sum(pn), sum(pz), min(pmin), max(pmax), sum(pd), min(pa), max(pa) FROM (\
            SELECT group_key, receiver, incarnation, any(n) AS pn, any(zero_n) AS pz, \
-                  any(min_value) AS pmin, any(max_value) AS pmax, any(alpha) AS pa \
+                  any(min_value) AS pmin, any(max_value) AS pmax, any(dropped) AS pd, any(alpha) AS pa \
            FROM {} WHERE {filter} GROUP BY group_key, receiver, incarnation) \
          GROUP BY group_key FORMAT RowBinary",
         schema.table("panes")
@@ -346,12 +357,15 @@ fn merged_bins(
          GROUP BY group_key, sign, bin FORMAT RowBinary",
         schema.table("bins")
     );
-    let mut groups: BTreeMap<Vec<u8>, (PaneBins, u64)> = BTreeMap::new();
+    // Per group: its pane's summary and (sign, key) → count, keys ascending.
+    #[allow(clippy::type_complexity)]
+    let mut groups: BTreeMap<Vec<u8>, (PaneBins, u64, BTreeMap<(i8, i32), u64>)> = BTreeMap::new();
     let body = select(ch, schema, &panes_sql)?;
     let mut r = Reader::new(&body);
     while !r.is_done() {
         let key = r.string()?.to_vec();
         let (count, zero_count, min, max) = (r.u64()?, r.u64()?, r.f64()?, r.f64()?);
+        let dropped = r.u64()?;
         let (alpha_lo, alpha_hi) = (r.f64()?, r.f64()?);
         if alpha_lo != agg.relative_accuracy || alpha_hi != agg.relative_accuracy {
             bail!(
@@ -365,32 +379,38 @@ fn merged_bins(
             zero_count,
             min,
             max,
+            dropped,
             ..PaneBins::default()
         };
-        groups.insert(key, (bins, count));
+        groups.insert(key, (bins, count, BTreeMap::new()));
     }
     let body = select(ch, schema, &bins_sql)?;
     let mut r = Reader::new(&body);
     while !r.is_done() {
         let key = r.string()?;
         let (sign, bin, n) = (r.i8()?, r.i32()?, r.u64()?);
-        let (bins, _) = groups.get_mut(key).with_context(|| {
+        let (_, _, sums) = groups.get_mut(key).with_context(|| {
             format!(
                 "group {} of window {start} has bins but no pane row",
                 String::from_utf8_lossy(key)
             )
         })?;
-        match sign {
-            1 => bins.positive.push((bin, n)),
-            -1 => bins.negative.push((bin, n)),
-            other => bail!("a bin row of sign {other}"),
+        if sign != 1 && sign != -1 {
+            bail!("a bin row of sign {sign}");
         }
+        sums.insert((sign, bin), n);
     }
     groups
         .into_iter()
-        .map(|(key, (mut bins, count))| {
-            bins.positive.sort_unstable();
-            bins.negative.sort_unstable();
+        .map(|(key, (mut bins, count, sums))| {
+            let of_sign = |s: i8| {
+                Bins::from_sorted(
+                    sums.range((s, i32::MIN)..=(s, i32::MAX))
+                        .map(|(&(_, k), &n)| (k, n)),
+                )
+            };
+            bins.positive = of_sign(1);
+            bins.negative = of_sign(-1);
             if bins.count() != count {
                 bail!(
                     "group {} of window {start}: its bins count {} values, its panes {count}",

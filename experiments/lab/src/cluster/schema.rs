@@ -6,10 +6,11 @@
 //! - `bins`: one row per (receiver incarnation, aggregation, window, group,
 //!   sign, bin key) with the bin's count `n`;
 //! - `panes`: one row per (receiver incarnation, aggregation, window, group)
-//!   with the pane's count, zero count, min, max and relative accuracy;
+//!   with the pane's count, zero count, min, max, samples refused and relative accuracy;
 //! - `receivers`: each incarnation's life: started, progress (every window
 //!   ending at or before `closed_through_ms` has been written), windows lost
-//!   (dropped past the queue's bound, with their samples), stopped.
+//!   (dropped past the queue's bound, with their samples), samples a window
+//!   refused for groups without a pane, stopped.
 //!
 //! A receiver writes to the local tables of the node it is pointed at.
 //! Every column is in the sorting key but the counts (and `at_ms`), so a
@@ -21,7 +22,7 @@
 
 use super::client::{literal, ClickHouse, Error};
 use super::rowbinary::Writer;
-use promlab::ingest::bins::PaneBins;
+use promlab::ingest::distributed::PaneRows;
 
 /// Where the tables live: a database on every node, and the cluster (a
 /// `remote_servers` entry of each node's config) its `Distributed` tables span.
@@ -36,7 +37,7 @@ pub const DEFAULT_CLUSTER: &str = "promlab";
 
 pub const BINS_COLUMNS: &str =
     "aggregation, window_start, group_key, receiver, incarnation, sign, bin, n";
-pub const PANES_COLUMNS: &str = "aggregation, window_start, group_key, receiver, incarnation, n, zero_n, min_value, max_value, alpha";
+pub const PANES_COLUMNS: &str = "aggregation, window_start, group_key, receiver, incarnation, n, zero_n, min_value, max_value, dropped, alpha";
 pub const RECEIVERS_COLUMNS: &str =
     "receiver, incarnation, event, at_ms, aggregation, window_start, closed_through_ms, samples";
 
@@ -53,13 +54,23 @@ pub enum Event {
     Lost = 2,
     /// Stopped cleanly: every window, open ones included, was written.
     Stopped = 3,
+    /// `samples` of the window (`aggregation`, `window_start`) were refused for
+    /// groups that got no pane there (past a receiver limit): the answer's
+    /// window-level `"dropped"`.
+    Refused = 4,
 }
 
 impl Event {
     pub fn from_i8(v: i8) -> Option<Event> {
-        [Event::Started, Event::Progress, Event::Lost, Event::Stopped]
-            .into_iter()
-            .find(|e| *e as i8 == v)
+        [
+            Event::Started,
+            Event::Progress,
+            Event::Lost,
+            Event::Stopped,
+            Event::Refused,
+        ]
+        .into_iter()
+        .find(|e| *e as i8 == v)
     }
 }
 
@@ -95,7 +106,7 @@ impl Schema {
                 "panes",
                 "aggregation String, window_start Int64, group_key String, receiver String, \
                  incarnation UInt64, n UInt64, zero_n UInt64, min_value Float64, \
-                 max_value Float64, alpha Float64",
+                 max_value Float64, dropped UInt64, alpha Float64",
                 format!("{day} ORDER BY ({key})"),
             ),
             (
@@ -182,21 +193,21 @@ impl Batch {
         window_start: i64,
         group_key: &[u8],
         alpha: f64,
-        bins: &PaneBins,
+        pane: &PaneRows,
     ) {
-        for (sign, store) in [(1i8, &bins.positive), (-1, &bins.negative)] {
-            for &(bin, n) in store {
-                self.bins
-                    .string(aggregation.as_bytes())
-                    .i64(window_start)
-                    .string(group_key)
-                    .string(who.receiver.as_bytes())
-                    .u64(who.incarnation)
-                    .i8(sign)
-                    .i32(bin)
-                    .u64(n);
-                self.rows += 1;
-            }
+        let mut count = pane.zero_count;
+        for &(sign, bin, n) in &pane.bins {
+            self.bins
+                .string(aggregation.as_bytes())
+                .i64(window_start)
+                .string(group_key)
+                .string(who.receiver.as_bytes())
+                .u64(who.incarnation)
+                .i8(sign)
+                .i32(bin)
+                .u64(n);
+            count += n;
+            self.rows += 1;
         }
         self.panes
             .string(aggregation.as_bytes())
@@ -204,10 +215,11 @@ impl Batch {
             .string(group_key)
             .string(who.receiver.as_bytes())
             .u64(who.incarnation)
-            .u64(bins.count())
-            .u64(bins.zero_count)
-            .f64(bins.min)
-            .f64(bins.max)
+            .u64(count)
+            .u64(pane.zero_count)
+            .f64(pane.min)
+            .f64(pane.max)
+            .u64(pane.dropped)
             .f64(alpha);
         self.rows += 1;
     }

@@ -1,0 +1,389 @@
+//! What the lanes of one ingester share: the [`Budget`] every limit counts
+//! against, and the [`GroupTable`] (each aggregation's groups, their ids and
+//! destination ids). A lone [`Ingester`](super::pipeline::Ingester) has both
+//! to itself; a [laned](super::lanes) one hands every lane the same, so the
+//! limits are the receiver's, not a lane's, and a group has one id in every
+//! lane (a window's panes from several lanes merge by id).
+//!
+//! **The budget** is four counters (groups, group-key bytes, pane slots,
+//! bins) taken and given back atomically: a lane takes what it needs before
+//! it holds it (the bins a value needs before it is added), so what every
+//! lane holds together never passes the limits, whatever the lanes do at
+//! once. Pane bins may reach twice their limit — only for panes that already
+//! exist (a flood of new groups cannot starve the groups already there).
+//!
+//! **Groups** are reclaimed when no window holds a pane of theirs any more —
+//! neither an open window of any lane nor a kept closed one — so a group that
+//! went quiet is gone `keep_windows` closed windows after its last samples,
+//! and after a flood new groups are admitted again once the flood's windows
+//! have aged out. Reclaiming reuses group and destination ids, so every
+//! lane's series cache is cleared with it; it is done in batches (when a
+//! sixteenth of the groups held can go, or the groups are at three quarters
+//! of their limit), at a window's close, with every lane stopped.
+
+use super::plan::Aggregation;
+use super::window::{parse_group_key, Capacity, Held};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// The group id of an aggregation's overflow group: every new group past the
+/// group limit gets it, and its samples are counted and dropped.
+pub const OVERFLOW: u32 = u32::MAX;
+
+/// The limits and what is held of them, shared by the lanes (see the module doc).
+#[derive(Debug)]
+pub struct Budget {
+    pub capacity: Capacity,
+    groups: AtomicUsize,
+    group_bytes: AtomicUsize,
+    pane_slots: AtomicUsize,
+    bins: AtomicUsize,
+    /// Groups reclaimed since start.
+    reclaimed: AtomicU64,
+}
+
+/// Takes `n` from `counter` if that keeps it at most `limit`.
+fn try_take(counter: &AtomicUsize, n: usize, limit: usize) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            held.checked_add(n).filter(|&after| after <= limit)
+        })
+        .is_ok()
+}
+
+fn give(counter: &AtomicUsize, n: usize) {
+    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+        Some(held.saturating_sub(n))
+    });
+}
+
+impl Budget {
+    pub fn new(capacity: Capacity) -> Self {
+        Budget {
+            capacity,
+            groups: AtomicUsize::new(0),
+            group_bytes: AtomicUsize::new(0),
+            pane_slots: AtomicUsize::new(0),
+            bins: AtomicUsize::new(0),
+            reclaimed: AtomicU64::new(0),
+        }
+    }
+
+    /// What is held now, over every lane.
+    pub fn held(&self) -> Held {
+        Held {
+            groups: self.groups.load(Ordering::Acquire),
+            group_bytes: self.group_bytes.load(Ordering::Acquire),
+            pane_slots: self.pane_slots.load(Ordering::Acquire),
+            bins: self.bins.load(Ordering::Acquire),
+        }
+    }
+
+    /// Groups reclaimed since start.
+    pub fn reclaimed(&self) -> u64 {
+        self.reclaimed.load(Ordering::Relaxed)
+    }
+
+    /// One more group of `bytes` key bytes, if both fit.
+    fn try_take_group(&self, bytes: usize) -> bool {
+        if !try_take(&self.groups, 1, self.capacity.groups) {
+            return false;
+        }
+        if !try_take(&self.group_bytes, bytes, self.capacity.group_bytes) {
+            give(&self.groups, 1);
+            return false;
+        }
+        true
+    }
+
+    fn give_group(&self, bytes: usize) {
+        give(&self.groups, 1);
+        give(&self.group_bytes, bytes);
+    }
+
+    /// `n` more pane slots, if they fit.
+    pub fn try_take_slots(&self, n: usize) -> bool {
+        try_take(&self.pane_slots, n, self.capacity.pane_slots)
+    }
+
+    /// `n` more pane slots, whatever the limit (a closing window's, paid for by the open one).
+    pub fn take_slots(&self, n: usize) {
+        self.pane_slots.fetch_add(n, Ordering::AcqRel);
+    }
+
+    pub fn give_slots(&self, n: usize) {
+        give(&self.pane_slots, n);
+    }
+
+    /// Pane slots held (every lane).
+    pub fn slots(&self) -> usize {
+        self.pane_slots.load(Ordering::Acquire)
+    }
+
+    /// `n` more bins, if that keeps them at most `limit`.
+    pub fn try_take_bins(&self, n: usize, limit: usize) -> bool {
+        try_take(&self.bins, n, limit)
+    }
+
+    /// `n` more bins, whatever the limit (a closing window's, paid for by the open one).
+    pub fn take_bins(&self, n: usize) {
+        self.bins.fetch_add(n, Ordering::AcqRel);
+    }
+
+    pub fn give_bins(&self, n: usize) {
+        give(&self.bins, n);
+    }
+
+    /// Bins held (every lane).
+    pub fn bins(&self) -> usize {
+        self.bins.load(Ordering::Acquire)
+    }
+
+    /// Sets the pane slots and bins held to what is recounted (after a plan change).
+    pub fn set_panes(&self, held: Held) {
+        self.pane_slots.store(held.pane_slots, Ordering::Release);
+        self.bins.store(held.bins, Ordering::Release);
+    }
+}
+
+/// One group of an aggregation.
+#[derive(Debug)]
+pub struct Group {
+    /// Its group-by labels that are present, in group-by order.
+    pub labels: Vec<(String, String)>,
+    /// Its destination id (what the series cache and the routers carry).
+    pub dest: u32,
+}
+
+/// One aggregation's groups.
+#[derive(Debug)]
+pub struct AggGroups {
+    group_by: Vec<String>,
+    ids: HashMap<Box<[u8]>, u32>,
+    /// By group id; `None` for an id free for reuse.
+    groups: Vec<Option<Group>>,
+    free: Vec<u32>,
+    /// The destination id of the overflow group, once it has one.
+    overflow_dest: Option<u32>,
+    /// Bumped whenever a group is added or reclaimed (answers' group order is rebuilt then).
+    pub version: u64,
+}
+
+impl AggGroups {
+    fn new(agg: &Aggregation) -> Self {
+        AggGroups {
+            group_by: agg.group_by.clone(),
+            ids: HashMap::new(),
+            groups: Vec::new(),
+            free: Vec::new(),
+            overflow_dest: None,
+            version: 0,
+        }
+    }
+
+    /// Group `gid`, if it is one (not free, not the overflow group).
+    pub fn get(&self, gid: u32) -> Option<&Group> {
+        self.groups.get(gid as usize)?.as_ref()
+    }
+
+    /// Group ids in use are below this.
+    pub fn id_bound(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Groups held.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Every aggregation's groups, and the destination ids over all of them.
+#[derive(Debug, Default)]
+pub struct GroupTable {
+    aggs: Vec<AggGroups>,
+    /// Destination id → (aggregation, group id); `None` when free.
+    dests: Vec<Option<(u16, u32)>>,
+    free_dests: Vec<u32>,
+    /// The plan generation the aggregations are of.
+    generation: u64,
+}
+
+impl GroupTable {
+    pub fn agg(&self, agg: usize) -> &AggGroups {
+        &self.aggs[agg]
+    }
+
+    fn new_dest(&mut self, to: (u16, u32)) -> u32 {
+        match self.free_dests.pop() {
+            Some(d) => {
+                self.dests[d as usize] = Some(to);
+                d
+            }
+            None => {
+                self.dests.push(Some(to));
+                (self.dests.len() - 1) as u32
+            }
+        }
+    }
+
+    /// The (group id, destination id) of a group key of aggregation `agg`,
+    /// creating the group on first sight; past the budget's group limit, the
+    /// overflow group's ([`OVERFLOW`]).
+    pub fn intern(&mut self, agg: u16, key: &[u8], budget: &Budget) -> (u32, u32) {
+        let groups = &self.aggs[agg as usize];
+        if let Some(&gid) = groups.ids.get(key) {
+            let group = groups.groups[gid as usize]
+                .as_ref()
+                .expect("an id in the map is a group");
+            return (gid, group.dest);
+        }
+        if !budget.try_take_group(2 * key.len()) {
+            let dest = match self.aggs[agg as usize].overflow_dest {
+                Some(d) => d,
+                None => {
+                    let d = self.new_dest((agg, OVERFLOW));
+                    self.aggs[agg as usize].overflow_dest = Some(d);
+                    d
+                }
+            };
+            return (OVERFLOW, dest);
+        }
+        let gid = match self.aggs[agg as usize].free.pop() {
+            Some(gid) => gid,
+            None => {
+                let groups = &mut self.aggs[agg as usize].groups;
+                groups.push(None);
+                (groups.len() - 1) as u32
+            }
+        };
+        let dest = self.new_dest((agg, gid));
+        let groups = &mut self.aggs[agg as usize];
+        let labels = groups
+            .group_by
+            .iter()
+            .zip(parse_group_key(key))
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(n, v)| (n.clone(), String::from_utf8_lossy(&v).into_owned()))
+            .collect();
+        groups.groups[gid as usize] = Some(Group { labels, dest });
+        groups.ids.insert(key.into(), gid);
+        groups.version += 1;
+        (gid, dest)
+    }
+
+    /// Installs the aggregations of plan generation `generation` (once, however
+    /// many lanes ask): aggregation `i` keeps the groups of the old one
+    /// `kept[i]` names, the others start empty; the groups of old aggregations
+    /// not kept are given back to `budget`.
+    pub fn set_plan(
+        &mut self,
+        generation: u64,
+        aggregations: &[Aggregation],
+        kept: &[Option<usize>],
+        budget: &Budget,
+    ) {
+        if self.generation >= generation && generation != 0 {
+            return;
+        }
+        self.generation = generation;
+        let mut old: Vec<Option<AggGroups>> = self.aggs.drain(..).map(Some).collect();
+        let mut aggs = Vec::with_capacity(aggregations.len());
+        for (i, agg) in aggregations.iter().enumerate() {
+            let groups = kept[i].and_then(|o| old.get_mut(o)?.take());
+            aggs.push(groups.unwrap_or_else(|| AggGroups::new(agg)));
+        }
+        for gone in old.into_iter().flatten() {
+            for key in gone.ids.keys() {
+                budget.give_group(2 * key.len());
+            }
+        }
+        // Destination ids: the kept groups' (renumbered aggregation), the rest free.
+        self.dests.iter_mut().for_each(|d| *d = None);
+        for (a, groups) in aggs.iter().enumerate() {
+            for (gid, group) in groups.groups.iter().enumerate() {
+                if let Some(group) = group {
+                    self.dests[group.dest as usize] = Some((a as u16, gid as u32));
+                }
+            }
+            if let Some(d) = groups.overflow_dest {
+                self.dests[d as usize] = Some((a as u16, OVERFLOW));
+            }
+        }
+        self.free_dests = (0..self.dests.len() as u32)
+            .rev()
+            .filter(|&d| self.dests[d as usize].is_none())
+            .collect();
+        self.aggs = aggs;
+    }
+
+    /// Groups of aggregation `agg` that `live` (by group id) does not mark.
+    pub fn unused(&self, agg: usize, live: &[bool]) -> usize {
+        let groups = &self.aggs[agg];
+        groups
+            .ids
+            .values()
+            .filter(|&&gid| !live.get(gid as usize).copied().unwrap_or(false))
+            .count()
+    }
+
+    /// Whether reclaiming `unused` groups is worth clearing the series
+    /// caches for (see the module doc).
+    pub fn worth_reclaiming(&self, unused: usize, budget: &Budget) -> bool {
+        let held = budget.held().groups;
+        let at_limit = (held as u128) * 4 >= (budget.capacity.groups as u128) * 3;
+        unused > 0 && (unused * 16 >= held || at_limit)
+    }
+
+    /// Frees every group of aggregation `agg` that `live` does not mark
+    /// (their ids and destination ids reused later), giving them back to
+    /// `budget`; returns how many.
+    pub fn reclaim(&mut self, agg: usize, live: &[bool], budget: &Budget) -> usize {
+        let groups = &mut self.aggs[agg];
+        let mut freed = Vec::new();
+        groups.ids.retain(|key, &mut gid| {
+            let keep = live.get(gid as usize).copied().unwrap_or(false);
+            if !keep {
+                freed.push(gid);
+                budget.give_group(2 * key.len());
+            }
+            keep
+        });
+        for &gid in &freed {
+            let group = groups.groups[gid as usize]
+                .take()
+                .expect("a reclaimed id was a group");
+            groups.free.push(gid);
+            self.dests[group.dest as usize] = None;
+            self.free_dests.push(group.dest);
+        }
+        if !freed.is_empty() {
+            groups.version += 1;
+            // Lowest ids first, so ids (and pane slots) stay dense.
+            groups.free.sort_unstable_by(|a, b| b.cmp(a));
+            budget
+                .reclaimed
+                .fetch_add(freed.len() as u64, Ordering::Relaxed);
+        }
+        freed.len()
+    }
+}
+
+/// The budget and the group table, as the lanes of one ingester share them.
+#[derive(Debug)]
+pub struct Shared {
+    pub budget: Budget,
+    pub groups: parking_lot::Mutex<GroupTable>,
+}
+
+impl Shared {
+    pub fn new(capacity: Capacity) -> Self {
+        Shared {
+            budget: Budget::new(capacity),
+            groups: parking_lot::Mutex::new(GroupTable::default()),
+        }
+    }
+}
