@@ -89,6 +89,36 @@ pub enum ClusterCommand {
     Init(InitArgs),
     /// Print the tables' DDL.
     Schema(SchemaArgs),
+    /// Measure, side by side in one run: one receiver alone, one and three
+    /// receivers writing to a local 3-node cluster (CPU per sample of the
+    /// whole system, rows per sample, CPU per row), the cluster query of
+    /// 1,000 groups, the chdb peer, and on paper what a 16-core node and an
+    /// N-node cluster carry. Writes README.md into --out.
+    Measure(MeasureArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct MeasureArgs {
+    /// Groups of the paced feed (the report's workload: 1,000).
+    #[arg(long, default_value_t = 1000)]
+    pub groups: u64,
+    #[arg(long, default_value_t = 100)]
+    pub series_per_group: u64,
+    /// The plan's window (the report's: 60 s).
+    #[arg(long, default_value_t = 60)]
+    pub window_secs: u64,
+    /// Measured seconds of feed per arm (after 2 warm-up ticks); at least two windows' worth.
+    #[arg(long, default_value_t = 180)]
+    pub secs: u64,
+    /// Timed cluster queries.
+    #[arg(long, default_value_t = 20)]
+    pub queries: usize,
+    /// Also run the chdb peer (experiments/peers/install.sh --with-clickhouse).
+    #[arg(long)]
+    pub with_chdb: bool,
+    /// Where the report goes (README.md); default experiments/cluster/results/<UTC time>-<host>.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -137,6 +167,7 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
             Ok(())
         }
         ClusterCommand::Start(a) => start(a),
+        ClusterCommand::Measure(a) => measure(a),
         ClusterCommand::Init(a) => {
             let schema = Schema {
                 database: a.clickhouse_database,
@@ -160,6 +191,54 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn measure(a: MeasureArgs) -> Result<()> {
+    if a.secs < 2 * a.window_secs {
+        bail!(
+            "--secs {} is under two windows of {} s: too few closes to measure",
+            a.secs,
+            a.window_secs
+        );
+    }
+    let scratch = tempfile::tempdir()?;
+    let host = crate::machine::Host::read();
+    let hostname = host.hostname.clone().unwrap_or_else(|| "host".into());
+    let out = a.out.clone().unwrap_or_else(|| {
+        let stamp = crate::machine::utc_now().replace([':', '-'], "");
+        PathBuf::from("experiments/cluster/results").join(format!("{stamp}-{hostname}"))
+    });
+    let command: Vec<String> = std::env::args().collect();
+    let opts = crate::cluster::measure::MeasureOptions {
+        promlab: std::env::current_exe()?,
+        groups: a.groups,
+        series_per_group: a.series_per_group,
+        window_secs: a.window_secs,
+        secs: a.secs,
+        queries: a.queries.max(1),
+        with_chdb: a.with_chdb,
+        workdir: scratch.path().to_path_buf(),
+    };
+    let load = || crate::machine::LoadAverage::read().map_or("?".into(), |l| l.to_string());
+    let before = load();
+    let body = crate::cluster::measure::run(&opts)?;
+    let text = format!(
+        "# Cluster costs, {}\n\n`{}` on {hostname} ({} cores, {}; revision {}); load average before {before}, after {}.\n\n{body}",
+        crate::machine::utc_now(),
+        command.join(" "),
+        host.cores,
+        host.cpu.as_deref().unwrap_or("?"),
+        crate::machine::BUILD.git_revision,
+        load(),
+    );
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("README.md"), &text)?;
+    println!(
+        "{text}
+(written to {})",
+        out.join("README.md").display()
+    );
+    Ok(())
 }
 
 fn check_nodes(a: &LocalArgs) -> Result<()> {

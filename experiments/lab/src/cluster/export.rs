@@ -358,8 +358,7 @@ fn collect(shared: &Shared, ingester: &LanedIngester, collector: &mut Collector)
                     .insert(agg.id.clone(), window.start);
             }
         }
-        if closed_through.is_some() && closed_through != collector.progress {
-            let through = closed_through.expect("some");
+        if let Some(through) = closed_through.filter(|_| closed_through != collector.progress) {
             batch.event(origin, Event::Progress, now_ms(), "", 0, through, 0);
             collector.progress = closed_through;
         }

@@ -8,7 +8,8 @@
 //! - [`export`]: `serve --clickhouse`: the bounded queue and its writer;
 //! - [`query`]: `promlab query --clickhouse`: the SQL merge and the answer's bytes;
 //! - [`hashmod`]: Prometheus's `hashmod`, for `feed --url U1 --url U2 …`;
-//! - [`local`]: a local cluster of `clickhouse-server` processes (tests, `promlab cluster`).
+//! - [`local`]: a local cluster of `clickhouse-server` processes (tests, `promlab cluster`);
+//! - [`measure`]: `promlab cluster measure`, the costs side by side in one run.
 //!
 //! The merge itself — bins out of a pane, summed, back into a sketch, the
 //! answer's bytes — is the pipeline library's (`promlab::ingest::bins`).
@@ -17,6 +18,7 @@ pub mod client;
 pub mod export;
 pub mod hashmod;
 pub mod local;
+pub mod measure;
 pub mod query;
 pub mod rowbinary;
 pub mod schema;

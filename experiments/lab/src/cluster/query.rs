@@ -55,6 +55,10 @@ struct LogRow {
     samples: u64,
 }
 
+/// Per receiver its incarnations (in start order), and the `lost` and
+/// `refused` rows of the aggregation asked about.
+type Lives = (BTreeMap<String, Vec<(u64, Life)>>, Vec<LogRow>);
+
 /// An incarnation's life, from its rows.
 #[derive(Clone, Debug, Default)]
 struct Life {
@@ -68,7 +72,8 @@ struct Life {
 /// 210 for a refused connection) becomes an error naming every shard that
 /// does not answer, each probed on its own.
 fn select(ch: &ClickHouse, schema: &Schema, sql: &str) -> Result<Vec<u8>> {
-    match ch.execute(sql, &[]) {
+    // Set here, not left to the user's profile: a shard skipped is a partial answer.
+    match ch.execute(sql, &[("skip_unavailable_shards", "0")]) {
         Ok(body) => Ok(body),
         Err(
             e @ Error::Server {
@@ -161,12 +166,7 @@ pub fn answer(
 }
 
 /// Every receiver's incarnations (in start order), and the lost rows of `agg`.
-#[allow(clippy::type_complexity)]
-fn lives(
-    ch: &ClickHouse,
-    schema: &Schema,
-    agg: &Aggregation,
-) -> Result<(BTreeMap<String, Vec<(u64, Life)>>, Vec<LogRow>)> {
+fn lives(ch: &ClickHouse, schema: &Schema, agg: &Aggregation) -> Result<Lives> {
     let sql = format!(
         "SELECT receiver, incarnation, event, aggregation, window_start, closed_through_ms, samples \
          FROM {} FORMAT RowBinary",
@@ -256,7 +256,7 @@ fn newest_written(
     ch: &ClickHouse,
     schema: &Schema,
     agg: &Aggregation,
-    (lives, _): &(BTreeMap<String, Vec<(u64, Life)>>, Vec<LogRow>),
+    (lives, _): &Lives,
 ) -> Result<Option<i64>> {
     let Some(through) = written_through(lives) else {
         return Ok(None);
@@ -274,11 +274,7 @@ fn newest_written(
 }
 
 /// Why window `start` may lack samples, per receiver.
-fn incomplete(
-    (lives, lost): &(BTreeMap<String, Vec<(u64, Life)>>, Vec<LogRow>),
-    start: i64,
-    window_ms: i64,
-) -> Vec<Incomplete> {
+fn incomplete((lives, lost): &Lives, start: i64, window_ms: i64) -> Vec<Incomplete> {
     let end = start.saturating_add(window_ms);
     let mut out = BTreeSet::new();
     for row in lost

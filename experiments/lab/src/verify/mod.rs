@@ -45,11 +45,11 @@
 mod embedded;
 pub mod generate;
 
+use crate::cluster::hashmod;
 use anyhow::{bail, Context, Result};
 use promlab::compare::first_difference;
 use promlab::export::{self, Exporter};
 use promlab::formenc::Dialect;
-use crate::cluster::hashmod;
 use promlab::ingest::distributed::{group_key, merge_as_rows, PaneRows};
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::{Aggregation, Plan};
@@ -378,7 +378,10 @@ pub fn split_and_merge_check(input: &IngestInput, i: StrategySet) -> Result<usiz
     // for a reason of time, not of bins: the inputs have none.
     let late: u64 = parts.iter().map(|p| p.totals().late).sum();
     if single.totals().late > 0 || late > 0 {
-        return Err(format!("late samples (single {}, split {late}): the split cannot be compared", single.totals().late));
+        return Err(format!(
+            "late samples (single {}, split {late}): the split cannot be compared",
+            single.totals().late
+        ));
     }
     let mut windows = 0;
     for agg in &input.plan.aggregations {
@@ -400,12 +403,18 @@ pub fn split_and_merge_check(input: &IngestInput, i: StrategySet) -> Result<usiz
         for w in &want {
             windows += 1;
             if dropped.get(&w.start).copied().unwrap_or(0) != w.dropped {
-                return Err(format!("{} window {}: dropped samples differ", agg.id, w.start));
+                return Err(format!(
+                    "{} window {}: dropped samples differ",
+                    agg.id, w.start
+                ));
             }
             for (labels, bins) in &w.groups {
                 let key = (w.start, group_key(agg, labels));
-                let merged = rows.get(&key).map(|parts| merge_as_rows(parts)).ok_or_else(|| {
-                    format!("{} window {} group {labels:?}: no receiver wrote it", agg.id, w.start)
+                let merged = rows.get(&key).map(merge_as_rows).ok_or_else(|| {
+                    format!(
+                        "{} window {} group {labels:?}: no receiver wrote it",
+                        agg.id, w.start
+                    )
                 })?;
                 seen += 1;
                 let same = merged.positive == bins.positive
@@ -431,7 +440,11 @@ pub fn split_and_merge_check(input: &IngestInput, i: StrategySet) -> Result<usiz
             }
         }
         if seen != rows.len() {
-            return Err(format!("{}: the receivers wrote {} panes, one receiver has {seen}", agg.id, rows.len()));
+            return Err(format!(
+                "{}: the receivers wrote {} panes, one receiver has {seen}",
+                agg.id,
+                rows.len()
+            ));
         }
     }
     Ok(windows)
@@ -618,15 +631,16 @@ pub fn check_case(case: &Case, sets: &[StrategySet], tmp: &Path) -> Result<CaseR
                 report.merged_windows = windows;
                 ingest_and_check(&input, &want, i)
             });
-            let result = result.map(|panes| {
-                match distinct_panes.iter().position(|d| *d == panes) {
-                    Some(p) => p,
-                    None => {
-                        distinct_panes.push(panes);
-                        distinct_panes.len() - 1
-                    }
-                }
-            });
+            let result =
+                result.map(
+                    |panes| match distinct_panes.iter().position(|d| *d == panes) {
+                        Some(p) => p,
+                        None => {
+                            distinct_panes.push(panes);
+                            distinct_panes.len() - 1
+                        }
+                    },
+                );
             panes_of.insert((id, i), result);
         }
     }
