@@ -71,14 +71,23 @@ impl FeedWorkload {
         self.start_ms + 1000 * t as i64 + (k * 1000 / self.samples_per_sec) as i64
     }
 
+    /// Series `n`'s labels, as (name, value), in the order it sends them.
+    pub fn series_labels(&self, n: u64) -> [(&'static str, String); 3] {
+        let (g, i) = (n / self.series_per_group, n % self.series_per_group);
+        [
+            ("__name__", "data".to_string()),
+            ("instance", format!("i{i}")),
+            ("label_0", format!("g{g}")),
+        ]
+    }
+
     pub fn generator(&self) -> Generator {
         let labels = (0..self.series())
             .map(|n| {
-                let (g, i) = (n / self.series_per_group, n % self.series_per_group);
                 let mut out = Vec::with_capacity(48);
-                wire::put_label(&mut out, b"__name__", b"data");
-                wire::put_label(&mut out, b"instance", format!("i{i}").as_bytes());
-                wire::put_label(&mut out, b"label_0", format!("g{g}").as_bytes());
+                for (name, value) in self.series_labels(n) {
+                    wire::put_label(&mut out, name.as_bytes(), value.as_bytes());
+                }
                 out
             })
             .collect();
@@ -98,6 +107,12 @@ pub struct Generator {
 impl Generator {
     /// Tick `t` as uncompressed `WriteRequest`s of at most `batch_rows` rows each.
     pub fn tick_raw(&self, t: u64) -> Vec<Vec<u8>> {
+        self.tick_raw_of(t, |_| true)
+    }
+
+    /// [`Generator::tick_raw`] of the series `n` for which `takes(n)` holds
+    /// (one of several receivers' share), in the same order.
+    pub fn tick_raw_of(&self, t: u64, takes: impl Fn(u64) -> bool) -> Vec<Vec<u8>> {
         let w = &self.workload;
         let mut requests = Vec::new();
         let mut current = Vec::new();
@@ -106,6 +121,9 @@ impl Generator {
             let ts = w.timestamp(t, k);
             let j = t * w.samples_per_sec + k;
             for (n, labels) in self.labels.iter().enumerate() {
+                if !takes(n as u64) {
+                    continue;
+                }
                 wire::put_series_one_sample(&mut current, labels, w.value(n as u64, j), ts);
                 rows += 1;
                 if rows == w.batch_rows.max(1) {

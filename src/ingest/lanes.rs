@@ -225,6 +225,21 @@ impl LanedIngester {
         (w != i64::MIN).then_some(w)
     }
 
+    /// Every window that ends at or before this has been closed on every
+    /// lane, its panes merged into the home's (`None` before the first close).
+    pub fn closed_through(&self) -> Option<i64> {
+        let w = self.closed_through.load(Ordering::Acquire);
+        (w != i64::MIN).then_some(w)
+    }
+
+    /// `f` of the home lane, which holds every closed window, and
+    /// [`LanedIngester::closed_through`] as it stands while `f` runs (a
+    /// close changes both with every lane locked).
+    pub fn with_home<R>(&self, f: impl FnOnce(&Ingester, Option<i64>) -> R) -> R {
+        let home = self.lock(0);
+        f(&home, self.closed_through())
+    }
+
     pub fn limits(&self) -> Limits {
         *self.lock(0).limits()
     }

@@ -9,6 +9,7 @@
 //! variants, and the one combined variant (and why).
 
 pub mod bins;
+pub mod distributed;
 pub mod feed;
 pub mod groups;
 pub mod lanes;

@@ -4,6 +4,7 @@
 //! profilers. It depends on the `promlab` library; the library never depends on it.
 
 pub mod cli;
+pub mod cluster;
 pub mod feed;
 pub mod fixtures;
 pub mod harness;

@@ -43,8 +43,12 @@ enum Command {
     Verify(promlab_lab::verify::VerifyArgs),
     /// Replay remote-write request bodies offline and print the quantiles.
     Ingest(promlab_lab::cli::ingest::IngestArgs),
-    /// The paced remote-write feeder.
+    /// The paced remote-write feeder (sharded over several receivers by hashmod).
     Feed(promlab_lab::cli::ingest::FeedArgs),
+    /// One window's quantiles from a ClickHouse cluster the receivers write to.
+    Query(promlab_lab::cli::cluster::QueryArgs),
+    /// A local ClickHouse cluster (config, start), its tables (init, schema), measurements.
+    Cluster(promlab_lab::cli::cluster::ClusterArgs),
     /// The reliability suite: hostile cases and an overload run against the real binary.
     Soak(promlab_lab::cli::SoakArgs),
     /// Internal: replay one op log in this process (used by `replay`).
@@ -71,6 +75,8 @@ fn main() -> ExitCode {
         Some(Command::Verify(args)) => promlab_lab::verify::run(args),
         Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),
         Some(Command::Feed(args)) => promlab_lab::cli::ingest::feed(args),
+        Some(Command::Query(args)) => promlab_lab::cli::cluster::query(args),
+        Some(Command::Cluster(args)) => promlab_lab::cli::cluster::cluster(args),
         Some(Command::Soak(args)) => promlab_lab::cli::soak(args),
     };
     match result {

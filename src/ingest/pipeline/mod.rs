@@ -526,12 +526,23 @@ impl Ingester {
     /// samples it had refused), and the window's samples refused for groups
     /// without a pane. `None` when there is no such aggregation.
     pub fn closed_bins(&self, aggregation: &str) -> Option<Vec<ClosedBins>> {
+        self.closed_bins_after(aggregation, None)
+    }
+
+    /// [`Ingester::closed_bins`] of the windows starting after `after` only
+    /// (what a distributed store has not been handed yet).
+    pub fn closed_bins_after(
+        &self,
+        aggregation: &str,
+        after: Option<i64>,
+    ) -> Option<Vec<ClosedBins>> {
         let a = self.position(aggregation)?;
         let table = self.shared.groups.lock();
         let groups = table.agg(a);
         Some(
             self.accumulators[a]
                 .closed_windows()
+                .filter(|w| after.is_none_or(|after| w.start > after))
                 .map(|w| ClosedBins {
                     start: w.start,
                     groups: w

@@ -144,9 +144,23 @@ fn nothing_routed(plan: &Plan, bodies: &[Vec<u8>], limit: usize) -> String {
 /// the exact series, values and timestamps it generates).
 #[derive(clap::Args, Debug)]
 pub struct FeedArgs {
-    /// Where to POST the requests.
+    /// Where to POST the requests. Given more than once, each series goes to
+    /// one URL: Prometheus's `hashmod` of --shard-labels modulo the number of
+    /// URLs picks it, as `write_relabel_configs` (hashmod, then keep) on each
+    /// remote-write endpoint would.
     #[arg(long, default_value = "http://127.0.0.1:9201/api/v1/write")]
-    pub url: String,
+    pub url: Vec<String>,
+    /// With several --url: the labels whose values, joined by `;`, are hashed.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "__name__,instance,label_0"
+    )]
+    pub shard_labels: Vec<String>,
+    /// Send each tick as soon as the previous one is answered, not one a second
+    /// (replays with --start-ms in the past; tests).
+    #[arg(long)]
+    pub no_pacing: bool,
     /// Distinct `label_0` values (aggregation groups).
     #[arg(long, default_value_t = 1000)]
     pub groups: u64,
@@ -205,8 +219,20 @@ pub fn feed(args: FeedArgs) -> Result<()> {
     };
     let ticks = args.first_tick..args.first_tick + args.duration_secs;
     let report = match &args.out {
+        Some(_) if args.url.len() > 1 => {
+            anyhow::bail!("--out writes one stream: give one --url (or none)")
+        }
         Some(dir) => feed::write_bodies(&workload, ticks, dir)?,
-        None => crate::feed::send(&workload, ticks, &args.url, args.concurrency)?,
+        None => crate::feed::send(
+            &workload,
+            ticks,
+            &args.url,
+            &crate::feed::Sharding {
+                source_labels: args.shard_labels.clone(),
+            },
+            args.concurrency,
+            !args.no_pacing,
+        )?,
     };
     eprintln!(
         "promlab feed: {} ticks, {} requests, {} samples, {} failed requests, {} late ticks",

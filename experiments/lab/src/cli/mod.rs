@@ -1,4 +1,5 @@
 //! Subcommands of the first half (store, export, ablation, serving).
+pub mod cluster;
 mod flamegraph;
 pub mod ingest;
 mod soak;
@@ -229,6 +230,29 @@ pub struct ServeArgs {
     /// `default` (the build's features; every strategy when none was named).
     #[arg(long, default_value = "default")]
     pub strategies: promlab::strategy::StrategySet,
+    /// Receiver: also write each closed window's bins (per group, with its
+    /// count, zero count, min and max) to this ClickHouse node's HTTP
+    /// interface (http://HOST:PORT), one batch per close; the tables are
+    /// created there if missing. Ingest never waits on it (a bounded queue,
+    /// retried with backoff). Answers in memory are unchanged.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["store", "scenario"])]
+    pub clickhouse: Option<String>,
+    /// Receiver: the cluster (a `remote_servers` entry of the node's config)
+    /// the Distributed tables span.
+    #[arg(long, default_value = crate::cluster::schema::DEFAULT_CLUSTER, requires = "clickhouse")]
+    pub clickhouse_cluster: String,
+    /// Receiver: the ClickHouse database of the tables.
+    #[arg(long, default_value = crate::cluster::schema::DEFAULT_DATABASE, requires = "clickhouse")]
+    pub clickhouse_database: String,
+    /// Receiver: bytes of closed windows held while ClickHouse does not take
+    /// them; past it a window is dropped, counted in /metrics and flagged lost
+    /// in the cluster.
+    #[arg(long, default_value_t = crate::cluster::export::DEFAULT_QUEUE_BYTES, requires = "clickhouse")]
+    pub clickhouse_queue_bytes: usize,
+    /// Receiver: this receiver's id in the cluster, the same across its
+    /// restarts (default: HOSTNAME:PORT of --listen).
+    #[arg(long, requires = "clickhouse")]
+    pub receiver_id: Option<String>,
 }
 
 /// The largest `--queues` of the rabbitmq scenario.
@@ -244,6 +268,31 @@ impl ServeArgs {
             request_timeout: Duration::from_secs(self.request_timeout_secs),
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout_secs),
         }
+    }
+
+    /// `--clickhouse` and its companions, as the exporter takes them.
+    fn clickhouse_export(
+        &self,
+        listen: std::net::SocketAddr,
+    ) -> Result<Option<crate::cluster::export::ExportConfig>> {
+        let Some(url) = &self.clickhouse else {
+            return Ok(None);
+        };
+        let receiver = match &self.receiver_id {
+            Some(id) if !id.is_empty() => id.clone(),
+            Some(_) => bail!("--receiver-id must not be empty"),
+            None => format!("{}:{}", hostname(), listen.port()),
+        };
+        Ok(Some(crate::cluster::export::ExportConfig {
+            url: url.clone(),
+            schema: crate::cluster::schema::Schema {
+                database: self.clickhouse_database.clone(),
+                cluster: self.clickhouse_cluster.clone(),
+            },
+            receiver,
+            queue_bytes: self.clickhouse_queue_bytes,
+            timeout: std::time::Duration::from_secs(30),
+        }))
     }
 
     fn ingest_limits(&self) -> Limits {
@@ -435,6 +484,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         }
         Some(other) => bail!("unknown scenario `{other}` (known: rabbitmq)"),
         None => crate::serve::receiver::serve(crate::serve::receiver::ReceiverConfig {
+            clickhouse: args.clickhouse_export(listen(9201)?)?,
             listen: listen(9201)?,
             plan: args.plan.clone(),
             max_body_bytes: args.max_body_bytes,
@@ -443,6 +493,18 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             server: args.server_limits(),
             ingest_threads: args.ingest_threads,
         }),
+    }
+}
+
+/// This machine's name (`localhost` if it has none we can read).
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..len]) {
+        Ok(name) if ok && !name.is_empty() => name.to_string(),
+        _ => "localhost".to_string(),
     }
 }
 

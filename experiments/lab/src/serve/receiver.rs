@@ -19,6 +19,7 @@
 //!   file that is not a regular file of at most 16 MiB, or not a valid plan,
 //!   is refused (400, with the reason) and the old plan keeps running.
 
+use crate::cluster::export::{ExportConfig, Exporter};
 use anyhow::Result;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -61,6 +62,15 @@ pub struct Receiver {
     spare_limit: usize,
     /// Held while a reload reads and installs a plan: one at a time.
     reloading: Mutex<()>,
+    /// `--clickhouse`: each closed window's bins to a ClickHouse node.
+    pub cluster: std::sync::OnceLock<Arc<Exporter>>,
+}
+
+/// What the ClickHouse exporter reads closed windows from.
+impl AsRef<LanedIngester> for Receiver {
+    fn as_ref(&self) -> &LanedIngester {
+        &self.ingester
+    }
 }
 
 /// One request's buffers: its body as read, and that body decompressed.
@@ -129,6 +139,7 @@ impl Receiver {
             reloading: Mutex::new(()),
             spare_limit: ingester.lanes() + 1,
             ingester,
+            cluster: std::sync::OnceLock::new(),
         })
     }
 
@@ -186,6 +197,8 @@ pub struct ReceiverConfig {
     pub server: super::ServerLimits,
     /// Lanes: requests ingesting at once, each on a whole ingester; 0: one per core.
     pub ingest_threads: usize,
+    /// `--clickhouse`: where closed windows go, besides memory.
+    pub clickhouse: Option<ExportConfig>,
 }
 
 /// Runs the receiver until Ctrl-C or SIGTERM (blocking; builds its own runtime).
@@ -206,8 +219,16 @@ pub fn serve(config: ReceiverConfig) -> Result<()> {
         config.plan.clone(),
         config.max_body_bytes,
     );
+    let exporter = match config.clickhouse.clone() {
+        Some(export) => {
+            let exporter = Exporter::start(export, receiver.clone())?;
+            let _ = receiver.cluster.set(exporter.clone());
+            Some(exporter)
+        }
+        None => None,
+    };
     let strategies = config.strategies;
-    super::run(
+    let served = super::run(
         config.listen,
         Some(2),
         app(receiver),
@@ -215,7 +236,14 @@ pub fn serve(config: ReceiverConfig) -> Result<()> {
         |addr| {
             eprintln!("promlab: remote-write receiver on http://{addr}/api/v1/write (strategies: {strategies}; ingest threads: {threads})")
         },
-    )
+    );
+    // A clean stop: the open windows and the queue to ClickHouse written, within the shutdown timeout.
+    if let Some(exporter) = exporter {
+        if !exporter.shutdown(config.server.shutdown_timeout) {
+            eprintln!("promlab: ClickHouse: stopped with batches unwritten (the query flags their windows incomplete)");
+        }
+    }
+    served
 }
 
 /// Remote write 1.0's media type, and the `proto` parameter naming it (optional).
@@ -658,6 +686,9 @@ async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
             .label(b"code", status.to_string().as_bytes())
             .value()
             .integer(n.load(Ordering::Relaxed));
+    }
+    if let Some(cluster) = rx.cluster.get() {
+        cluster.encode_metrics(&mut out);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

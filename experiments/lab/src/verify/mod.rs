@@ -36,15 +36,22 @@
 //!   must hold exactly the panes and counts of the reference
 //!   ([`promlab::reference::ingest`]), every quantile within α of the exact
 //!   one ([`promlab::reference::quantile::check`]), and every set's panes must
-//!   be bit-identical to the baseline's.
+//!   be bit-identical to the baseline's;
+//! - **split and merge** (issue 25's cluster): the same requests, their
+//!   series spread over three ingesters by Prometheus's `hashmod`, every
+//!   window closed and each receiver's panes merged as the cluster's SQL merges
+//!   their rows, must give every closed window of the single ingester: the
+//!   same bins and every quantile bit for bit ([`split_and_merge_check`]).
 
 mod embedded;
 pub mod generate;
 
+use crate::cluster::hashmod;
 use anyhow::{bail, Context, Result};
 use promlab::compare::first_difference;
 use promlab::export::{self, Exporter};
 use promlab::formenc::Dialect;
+use promlab::ingest::distributed::{group_key, merge_as_rows, PaneRows};
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::{Aggregation, Plan};
 use promlab::ingest::window::PaneReport;
@@ -107,6 +114,8 @@ pub struct CaseReport {
     /// Panes whose values span more bins than the sketch keeps (it merges the lowest).
     pub merged_panes: usize,
     pub quantiles: usize,
+    /// Closed windows checked split over receivers and merged, per ingest subset.
+    pub merged_windows: usize,
     pub ruby: bool,
 }
 
@@ -282,6 +291,9 @@ pub fn plan_for(requests: &[WriteRequest]) -> Plan {
 /// sent, the same decoded for the reference, and the plan.
 pub struct IngestInput {
     pub bodies: Vec<Vec<u8>>,
+    /// The same requests split over [`RECEIVERS`] receivers by hashmod of
+    /// every label of a series (per receiver, its requests in order).
+    pub split_bodies: Vec<Vec<Vec<u8>>>,
     pub decoded: Vec<Vec<reference::ingest::Series>>,
     pub plan: Plan,
     pub samples: usize,
@@ -302,10 +314,141 @@ pub fn ingest_input(sequence: &[Vec<u8>]) -> Result<IngestInput> {
     let plan = plan_for(&requests);
     Ok(IngestInput {
         bodies: requests.iter().map(scrape::body).collect(),
+        split_bodies: split_by_hashmod(&requests, RECEIVERS),
         decoded: requests.iter().map(decode_for_reference).collect(),
         samples: requests.iter().map(|r| r.timeseries.len()).sum(),
         plan,
     })
+}
+
+/// Receivers the split-and-merge path spreads each input's series over.
+pub const RECEIVERS: usize = 3;
+
+/// Each request's series spread over `receivers` requests by Prometheus's
+/// `hashmod` of every label's value (in the series' order, joined by `;`),
+/// as `write_relabel_configs` on `receivers` endpoints would send them.
+fn split_by_hashmod(requests: &[WriteRequest], receivers: usize) -> Vec<Vec<Vec<u8>>> {
+    let mut out = vec![Vec::new(); receivers];
+    let mut joined = Vec::new();
+    for request in requests {
+        let mut parts = vec![WriteRequest::default(); receivers];
+        for series in &request.timeseries {
+            joined.clear();
+            for (i, label) in series.labels.iter().enumerate() {
+                if i > 0 {
+                    joined.extend_from_slice(hashmod::DEFAULT_SEPARATOR);
+                }
+                joined.extend_from_slice(label.value.as_bytes());
+            }
+            let k = hashmod::hashmod(&joined, receivers as u64) as usize;
+            parts[k].timeseries.push(series.clone());
+        }
+        for (k, part) in parts.iter().enumerate() {
+            if !part.timeseries.is_empty() {
+                out[k].push(scrape::body(part));
+            }
+        }
+    }
+    out
+}
+
+/// The split-and-merge path (issue 25): the input's series spread over
+/// [`RECEIVERS`] ingesters of the ingest subset `i`, every window closed,
+/// each receiver's panes written as rows and merged as the cluster's SQL
+/// merges them, must be the single ingester's closed windows: the same
+/// groups, bins, zero counts and extremes (of `0.0` and `-0.0` either may be
+/// kept), and every quantile bit for bit. Returns the windows compared.
+pub fn split_and_merge_check(input: &IngestInput, i: StrategySet) -> Result<usize, String> {
+    let ingest = |bodies: &[Vec<u8>]| -> Result<Ingester, String> {
+        let mut ingester = Ingester::new(input.plan.clone(), i).with_cache_capacity(64);
+        for (n, body) in bodies.iter().enumerate() {
+            ingester
+                .handle(body)
+                .map_err(|e| format!("request {} refused: {e}", n + 1))?;
+        }
+        ingester.flush();
+        Ok(ingester)
+    };
+    let single = ingest(&input.bodies)?;
+    let parts: Vec<Ingester> = input
+        .split_bodies
+        .iter()
+        .map(|bodies| ingest(bodies))
+        .collect::<Result<_, _>>()?;
+    // A sample late in one receiver but not in another would make them differ
+    // for a reason of time, not of bins: the inputs have none.
+    let late: u64 = parts.iter().map(|p| p.totals().late).sum();
+    if single.totals().late > 0 || late > 0 {
+        return Err(format!(
+            "late samples (single {}, split {late}): the split cannot be compared",
+            single.totals().late
+        ));
+    }
+    let mut windows = 0;
+    for agg in &input.plan.aggregations {
+        let want = single.closed_bins(&agg.id).expect("the plan's aggregation");
+        let mut rows: BTreeMap<(i64, Vec<u8>), Vec<PaneRows>> = BTreeMap::new();
+        let mut dropped: BTreeMap<i64, u64> = BTreeMap::new();
+        for part in &parts {
+            for w in part.closed_bins(&agg.id).expect("the plan's aggregation") {
+                *dropped.entry(w.start).or_default() += w.dropped;
+                for (labels, bins) in &w.groups {
+                    rows.entry((w.start, group_key(agg, labels)))
+                        .or_default()
+                        .push(PaneRows::of(bins));
+                }
+            }
+        }
+        let config = promlab::ingest::bins::sketch_config(agg.relative_accuracy);
+        let mut seen = 0;
+        for w in &want {
+            windows += 1;
+            if dropped.get(&w.start).copied().unwrap_or(0) != w.dropped {
+                return Err(format!(
+                    "{} window {}: dropped samples differ",
+                    agg.id, w.start
+                ));
+            }
+            for (labels, bins) in &w.groups {
+                let key = (w.start, group_key(agg, labels));
+                let merged = rows.get(&key).map(merge_as_rows).ok_or_else(|| {
+                    format!(
+                        "{} window {} group {labels:?}: no receiver wrote it",
+                        agg.id, w.start
+                    )
+                })?;
+                seen += 1;
+                let same = merged.positive == bins.positive
+                    && merged.negative == bins.negative
+                    && merged.zero_count == bins.zero_count
+                    && merged.dropped == bins.dropped
+                    && merged.min == bins.min
+                    && merged.max == bins.max
+                    && agg.quantiles.iter().all(|&q| {
+                        let (a, b) = (merged.quantile(&config, q), bins.quantile(&config, q));
+                        if q == 0.0 || q == 1.0 {
+                            a == b
+                        } else {
+                            a.map(f64::to_bits) == b.map(f64::to_bits)
+                        }
+                    });
+                if !same {
+                    return Err(format!(
+                        "{} window {} group {labels:?}: merged from {RECEIVERS} receivers {merged:?}, one receiver {bins:?}",
+                        agg.id, w.start
+                    ));
+                }
+            }
+        }
+        if seen != rows.len() {
+            return Err(format!(
+                "{}: the receivers wrote {} panes, one receiver has {seen}",
+                agg.id,
+                rows.len()
+            ));
+        }
+    }
+    Ok(windows)
 }
 
 fn decode_for_reference(request: &WriteRequest) -> Vec<reference::ingest::Series> {
@@ -485,15 +628,20 @@ pub fn check_case(case: &Case, sets: &[StrategySet], tmp: &Path) -> Result<CaseR
             .count();
         report.quantiles = want.len() * QUANTILES.len();
         for &i in &ingests {
-            let result = ingest_and_check(&input, &want, i).map(|panes| {
-                match distinct_panes.iter().position(|d| *d == panes) {
-                    Some(p) => p,
-                    None => {
-                        distinct_panes.push(panes);
-                        distinct_panes.len() - 1
-                    }
-                }
+            let result = split_and_merge_check(&input, i).and_then(|windows| {
+                report.merged_windows = windows;
+                ingest_and_check(&input, &want, i)
             });
+            let result =
+                result.map(
+                    |panes| match distinct_panes.iter().position(|d| *d == panes) {
+                        Some(p) => p,
+                        None => {
+                            distinct_panes.push(panes);
+                            distinct_panes.len() - 1
+                        }
+                    },
+                );
             panes_of.insert((id, i), result);
         }
     }
@@ -704,7 +852,7 @@ pub fn run(args: VerifyArgs) -> Result<()> {
         ruby_inputs += usize::from(report.ruby);
         println!(
             "  {:<20} {} sets ok: {} writers, {} ops, {} store files; {} scrape(s) of the store (last {} bytes){}; \
-             {} requests, {} samples; {} panes ({} with merged bins), {} quantiles  ({:.1} s)",
+             {} requests, {} samples; {} panes ({} with merged bins), {} quantiles; {} windows split over {} receivers and merged  ({:.1} s)",
             case.name,
             report.sets,
             report.writers,
@@ -718,13 +866,16 @@ pub fn run(args: VerifyArgs) -> Result<()> {
             thousands(report.panes),
             thousands(report.merged_panes),
             thousands(report.quantiles),
+            thousands(report.merged_windows),
+            RECEIVERS,
             case_started.elapsed().as_secs_f64()
         );
     }
     println!(
         "verify: {} strategy sets × {} inputs ({} client_ruby, {} generated): store bytes identical \
          (to the reference writer, and Ruby's where given), exposition identical to the reference \
-         (and Ruby's expected.prom where given), quantiles identical, within α = {} of exact  ({:.1} s)",
+         (and Ruby's expected.prom where given), quantiles identical, within α = {} of exact; \
+         split over {RECEIVERS} receivers by hashmod and merged as the cluster merges: every window's bins identical  ({:.1} s)",
         sets.len(),
         cases.len(),
         ruby_inputs,

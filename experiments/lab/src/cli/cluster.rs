@@ -1,0 +1,291 @@
+//! `promlab query --clickhouse` and `promlab cluster …`: answers from a
+//! ClickHouse cluster, and a local one to run them against.
+
+use crate::cluster::client::ClickHouse;
+use crate::cluster::local::{self, LocalCluster};
+use crate::cluster::schema::{Schema, DEFAULT_CLUSTER, DEFAULT_DATABASE};
+use crate::cluster::{query, LOCAL_BASE_PORT};
+use anyhow::{bail, Context, Result};
+use promlab::ingest::plan::Plan;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `promlab query`: one window's quantiles from the cluster.
+#[derive(clap::Args, Debug)]
+pub struct QueryArgs {
+    /// A ClickHouse node of the cluster (its HTTP interface, http://HOST:PORT).
+    #[arg(long, value_name = "URL")]
+    pub clickhouse: String,
+    /// The aggregation (its id in the plan).
+    #[arg(long)]
+    pub agg: String,
+    /// The window's start (ms since the epoch); default: the newest window every receiver has written.
+    #[arg(long, value_name = "START_MS")]
+    pub window: Option<i64>,
+    /// The receivers' aggregation plan (TOML); default: the feeder's.
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
+    /// The cluster the Distributed tables span (named in failures).
+    #[arg(long, default_value = DEFAULT_CLUSTER)]
+    pub clickhouse_cluster: String,
+    /// The ClickHouse database of the tables.
+    #[arg(long, default_value = DEFAULT_DATABASE)]
+    pub clickhouse_database: String,
+    /// Seconds each statement may take.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_secs: u64,
+}
+
+/// Prints the answer: exactly the bytes a single receiver's
+/// `GET /api/v1/quantiles?agg=ID&window=START_MS` answers (no newline). An
+/// incomplete answer is printed with its `"incomplete"` list and fails.
+pub fn query(args: QueryArgs) -> Result<()> {
+    let plan = Plan::load_or_default(args.plan.as_deref())?;
+    let Some(agg) = plan.aggregations.iter().find(|a| a.id == args.agg) else {
+        bail!("no aggregation `{}` in the plan", args.agg);
+    };
+    let ch = ClickHouse::new(&args.clickhouse, Duration::from_secs(args.timeout_secs))?;
+    let schema = Schema {
+        database: args.clickhouse_database,
+        cluster: args.clickhouse_cluster,
+    };
+    let answer = query::answer(&ch, &schema, agg, args.window)?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&answer.json)?;
+    out.flush()?;
+    if !answer.incomplete.is_empty() {
+        let who: Vec<String> = answer
+            .incomplete
+            .iter()
+            .map(|i| format!("{} ({})", i.receiver, i.reason))
+            .collect();
+        bail!(
+            "window {} is incomplete: {}",
+            answer.window_start.unwrap_or_default(),
+            who.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// `promlab cluster`: a local ClickHouse cluster, its tables, its measurements.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    pub command: ClusterCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Write a local cluster's node configs (what `start` runs) into DIR.
+    Config(LocalArgs),
+    /// Start a local cluster (one clickhouse-server per node on 127.0.0.1,
+    /// each in DIR/nodeN), create the tables on every node, and run until
+    /// Ctrl-C or SIGTERM, then stop the nodes.
+    Start(LocalArgs),
+    /// Create the tables on each node (idempotent; every node of the cluster
+    /// needs them: ClickHouse 18.16 runs DDL on one node at a time).
+    Init(InitArgs),
+    /// Print the tables' DDL.
+    Schema(SchemaArgs),
+    /// Measure, side by side in one run: one receiver alone, one and three
+    /// receivers writing to a local 3-node cluster (CPU per sample of the
+    /// whole system, rows per sample, CPU per row), the cluster query of
+    /// 1,000 groups, the chdb peer, and on paper what a 16-core node and an
+    /// N-node cluster carry. Writes README.md into --out.
+    Measure(MeasureArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct MeasureArgs {
+    /// Groups of the paced feed (the report's workload: 1,000).
+    #[arg(long, default_value_t = 1000)]
+    pub groups: u64,
+    #[arg(long, default_value_t = 100)]
+    pub series_per_group: u64,
+    /// The plan's window (the report's: 60 s).
+    #[arg(long, default_value_t = 60)]
+    pub window_secs: u64,
+    /// Measured seconds of feed per arm (after 2 warm-up ticks); at least two windows' worth.
+    #[arg(long, default_value_t = 180)]
+    pub secs: u64,
+    /// Timed cluster queries.
+    #[arg(long, default_value_t = 20)]
+    pub queries: usize,
+    /// Also run the chdb peer (experiments/peers/install.sh --with-clickhouse).
+    #[arg(long)]
+    pub with_chdb: bool,
+    /// Where the report goes (README.md); default experiments/cluster/results/<UTC time>-<host>.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LocalArgs {
+    /// Where the nodes' directories go.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Nodes (one shard each).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Ports: node i's HTTP BASE+i, native TCP BASE+100+i, interserver BASE+200+i.
+    #[arg(long, default_value_t = LOCAL_BASE_PORT)]
+    pub base_port: u16,
+    /// The cluster's name in the nodes' `remote_servers`.
+    #[arg(long, default_value = DEFAULT_CLUSTER)]
+    pub cluster: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InitArgs {
+    /// Each node's HTTP interface (repeat for every node).
+    #[arg(long, value_name = "URL", required = true)]
+    pub clickhouse: Vec<String>,
+    #[arg(long, default_value = DEFAULT_CLUSTER)]
+    pub clickhouse_cluster: String,
+    #[arg(long, default_value = DEFAULT_DATABASE)]
+    pub clickhouse_database: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SchemaArgs {
+    #[arg(long, default_value = DEFAULT_CLUSTER)]
+    pub clickhouse_cluster: String,
+    #[arg(long, default_value = DEFAULT_DATABASE)]
+    pub clickhouse_database: String,
+}
+
+pub fn cluster(args: ClusterArgs) -> Result<()> {
+    match args.command {
+        ClusterCommand::Config(a) => {
+            check_nodes(&a)?;
+            let ports = local::ports_from(a.base_port, a.nodes);
+            for dir in local::write_configs(&a.dir, &ports, &a.cluster)? {
+                println!("{}", dir.join("config.xml").display());
+            }
+            Ok(())
+        }
+        ClusterCommand::Start(a) => start(a),
+        ClusterCommand::Measure(a) => measure(a),
+        ClusterCommand::Init(a) => {
+            let schema = Schema {
+                database: a.clickhouse_database,
+                cluster: a.clickhouse_cluster,
+            };
+            for url in &a.clickhouse {
+                let ch = ClickHouse::new(url, Duration::from_secs(30))?;
+                schema.create(&ch)?;
+                println!("{url}: tables ready");
+            }
+            Ok(())
+        }
+        ClusterCommand::Schema(a) => {
+            let schema = Schema {
+                database: a.clickhouse_database,
+                cluster: a.clickhouse_cluster,
+            };
+            for statement in schema.statements() {
+                println!("{statement};");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn measure(a: MeasureArgs) -> Result<()> {
+    if a.secs < 2 * a.window_secs {
+        bail!(
+            "--secs {} is under two windows of {} s: too few closes to measure",
+            a.secs,
+            a.window_secs
+        );
+    }
+    let scratch = tempfile::tempdir()?;
+    let host = crate::machine::Host::read();
+    let hostname = host.hostname.clone().unwrap_or_else(|| "host".into());
+    let out = a.out.clone().unwrap_or_else(|| {
+        let stamp = crate::machine::utc_now().replace([':', '-'], "");
+        PathBuf::from("experiments/cluster/results").join(format!("{stamp}-{hostname}"))
+    });
+    let command: Vec<String> = std::env::args().collect();
+    let opts = crate::cluster::measure::MeasureOptions {
+        promlab: std::env::current_exe()?,
+        groups: a.groups,
+        series_per_group: a.series_per_group,
+        window_secs: a.window_secs,
+        secs: a.secs,
+        queries: a.queries.max(1),
+        with_chdb: a.with_chdb,
+        workdir: scratch.path().to_path_buf(),
+    };
+    let load = || crate::machine::LoadAverage::read().map_or("?".into(), |l| l.to_string());
+    let before = load();
+    let body = crate::cluster::measure::run(&opts)?;
+    let text = format!(
+        "# Cluster costs, {}\n\n`{}` on {hostname} ({} cores, {}; revision {}); load average before {before}, after {}.\n\n{body}",
+        crate::machine::utc_now(),
+        command.join(" "),
+        host.cores,
+        host.cpu.as_deref().unwrap_or("?"),
+        crate::machine::BUILD.git_revision,
+        load(),
+    );
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("README.md"), &text)?;
+    println!(
+        "{text}
+(written to {})",
+        out.join("README.md").display()
+    );
+    Ok(())
+}
+
+fn check_nodes(a: &LocalArgs) -> Result<()> {
+    if a.nodes == 0 || a.nodes > 50 {
+        bail!("--nodes {}: expected 1 to 50", a.nodes);
+    }
+    if u32::from(a.base_port) + 200 + a.nodes as u32 > 65_535 {
+        bail!(
+            "--base-port {} leaves no room for {} nodes' ports",
+            a.base_port,
+            a.nodes
+        );
+    }
+    Ok(())
+}
+
+fn start(a: LocalArgs) -> Result<()> {
+    check_nodes(&a)?;
+    let ports = local::ports_from(a.base_port, a.nodes);
+    let mut cluster = LocalCluster::start(&a.dir, &ports, &a.cluster, Duration::from_secs(60))?;
+    let schema = Schema {
+        database: DEFAULT_DATABASE.into(),
+        cluster: a.cluster.clone(),
+    };
+    for url in cluster.urls() {
+        schema
+            .create(&ClickHouse::new(&url, Duration::from_secs(30))?)
+            .with_context(|| format!("creating the tables on {url}"))?;
+        eprintln!("promlab cluster: node on {url} (tables ready)");
+    }
+    eprintln!(
+        "promlab cluster: {} nodes of cluster `{}` running; Ctrl-C or SIGTERM stops them",
+        cluster.nodes.len(),
+        a.cluster
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        anyhow::Ok(())
+    })?;
+    cluster.stop(Duration::from_secs(20));
+    eprintln!("promlab cluster: stopped");
+    Ok(())
+}
