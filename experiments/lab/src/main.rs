@@ -45,6 +45,8 @@ enum Command {
     Feed(promlab_lab::cli::ingest::FeedArgs),
     /// The reliability suite: hostile cases and an overload run against the real binary.
     Soak(promlab_lab::cli::SoakArgs),
+    /// Write an export scenario's store directory, registry and expected exposition.
+    ScenarioStore(promlab_lab::cli::ScenarioStoreArgs),
     /// Internal: replay one op log in this process (used by `replay`).
     #[command(hide = true)]
     ReplayOne(promlab_lab::cli::ReplayOneArgs),
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
         Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),
         Some(Command::Feed(args)) => promlab_lab::cli::ingest::feed(args),
         Some(Command::Soak(args)) => promlab_lab::cli::soak(args),
+        Some(Command::ScenarioStore(args)) => promlab_lab::cli::scenario_store(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -37,7 +37,7 @@
 //!   one ([`promlab::reference::quantile::check`]), and every set's panes must
 //!   be bit-identical to the baseline's.
 
-mod embedded;
+pub(crate) mod embedded;
 pub mod generate;
 
 use anyhow::{bail, Context, Result};
