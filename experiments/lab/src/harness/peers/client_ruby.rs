@@ -99,7 +99,11 @@ fn unpack(archive: &Path, into: &Path) -> Result<()> {
         if inner.as_os_str().is_empty() {
             continue;
         }
-        entry.unpack(into.join(inner))?;
+        let dest = into.join(inner);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        entry.unpack(dest)?;
     }
     Ok(())
 }
