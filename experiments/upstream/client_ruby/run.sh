@@ -6,6 +6,11 @@
 #
 #   experiments/upstream/client_ruby/run.sh [--src DIR_OR_TARBALL ...] [--no-bench]
 #       [--out DIR] [--rounds N] [--large-rounds N] [--jobs N]
+#       [--many full|quick|none] [--many-rounds N] [--promlab PATH]
+#
+# --many: the benchmarks also time unpatched, list-once and all on the stores of promlab's
+# many-processes and many-metrics scenarios (written by `promlab scenario-store`, default
+# target/release/promlab; checked against their expected.prom first), full size by default.
 #
 # --src may be repeated (default: the two archives in ../shared/upstream/ beside the repo).
 # The patch series is chosen from the source: `require "cgi"` keys (4.x) get patches/v4.2.5,
@@ -15,7 +20,15 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
-shared="$(cd "$root/.." && pwd)/shared"
+# `shared/` beside the repository (or beside one of its parent directories: a git worktree
+# one level down), unless PROMLAB_SHARED names it.
+shared="${PROMLAB_SHARED:-}"
+if [ -z "$shared" ]; then
+  for d in "$root/.." "$root/../.." "$root/../../.."; do
+    if [ -d "$d/shared" ]; then shared="$(cd "$d/shared" && pwd)"; break; fi
+  done
+  shared="${shared:-$(cd "$root/.." && pwd)/shared}"
+fi
 fixtures="${PROMLAB_RUBY_FIXTURES:-$shared/fixtures/ruby-dfs}"
 
 all_args="$*"
@@ -25,6 +38,9 @@ out=""
 rounds=7
 large_rounds=3
 jobs=2
+many=full
+many_rounds=3
+promlab="$root/target/release/promlab"
 while [ $# -gt 0 ]; do
   case "$1" in
     --src) srcs+=("$2"); shift 2 ;;
@@ -33,7 +49,10 @@ while [ $# -gt 0 ]; do
     --rounds) rounds="$2"; shift 2 ;;
     --large-rounds) large_rounds="$2"; shift 2 ;;
     --jobs) jobs="$2"; shift 2 ;;
-    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
+    --many) many="$2"; shift 2 ;;
+    --many-rounds) many_rounds="$2"; shift 2 ;;
+    --promlab) promlab="$2"; shift 2 ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -149,7 +168,7 @@ cases+=(mixed-all-types)
 # exporting process write its own file, which export.rb removes before it renders.
 scratch_store() {
   local d; d="$(mktemp -d "$tmp/store.XXXXXX")"
-  ln -s "$fx/$1/store"/* "$d/"
+  cp -as "$fx/$1/store/." "$d/"
   echo "$d"
 }
 
@@ -249,6 +268,48 @@ if [ "$bench" -eq 1 ]; then
       done
     done
     log "bench round $round/$rounds done"
+  done
+fi
+
+# ---------------------------------------------------------------- many-file stores
+# client_ruby lists the store directory once per metric (`Dir.glob` in stores_for_metric);
+# 07-list-once lists it once per export. Timed on the stores promlab's many-processes
+# (client_ruby#143's directory of exited workers' files) and many-metrics scenarios scrape,
+# for unpatched, list-once and all only (a full-size many-metrics export takes Ruby ~15 s).
+if [ "$bench" -eq 1 ] && [ "$many" != none ]; then
+  if [ ! -x "$promlab" ]; then
+    echo "run.sh: no promlab binary at $promlab (cargo build --release -p promlab-lab, or --promlab PATH, or --many none)" >&2
+    exit 1
+  fi
+  many_cases=()
+  for sc in many-processes many-metrics; do
+    size_flag=(); [ "$many" = quick ] && size_flag=(--quick)
+    "$promlab" scenario-store "$sc" "${size_flag[@]}" --out "$fx/$sc" 2>>"$out/many-stores.log"
+    many_cases+=("$sc")
+  done
+  many_arms=(unpatched list-once all)
+  echo "revision,set,case,reference,result,export_ms" > "$out/identity-many.csv"
+  for rev in "${revs[@]}"; do
+    for arm in "${many_arms[@]}"; do
+      for c in "${many_cases[@]}"; do
+        export_one "$rev" "$arm" "$c"
+        if cmp -s "$out/exports/$rev/$arm/$c.prom" "$fx/$c/expected.prom"; then result=identical; else result=DIFFERENT; fi
+        echo "$rev,$arm,$c,expected.prom,$result,$(grep "^$rev,$arm,$c," "$tmp/export-times.csv" | cut -d, -f4)" >> "$out/identity-many.csv"
+        rm -f "$out/exports/$rev/$arm/$c.prom"
+        [ "$result" = identical ] || { echo "run.sh: $rev $arm exports $c DIFFERENTLY" >&2; exit 1; }
+      done
+    done
+  done
+  log "many-file stores: ${many_cases[*]} ($many) exported identically by ${many_arms[*]}"
+  for round in $(seq 1 "$many_rounds"); do
+    for rev in "${revs[@]}"; do
+      n=${#many_arms[@]}
+      for i in $(seq 0 $((n - 1))); do
+        arm="${many_arms[$(( (i + round) % n ))]}"
+        for c in "${many_cases[@]}"; do bench_export "$rev" "$arm" "$c" 1 "$round"; done
+      done
+    done
+    log "many-file round $round/$many_rounds done"
   done
 fi
 
