@@ -12,23 +12,9 @@
 //!
 //! # Seams
 //!
-//! [`Exporter::new`] resolves the [`StrategySet`] once into `ExportSeams`;
+//! [`Exporter::new`] takes its [`ExportSeams`] from [`Seams::resolve`] (the
+//! table of seams, and why two are combined, is in [`crate::seams`]);
 //! nothing below it asks which strategies are on.
-//!
-//! | seam | strategy | baseline | with the strategy |
-//! |---|---|---|---|
-//! | `FileRead` | [`Strategy::SingleRead`] | `EntryByEntry`: two buffered passes of per-entry reads per file (positions, then values, as `FileMappedDict` does) | `Mapped`: the file mapped, its used region walked once |
-//! | `KeyDecode` | [`Strategy::DecodeOnce`] | `EveryEntry`: every entry's key decoded | `OncePerRawKey`: each distinct raw key decoded once, component by component through a cache (raw keys of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so series are still found by their decoded labels) |
-//! | [`Unescape`] (carried by `KeyDecode`) | [`Strategy::FastUnescape`] | `Reference`: [`formenc::decode_key_reference`] | `Fast`: the table-driven, borrowing [`formenc::decode_key_fast`] |
-//! | `Keep` | [`Strategy::Prerender`] (the render strategy, applied to a long-lived exporter) | `Nothing`: every scrape starts from nothing | `Catalogue`: each metric's decoded, grouped label sets kept across scrapes with their label pairs rendered once, so a scrape of known keys compares raw key bytes and copies rendered bytes |
-//!
-//! Combined variants, and why they exist:
-//! - `FileRead::KeptMapped` (`single-read` × `prerender`): files kept open
-//!   and mapped between scrapes. Only a long-lived exporter has a next scrape
-//!   to keep a mapping for, and only a mapping is worth keeping.
-//! - `KeyDecode::OncePerRawKey(Unescape)` (`decode-once` × `fast-unescape`):
-//!   not a branch of its own: the unescape seam is a value the decode seam
-//!   carries, and the component cache decodes each component with it.
 //!
 //! Bad input never fails a scrape (issue #12): a file that vanished, is not
 //! a regular file, stays locked, is corrupt, shrinks while mapped (see
@@ -53,14 +39,16 @@
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
 //! recomputed every scrape, so output never depends on history.
 
-use crate::formenc::{self, Unescape};
+use crate::formenc;
 use crate::mapguard;
+use crate::probe::probe;
 use crate::registry::{is_label_name, MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::render;
+use crate::seams::{ExportSeams, FileRead, Keep, KeyDecode, Seams};
 use crate::storefile::{
     check_used, entries, flock, metric_files, strip_padding, Entry, EntryError, HEADER_SIZE,
 };
-use crate::strategy::{Strategy, StrategySet};
+use crate::strategy::StrategySet;
 use crate::text;
 use crate::values::{DecodedLabels, Group, HistogramValue, MetricValues, SummaryValue};
 use ahash::AHashMap;
@@ -74,19 +62,6 @@ use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
 // The read seam: how one file's entries are read.
-
-/// The read seam ([`Strategy::SingleRead`], and [`Strategy::Prerender`] with it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FileRead {
-    /// Baseline: two buffered passes of per-entry reads (`FileMappedDict`).
-    EntryByEntry,
-    /// `single-read`: map the file, walk its used region once.
-    Mapped,
-    /// `single-read` × `prerender`: as `Mapped`, through files kept open and
-    /// mapped between scrapes. Combined because only a long-lived exporter
-    /// (what `prerender` is about) has a next scrape to keep a mapping for.
-    KeptMapped,
-}
 
 /// Why a store file was left out of a scrape (the `reason` of
 /// `promlab_store_files_skipped_total`).
@@ -822,27 +797,6 @@ impl RawKeys {
     }
 }
 
-/// The decode seam ([`Strategy::DecodeOnce`]), each variant carrying the
-/// unescape seam ([`Strategy::FastUnescape`]) its decoder runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum KeyDecode {
-    /// Baseline: every entry's key decoded whole.
-    EveryEntry(Unescape),
-    /// `decode-once`: each distinct raw key decoded once, component by
-    /// component through a cache of decoded components.
-    OncePerRawKey(Unescape),
-}
-
-/// The keep seam ([`Strategy::Prerender`] applied to a long-lived exporter).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Keep {
-    /// Baseline: every scrape starts from nothing.
-    Nothing,
-    /// `prerender`: each metric's catalogue is kept across scrapes, with
-    /// every group's label pairs rendered once.
-    Catalogue,
-}
-
 /// Every label set of one metric met so far, decoded once and grouped. A
 /// one-shot export fills it once; with `prerender`, a long-lived exporter
 /// keeps it across scrapes, so a scrape of known keys decodes and escapes
@@ -865,7 +819,7 @@ struct Catalogue {
 }
 
 impl Catalogue {
-    fn new(kind: MetricType, decode: KeyDecode, keep: Keep) -> Self {
+    fn new(kind: MetricType, seams: ExportSeams) -> Self {
         Catalogue {
             group_label: match kind {
                 MetricType::Histogram => Some(b"le"),
@@ -879,8 +833,8 @@ impl Catalogue {
             raw: RawKeys::default(),
             components: formenc::ComponentCache::default(),
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
-            decode,
-            keep,
+            decode: seams.key_decode,
+            keep: seams.keep,
         }
     }
 
@@ -888,6 +842,7 @@ impl Catalogue {
     fn lookup(&mut self, entry: &Entry<'_>) -> Result<usize, BadEntry> {
         match self.decode {
             KeyDecode::EveryEntry(unescape) => {
+                probe!("export.key_decoded");
                 let raw = checked_key(entry)?;
                 self.find_or_insert(raw, unescape.decode_key(raw))
             }
@@ -899,6 +854,7 @@ impl Catalogue {
                 if let Some(series) = self.raw.find(raw) {
                     return Ok(series);
                 }
+                probe!("export.key_decoded");
                 let decoded = formenc::decode_key_cached(raw, unescape, &mut self.components);
                 let series = self.find_or_insert(raw, decoded)?;
                 self.raw.insert(entry, raw, series);
@@ -965,6 +921,7 @@ impl Catalogue {
                 .find(|&g| same_labels(&self.groups[g].labels, base.iter().copied()))
         });
         let group = found.unwrap_or_else(|| {
+            probe!("export.group_created");
             let rendered = match self.keep {
                 Keep::Nothing => None,
                 Keep::Catalogue => {
@@ -1252,47 +1209,6 @@ struct MetricState {
 /// sets no longer written) are dropped in one go.
 const CATALOGUE_SLACK: usize = 2;
 
-/// The export stage's seams, resolved once from a [`StrategySet`] (the table
-/// in the module doc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ExportSeams {
-    read: FileRead,
-    decode: KeyDecode,
-    keep: Keep,
-}
-
-impl ExportSeams {
-    fn resolve(s: StrategySet) -> ExportSeams {
-        let unescape = if s.contains(Strategy::FastUnescape) {
-            Unescape::Fast
-        } else {
-            Unescape::Reference
-        };
-        let keep = if s.contains(Strategy::Prerender) {
-            Keep::Catalogue
-        } else {
-            Keep::Nothing
-        };
-        ExportSeams {
-            read: match (s.contains(Strategy::SingleRead), keep) {
-                (false, _) => FileRead::EntryByEntry,
-                (true, Keep::Nothing) => FileRead::Mapped,
-                (true, Keep::Catalogue) => FileRead::KeptMapped,
-            },
-            decode: if s.contains(Strategy::DecodeOnce) {
-                KeyDecode::OncePerRawKey(unescape)
-            } else {
-                KeyDecode::EveryEntry(unescape)
-            },
-            keep,
-        }
-    }
-
-    fn new_catalogue(self, kind: MetricType) -> Catalogue {
-        Catalogue::new(kind, self.decode, self.keep)
-    }
-}
-
 /// What one scrape left out, for the log and the exporter's own metrics.
 #[derive(Clone, Debug, Default)]
 pub struct ScrapeReport {
@@ -1471,12 +1387,12 @@ impl FilePass<'_> {
 
 impl Exporter {
     pub fn new(dir: &Path, registry: Registry, strategies: StrategySet) -> Exporter {
-        let seams = ExportSeams::resolve(strategies);
+        let seams = Seams::resolve(strategies).export;
         let metrics = registry
             .metrics
             .iter()
             .map(|def| MetricState {
-                catalogue: seams.new_catalogue(def.kind),
+                catalogue: Catalogue::new(def.kind, seams),
                 scrape: Scrape::default(),
             })
             .collect();
@@ -1484,7 +1400,7 @@ impl Exporter {
             dir: dir.to_path_buf(),
             registry,
             seams,
-            reader: FileReader::new(seams.read),
+            reader: FileReader::new(seams.file_read),
             metrics,
             catalogue_floor: 1024,
             budget: None,
@@ -1564,7 +1480,7 @@ impl Exporter {
             }
         };
         if start_afresh {
-            state.catalogue = self.seams.new_catalogue(def.kind);
+            state.catalogue = Catalogue::new(def.kind, self.seams);
             state.scrape = Scrape::default();
         }
         let MetricState { catalogue, scrape } = state;
@@ -1653,38 +1569,133 @@ pub fn export_with_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formenc::Dialect;
+    use crate::probe::{counted, Counts, ThreadIo};
+    use crate::store::{Client, ClientConfig};
+    use crate::strategy::{Stage, Strategy};
 
-    /// Every export combination resolves to its own seam values; the kept
-    /// mappings only with both `single-read` and `prerender`.
-    #[test]
-    fn seams_resolve_once_per_combination() {
-        for s in StrategySet::combinations(crate::strategy::Stage::Export) {
-            let seams = ExportSeams::resolve(s);
-            let unescape = if s.contains(Strategy::FastUnescape) {
-                Unescape::Fast
-            } else {
-                Unescape::Reference
+    const LABEL_SETS: usize = 200;
+
+    /// A store of two processes that wrote the same `LABEL_SETS` label sets
+    /// of one counter (with the baseline: no mapping of its own), and the
+    /// bytes their files use.
+    fn two_processes() -> (tempfile::TempDir, Registry, u64) {
+        let registry = Registry::from_json(
+            r#"{"metrics": [{"name": "c_total", "type": "counter", "help": "h", "labels": ["l"]}]}"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut used = 0;
+        for pid in [1, 2] {
+            let config = ClientConfig {
+                dialect: Dialect::Uri,
+                strategies: StrategySet::NONE,
+                pid_override: Some(pid),
             };
-            let kept = s.contains(Strategy::Prerender);
-            assert_eq!(seams.keep == Keep::Catalogue, kept, "{s}");
+            let mut client = Client::new(dir.path(), &registry, config).unwrap();
+            let id = client.metric("c_total").unwrap();
+            for i in 0..LABEL_SETS {
+                let value = format!("set {i} / {}", "x".repeat(100));
+                client.increment(id, &[("l", &value)], 1.0).unwrap();
+            }
+            let path = crate::storefile::file_path(dir.path(), "c_total", pid);
+            let header = std::fs::read(path).unwrap();
+            used += u64::from(u32::from_le_bytes(header[..4].try_into().unwrap()));
+        }
+        (dir, registry, used)
+    }
+
+    /// One scrape: the events it counted and this thread's I/O.
+    fn scrape(exporter: &mut Exporter) -> (Counts, ThreadIo) {
+        let mut out = Vec::new();
+        let ((result, counts), io) = ThreadIo::of(|| counted(|| exporter.export_into(&mut out)));
+        result.unwrap();
+        assert!(exporter.last_report().is_clean());
+        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 2 + LABEL_SETS);
+        (counts, io)
+    }
+
+    /// How many of this process's mappings are of files in `dir`.
+    fn mappings_of(dir: &Path) -> usize {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let dir = dir.to_str().unwrap();
+        maps.lines().filter(|l| l.contains(dir)).count()
+    }
+
+    /// Each export strategy has its effect, counted, under every combination
+    /// of the others: how often files are read, which mappings outlive a
+    /// scrape, how many keys are decoded and by which decoder, and what a
+    /// second scrape builds again.
+    #[test]
+    fn each_export_strategy_has_its_effect() {
+        let (dir, registry, used) = two_processes();
+        let entries = 2 * LABEL_SETS as u64;
+        for s in StrategySet::combinations(Stage::Export) {
+            let mut exporter = Exporter::new(dir.path(), registry.clone(), s);
+            let (first, first_io) = scrape(&mut exporter);
+            let kept_mappings = mappings_of(dir.path());
+            let (second, _) = scrape(&mut exporter);
+
+            // single-read: each file mapped, not read twice through read(2).
+            if s.contains(Strategy::SingleRead) {
+                assert!(
+                    first_io.rchar < used,
+                    "{s}: {first_io:?}, {used} bytes used"
+                );
+            } else {
+                assert!(
+                    first_io.rchar >= 2 * used,
+                    "{s}: {first_io:?}, {used} bytes used"
+                );
+            }
+
+            // single-read with prerender: the mappings kept for the next scrape.
+            let kept = s.contains(Strategy::SingleRead) && s.contains(Strategy::Prerender);
+            assert_eq!(kept_mappings, if kept { 2 } else { 0 }, "{s}");
+
+            // decode-once: each distinct raw key decoded once, not each entry;
+            // with prerender, not again in the next scrape.
+            let once = s.contains(Strategy::DecodeOnce);
+            let decoded = if once { LABEL_SETS as u64 } else { entries };
+            assert_eq!(first.get("export.key_decoded"), decoded, "{s}: {first:?}");
+            let decoded_again = match (once, s.contains(Strategy::Prerender)) {
+                (true, true) => 0,
+                (true, false) => LABEL_SETS as u64,
+                (false, _) => entries,
+            };
             assert_eq!(
-                seams.read,
-                match (s.contains(Strategy::SingleRead), kept) {
-                    (false, _) => FileRead::EntryByEntry,
-                    (true, false) => FileRead::Mapped,
-                    (true, true) => FileRead::KeptMapped,
-                },
-                "{s}"
+                second.get("export.key_decoded"),
+                decoded_again,
+                "{s}: {second:?}"
             );
+
+            // fast-unescape: the fast decoder, and only it, decodes.
+            let (fast, reference) = (
+                first.get("export.unescape.fast"),
+                first.get("export.unescape.reference"),
+            );
+            if s.contains(Strategy::FastUnescape) {
+                assert!(fast > 0 && reference == 0, "{s}: {first:?}");
+            } else {
+                assert!(fast == 0 && reference > 0, "{s}: {first:?}");
+            }
+
+            // prerender: the catalogue (label sets grouped, their pairs
+            // rendered) built once, kept for the next scrape.
+            assert_eq!(first.get("export.group_created"), LABEL_SETS as u64, "{s}");
+            let rebuilt = if s.contains(Strategy::Prerender) {
+                0
+            } else {
+                LABEL_SETS as u64
+            };
             assert_eq!(
-                seams.decode,
-                if s.contains(Strategy::DecodeOnce) {
-                    KeyDecode::OncePerRawKey(unescape)
-                } else {
-                    KeyDecode::EveryEntry(unescape)
-                },
-                "{s}"
+                second.get("export.group_created"),
+                rebuilt,
+                "{s}: {second:?}"
             );
+
+            drop(exporter);
+            assert_eq!(mappings_of(dir.path()), 0, "{s}: dropped with the exporter");
         }
     }
 }
