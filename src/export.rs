@@ -491,12 +491,10 @@ fn walk_mapped(
     };
     match mapguard::read_guarded(map, |map| walk(map, check, visit)) {
         Ok(walked) => walked,
-        Err(mapguard::Unguarded::Faulted) => {
-            return Err(FileFailure::new(
-                FileSkip::Corrupt,
-                anyhow!("the file shrank while it was read"),
-            ))
-        }
+        Err(mapguard::Unguarded::Faulted) => Err(FileFailure::new(
+            FileSkip::Corrupt,
+            anyhow!("the file shrank while it was read"),
+        )),
         // No guard free (more concurrent readers than slots): read a copy,
         // which cannot fault.
         Err(mapguard::Unguarded::Unavailable) => {

@@ -477,6 +477,8 @@ fn stuck_locked_files_cost_no_good_line() {
 
 /// `promlab export ARGS` run to its end; its exit code, stdout, stderr and
 /// peak resident memory in KiB (`wait4`'s rusage of that child alone).
+// Reaped by `wait4` below, which also gives its rusage (`Child::wait` would not).
+#[allow(clippy::zombie_processes)]
 fn export_with_peak_rss(args: &[&str]) -> (Option<i32>, String, String, i64) {
     use std::os::unix::process::ExitStatusExt;
     let child = Command::new(env!("CARGO_BIN_EXE_promlab"))

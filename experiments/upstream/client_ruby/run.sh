@@ -6,11 +6,12 @@
 #
 #   experiments/upstream/client_ruby/run.sh [--src DIR_OR_TARBALL ...] [--no-bench]
 #       [--out DIR] [--rounds N] [--large-rounds N] [--jobs N]
-#       [--many full|quick|none] [--many-rounds N] [--promlab PATH]
+#       [--many full|quick|none] [--many-rounds N] [--promlab PATH] [--only-many]
 #
 # --many: the benchmarks also time unpatched, list-once and all on the stores of promlab's
 # many-processes and many-metrics scenarios (written by `promlab scenario-store`, default
 # target/release/promlab; checked against their expected.prom first), full size by default.
+# --only-many: rspec, then only that (no fixture identity, no seed/large/write timings).
 #
 # --src may be repeated (default: the two archives in ../shared/upstream/ beside the repo).
 # The patch series is chosen from the source: `require "cgi"` keys (4.x) get patches/v4.2.5,
@@ -41,6 +42,7 @@ jobs=2
 many=full
 many_rounds=3
 promlab="$root/target/release/promlab"
+only_many=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --src) srcs+=("$2"); shift 2 ;;
@@ -52,7 +54,8 @@ while [ $# -gt 0 ]; do
     --many) many="$2"; shift 2 ;;
     --many-rounds) many_rounds="$2"; shift 2 ;;
     --promlab) promlab="$2"; shift 2 ;;
-    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+    --only-many) only_many=1; shift ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -185,8 +188,12 @@ export_one() {  # rev set case -> $out/exports/<rev>/<set>/<case>.prom
 }
 
 # ---------------------------------------------------------------- byte identity
-log "byte identity: ${#cases[@]} stores x every set, $jobs at a time"
 : > "$tmp/export-times.csv"
+export -f export_one scratch_store
+export tmp out here fx
+checked=0
+if [ "$only_many" -eq 0 ]; then
+log "byte identity: ${#cases[@]} stores x every set, $jobs at a time"
 joblist="$tmp/jobs"
 : > "$joblist"
 for rev in "${revs[@]}"; do
@@ -194,13 +201,10 @@ for rev in "${revs[@]}"; do
     for c in "${cases[@]}"; do echo "$rev $set $c" >> "$joblist"; done
   done
 done
-export -f export_one scratch_store
-export tmp out here fx
 xargs -P "$jobs" -L 1 bash -c 'export_one "$0" "$1" "$2"' < "$joblist"
 
 echo "revision,set,case,reference,result,export_ms" > "$out/identity.csv"
 identity_failed=0
-checked=0
 while read -r rev set c; do
   got="$out/exports/$rev/$set/$c.prom"
   if [ -f "$fx/$c/expected.prom" ]; then ref="$fx/$c/expected.prom"; refname=expected.prom
@@ -222,6 +226,7 @@ for rev in "${revs[@]}"; do
   find "$out/exports/$rev/unpatched" -name '*.prom' ! -name 'mixed-all-types.prom' -delete
 done
 log "byte identity: $checked exports identical"
+fi
 
 # ---------------------------------------------------------------- machine
 {
@@ -241,19 +246,21 @@ log "byte identity: $checked exports identical"
 # ---------------------------------------------------------------- benchmarks
 if [ "$bench" -eq 1 ]; then
   echo "revision,task,arm,round,wall_ns,cpu_ns,units,unit" > "$out/timings.csv"
-  seed_case() { if [ "$(cat "$tmp/src/$1.series")" = v4.2.5 ]; then echo seed-repro-v4.2.5; else echo seed-repro-v5-uri; fi; }
-  bench_export() {  # rev arm case reps round
-    local d r; d="$(scratch_store "$3")"
-    r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" export "$fx/$3/registry.json" "$d" "$4")"
-    rm -rf "$d"
-    echo "$1,export $3,$2,$5,${r// /,},lines" >> "$out/timings.csv"
-  }
-  bench_write() {  # rev arm steps round
-    local d r; d="$(mktemp -d "$tmp/write.XXXXXX")"
-    r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" write "$d" "$3")"
-    rm -rf "$d"
-    echo "$1,write long label,$2,$4,${r// /,},steps" >> "$out/timings.csv"
-  }
+fi
+seed_case() { if [ "$(cat "$tmp/src/$1.series")" = v4.2.5 ]; then echo seed-repro-v4.2.5; else echo seed-repro-v5-uri; fi; }
+bench_export() {  # rev arm case reps round
+  local d r; d="$(scratch_store "$3")"
+  r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" export "$fx/$3/registry.json" "$d" "$4")"
+  rm -rf "$d"
+  echo "$1,export $3,$2,$5,${r// /,},lines" >> "$out/timings.csv"
+}
+bench_write() {  # rev arm steps round
+  local d r; d="$(mktemp -d "$tmp/write.XXXXXX")"
+  r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" write "$d" "$3")"
+  rm -rf "$d"
+  echo "$1,write long label,$2,$4,${r// /,},steps" >> "$out/timings.csv"
+}
+if [ "$bench" -eq 1 ] && [ "$only_many" -eq 0 ]; then
   for round in $(seq 1 "$rounds"); do
     for rev in "${revs[@]}"; do
       mapfile -t arms < <(sets_of "$rev")
@@ -317,4 +324,6 @@ elapsed=$(( $(date +%s) - started ))
 ruby "$here/summarize.rb" "$out" "$root/experiments/results/2026-11-30-vm-full-2" "$elapsed" > "$out/summary.md"
 nsets=$(sets_of "${revs[0]}" | grep -vc unpatched)
 log "results in $out ($elapsed s)"
-echo "client_ruby: $nsets patch sets × ${#revs[@]} revisions: rspec passed, exposition identical ($checked exports)$( [ "$bench" -eq 1 ] && echo ", benchmarks in $out/summary.md")"
+many_checked=0
+[ -f "$out/identity-many.csv" ] && many_checked=$(( $(wc -l < "$out/identity-many.csv") - 1 ))
+echo "client_ruby: $nsets patch sets × ${#revs[@]} revisions: rspec passed, exposition identical ($checked exports$( [ "$many_checked" -gt 0 ] && echo ", $many_checked of the many-file stores"))$( [ "$bench" -eq 1 ] && echo ", benchmarks in $out/summary.md")"
