@@ -53,8 +53,11 @@ puts
 many_file = File.join(out, 'identity-many.csv')
 if File.exist?(many_file)
   many = CSV.read(many_file, headers: true)
-  puts "Many-file stores (`promlab scenario-store`; reference: the scenario's `expected.prom`, the " \
-       "reference exporter's answer): #{many.map { |r| "#{r['revision']} #{r['set']} #{r['case']} #{r['result']} (#{r['export_ms']} ms)" }.join('; ')}."
+  counts = many.group_by { |r| r['result'] }.transform_values(&:size)
+  puts "Many-file stores (`promlab scenario-store`): every timed export's exposition compared with the " \
+       "scenario's `expected.prom` (the reference exporter's answer): " \
+       "#{counts.map { |result, n| "#{n} #{result}" }.join(', ')} " \
+       "(#{many.map { |r| r['case'] }.uniq.join(', ')}; #{many.map { |r| r['set'] }.uniq.join(', ')})."
   puts
 end
 revs.each do |rev|
