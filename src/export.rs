@@ -164,18 +164,23 @@ pub const LOCK_WAIT_BUDGET: Duration = Duration::from_millis(250);
 const DEADLINE_CHECK_ENTRIES: usize = 4096;
 const DEADLINE_CHECK_BYTES: usize = 16 << 20;
 
-/// Counts a walk's progress and tells when the scrape's deadline has passed,
-/// looking at the clock only every [`DEADLINE_CHECK_ENTRIES`] entries or
+/// The clocks one file's read runs against: how long it may wait for the
+/// file's lock (and how long it did), and the scrape's deadline, which its
+/// walk checks every [`DEADLINE_CHECK_ENTRIES`] entries or
 /// [`DEADLINE_CHECK_BYTES`] bytes.
-struct DeadlineCheck {
+struct ReadClock {
+    lock_deadline: Instant,
+    lock_waited: Duration,
     deadline: Instant,
     entries: usize,
     bytes: usize,
 }
 
-impl DeadlineCheck {
-    fn new(deadline: Instant) -> DeadlineCheck {
-        DeadlineCheck {
+impl ReadClock {
+    fn new(lock_deadline: Instant, deadline: Instant) -> ReadClock {
+        ReadClock {
+            lock_deadline,
+            lock_waited: Duration::ZERO,
             deadline,
             entries: 0,
             bytes: 0,
@@ -294,26 +299,27 @@ impl FileReader {
         deadline: Instant,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
-        let mut check = DeadlineCheck::new(self.deadline);
-        let waited = &mut self.lock_waited;
-        match self.read {
+        let mut clock = ReadClock::new(deadline, self.deadline);
+        let result = match self.read {
             FileRead::EntryByEntry => {
                 let key = &mut self.key;
-                read_locked(path, deadline, waited, |file| {
-                    read_entry_by_entry(file, key, &mut check, visit)
+                read_locked(path, &mut clock, |file, clock| {
+                    read_entry_by_entry(file, key, clock, visit)
                 })
             }
             FileRead::KeptMapped
                 if self.kept.contains_key(path) || self.kept.len() < self.kept_limit =>
             {
-                self.read_kept(path, deadline, &mut check, visit)
+                self.read_kept(path, &mut clock, visit)
             }
             FileRead::Mapped | FileRead::KeptMapped => {
-                read_locked(path, deadline, waited, |file| {
-                    walk_mapped(file, &map_file(file)?, &mut check, visit)
+                read_locked(path, &mut clock, |file, clock| {
+                    walk_mapped(file, &map_file(file)?, clock, visit)
                 })
             }
-        }
+        };
+        self.lock_waited += clock.lock_waited;
+        result
     }
 
     fn start_scrape(&mut self) {
@@ -330,8 +336,7 @@ impl FileReader {
     fn read_kept(
         &mut self,
         path: &Path,
-        deadline: Instant,
-        check: &mut DeadlineCheck,
+        clock: &mut ReadClock,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
         use std::os::unix::fs::MetadataExt;
@@ -357,7 +362,7 @@ impl FileReader {
         let kept = self.kept.get_mut(path).expect("inserted above");
         kept.scrape = self.scrape;
         let fd = kept.file.as_raw_fd();
-        lock_until(fd, deadline, &mut self.lock_waited)?;
+        lock_until(fd, clock)?;
         let result = (|| {
             // Writers grow a file by doubling it; map it again when its size
             // moved (a size read under the lock).
@@ -370,7 +375,7 @@ impl FileReader {
                 kept.map = None;
                 kept.map = map_file(&kept.file)?;
             }
-            walk_mapped(&kept.file, &kept.map, check, visit)
+            walk_mapped(&kept.file, &kept.map, clock, visit)
         })();
         let _ = flock(fd, libc::LOCK_UN);
         if result.is_err() {
@@ -414,9 +419,9 @@ fn open_regular(path: &Path) -> FileResult<File> {
     Ok(file)
 }
 
-/// Takes `fd`'s exclusive `flock`, waiting until `deadline` at most (one try
-/// if it has passed), and adds the time it waited to `waited`.
-fn lock_until(fd: std::os::fd::RawFd, deadline: Instant, waited: &mut Duration) -> FileResult<()> {
+/// Takes `fd`'s exclusive `flock`, waiting until the clock's lock deadline at
+/// most (one try if it has passed), and adds the time it waited to the clock.
+fn lock_until(fd: std::os::fd::RawFd, clock: &mut ReadClock) -> FileResult<()> {
     let mut pause = Duration::from_micros(50);
     let mut since: Option<Instant> = None;
     let result = loop {
@@ -425,20 +430,20 @@ fn lock_until(fd: std::os::fd::RawFd, deadline: Instant, waited: &mut Duration) 
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
                 let now = Instant::now();
                 since.get_or_insert(now);
-                if now >= deadline {
+                if now >= clock.lock_deadline {
                     break Err(FileFailure::new(
                         FileSkip::Locked,
                         anyhow!("flock still held after waiting"),
                     ));
                 }
-                std::thread::sleep(pause.min(deadline - now));
+                std::thread::sleep(pause.min(clock.lock_deadline - now));
                 pause = (pause * 2).min(Duration::from_millis(5));
             }
             Err(err) => break Err(FileFailure::new(FileSkip::Unreadable, err)),
         }
     };
     if let Some(since) = since {
-        *waited += since.elapsed();
+        clock.lock_waited += since.elapsed();
     }
     result
 }
@@ -446,14 +451,13 @@ fn lock_until(fd: std::os::fd::RawFd, deadline: Instant, waited: &mut Duration) 
 /// Opens `path` and runs `read` on it under `flock`.
 fn read_locked(
     path: &Path,
-    deadline: Instant,
-    waited: &mut Duration,
-    read: impl FnOnce(&File) -> FileResult<()>,
+    clock: &mut ReadClock,
+    read: impl FnOnce(&File, &mut ReadClock) -> FileResult<()>,
 ) -> FileResult<()> {
     let file = open_regular(path)?;
     let fd = file.as_raw_fd();
-    lock_until(fd, deadline, waited)?;
-    let result = read(&file);
+    lock_until(fd, clock)?;
+    let result = read(&file, clock);
     let _ = flock(fd, libc::LOCK_UN);
     result
 }
@@ -483,13 +487,13 @@ fn map_file(file: &File) -> FileResult<Option<memmap2::Mmap>> {
 fn walk_mapped(
     file: &File,
     map: &Option<memmap2::Mmap>,
-    check: &mut DeadlineCheck,
+    clock: &mut ReadClock,
     visit: &mut impl FnMut(Entry<'_>),
 ) -> FileResult<()> {
     let Some(map) = map else {
         return Ok(());
     };
-    match mapguard::read_guarded(map, |map| walk(map, check, visit)) {
+    match mapguard::read_guarded(map, |map| walk(map, clock, visit)) {
         Ok(walked) => walked,
         Err(mapguard::Unguarded::Faulted) => Err(FileFailure::new(
             FileSkip::Corrupt,
@@ -508,23 +512,19 @@ fn walk_mapped(
                 };
                 FileFailure::new(reason, e)
             })?;
-            walk(&copy, check, visit)
+            walk(&copy, clock, visit)
         }
     }
 }
 
 /// Walks a file's bytes (mapped or read) up to `used`, minding the deadline.
-fn walk(
-    map: &[u8],
-    check: &mut DeadlineCheck,
-    visit: &mut impl FnMut(Entry<'_>),
-) -> FileResult<()> {
+fn walk(map: &[u8], clock: &mut ReadClock, visit: &mut impl FnMut(Entry<'_>)) -> FileResult<()> {
     let corrupt = |e| FileFailure::new(FileSkip::Corrupt, e);
     let used =
         check_used(map[..4].try_into().expect("4 bytes"), map.len() as u64).map_err(corrupt)?;
     for entry in entries(map, used) {
         let entry = entry.map_err(|e| corrupt(e.into()))?;
-        check.tick(entry.padded_key.len())?;
+        clock.tick(entry.padded_key.len())?;
         visit(entry);
     }
     Ok(())
@@ -535,14 +535,14 @@ fn walk(
 fn read_entry_by_entry(
     file: &File,
     key: &mut Vec<u8>,
-    check: &mut DeadlineCheck,
+    clock: &mut ReadClock,
     visit: &mut dyn FnMut(Entry<'_>),
 ) -> FileResult<()> {
     let mut late = None;
     read_entry_by_entry_inner(
         file,
         key,
-        &mut |bytes| check.tick(bytes).map_err(|failure| late = Some(failure)),
+        &mut |bytes| clock.tick(bytes).map_err(|failure| late = Some(failure)),
         visit,
     )
     .map_err(|e| {
