@@ -2,7 +2,8 @@
 //! noisy machine where wall time is not. Each benchmark runs the ablation's
 //! own workload (`harness::workloads`, what `promlab ablate` times) for one
 //! arm: write (1,000 steps on a warm writer), export (one scrape of the seed
-//! repro by a long-lived exporter), render (one per-object scrape of 100
+//! repro, of `many-processes` and of `many-metrics` at their quick sizes by a
+//! long-lived exporter), render (one per-object scrape of 100
 //! queues, awkward names mixed in), ingest (asap-1e5 at a tenth of its quick
 //! size, 32,500 samples; prometheus-captures at quick, 31,356 samples, passes
 //! 2–4 late — each into a fresh ingester, flushed and queried).
@@ -168,6 +169,14 @@ fn seed_repro(index: usize) -> Option<ArmRun> {
     arm_run("seed-repro", None, index)
 }
 
+fn many_processes(index: usize) -> Option<ArmRun> {
+    arm_run("many-processes", None, index)
+}
+
+fn many_metrics(index: usize) -> Option<ArmRun> {
+    arm_run("many-metrics", None, index)
+}
+
 fn rabbitmq(index: usize) -> Option<ArmRun> {
     arm_run("rabbitmq-per-object", size("rabbitmq-per-object"), index)
 }
@@ -196,6 +205,16 @@ fn write_long_label(arm: Option<ArmRun>) -> Option<ArmRun> {
 #[library_benchmark]
 #[benches::arm(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], setup = seed_repro)]
 fn scrape_seed_repro(arm: Option<ArmRun>) -> Option<ArmRun> {
+    run(arm)
+}
+
+// One warm scrape of many-processes (quick: the all-types store cloned under
+// 60 exited workers, 504 files) and of many-metrics (quick: 200 counters × 5
+// processes, 1,000 one-entry files).
+#[library_benchmark]
+#[benches::many_processes(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], setup = many_processes)]
+#[benches::many_metrics(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], setup = many_metrics)]
+fn scrape_many_files(arm: Option<ArmRun>) -> Option<ArmRun> {
     run(arm)
 }
 
@@ -236,6 +255,8 @@ fn query_paths(arm: (Box<dyn Workload>, &'static str)) -> usize {
 #[library_benchmark]
 #[bench::write(args = ("write-long-label"), setup = floor_of)]
 #[bench::export(args = ("seed-repro"), setup = floor_of)]
+#[bench::export_many_processes(args = ("many-processes"), setup = floor_of)]
+#[bench::export_many_metrics(args = ("many-metrics"), setup = floor_of)]
 #[bench::render(args = ("rabbitmq-per-object"), setup = floor_of)]
 #[bench::asap(args = ("asap-1e5"), setup = floor_of)]
 #[bench::prometheus_captures(args = ("prometheus-captures"), setup = floor_of)]
@@ -245,7 +266,7 @@ fn floor(arm: (Box<dyn Workload>, &'static str)) -> usize {
 }
 
 library_benchmark_group!(name = write; benchmarks = write_long_label);
-library_benchmark_group!(name = export; benchmarks = scrape_seed_repro);
+library_benchmark_group!(name = export; benchmarks = scrape_seed_repro, scrape_many_files);
 library_benchmark_group!(name = render; benchmarks = render_rabbitmq_per_object);
 library_benchmark_group!(name = ingest; benchmarks = ingest_requests);
 library_benchmark_group!(name = query_group; benchmarks = query_asap, query_paths);

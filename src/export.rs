@@ -19,10 +19,21 @@
 //! Bad input never fails a scrape (issue #12): a file that vanished, is not
 //! a regular file, stays locked, is corrupt, shrinks while mapped (see
 //! [`mapguard`]) or cannot be read is left out whole, an entry whose key
-//! does not decode or names an invalid label is left out alone, and
-//! [`Exporter::last_report`] says what was. NaN in `min`/`max` loses to any
-//! number, so the result does not depend on file order (Ruby's `Array#max`
-//! raises on it).
+//! does not decode or would not be a valid Prometheus label set is left out
+//! alone, and [`Exporter::last_report`] says what was. NaN in `min`/`max`
+//! loses to any number, so the result does not depend on file order (Ruby's
+//! `Array#max` raises on it).
+//!
+//! No file costs a scrape more than a bounded share of it (issue #22): each
+//! file's entries are staged as they are walked and folded into the scrape
+//! only once the whole file was read, so a file that fails halfway counts for
+//! nothing without reading any other file again; a locked file is waited for
+//! [`LOCK_WAIT`], then set aside and tried once more ([`LOCK_RETRY_WAIT`])
+//! after the metric's other files, all lock waits of a scrape together
+//! bounded by [`LOCK_WAIT_BUDGET`]; the scrape's deadline is checked inside a
+//! file's walk too; and a walk stops at the first entry client_ruby could not
+//! have written (a zero key length: see [`crate::storefile`]), so a sparse
+//! file claiming gigabytes of entries costs nothing.
 //!
 //! With `Keep::Catalogue`, what is gone is dropped when the catalogue
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
@@ -60,14 +71,17 @@ pub enum FileSkip {
     Vanished,
     /// Not a regular file (a FIFO, a directory, a device), by that name.
     NotRegular,
-    /// Its `flock` stayed held for longer than [`LOCK_WAIT`].
+    /// Its `flock` stayed held through both of its waits ([`LOCK_WAIT`],
+    /// then [`LOCK_RETRY_WAIT`] after the metric's other files), or the
+    /// scrape's [`LOCK_WAIT_BUDGET`] was spent.
     Locked,
     /// Its bytes are not a store file: a bad `used`, an entry that runs past
     /// it, or a file that shrank while read.
     Corrupt,
     /// Opening or reading it failed (permissions, out of descriptors, I/O).
     Unreadable,
-    /// The scrape's time budget ran out before it was read.
+    /// The scrape's time budget ran out before it was read, or while it was
+    /// walked.
     Deadline,
 }
 
@@ -95,31 +109,103 @@ impl FileSkip {
 
 /// Why one entry was left out of a scrape (the `reason` of
 /// `promlab_store_entries_skipped_total`): its series would make Prometheus
-/// reject the whole exposition, or has no label set at all.
+/// reject the whole exposition (a real Prometheus 2.42 drops every series of
+/// the target for one such line), or has no label set at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum EntrySkip {
     /// The key does not decode (not ASCII, a bad `%`-escape, an empty or
-    /// repeated label name).
+    /// repeated label name), or is padded with more than the eight spaces
+    /// client_ruby writes at most.
     BadKey,
     /// A decoded label name outside `[a-zA-Z_][a-zA-Z0-9_]*`.
     InvalidLabelName,
+    /// A decoded label name starting with `__` (`__name__` included):
+    /// reserved for Prometheus's own use, and never written by client_ruby,
+    /// whose label validation refuses them.
+    ReservedLabelName,
+    /// A decoded label value that is not UTF-8 (`path=%FF%FE`).
+    InvalidLabelValue,
 }
 
 impl EntrySkip {
-    pub const ALL: [EntrySkip; 2] = [EntrySkip::BadKey, EntrySkip::InvalidLabelName];
+    pub const ALL: [EntrySkip; 4] = [
+        EntrySkip::BadKey,
+        EntrySkip::InvalidLabelName,
+        EntrySkip::ReservedLabelName,
+        EntrySkip::InvalidLabelValue,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             EntrySkip::BadKey => "bad_key",
             EntrySkip::InvalidLabelName => "invalid_label_name",
+            EntrySkip::ReservedLabelName => "reserved_label_name",
+            EntrySkip::InvalidLabelValue => "invalid_label_value",
         }
     }
 }
 
-/// How long a scrape waits for one file's `flock` before skipping it. Writers
-/// hold it for one operation (microseconds); a file locked this long belongs
-/// to a stuck or hostile process.
-pub const LOCK_WAIT: Duration = Duration::from_secs(2);
+/// How long a scrape first waits for one file's `flock`. Writers hold it for
+/// one operation (microseconds); a file still locked after this is set aside
+/// and tried again after the metric's other files.
+pub const LOCK_WAIT: Duration = Duration::from_millis(10);
+
+/// How long the second try of a file set aside waits for its `flock`; still
+/// locked, it belongs to a stuck or hostile process and is skipped.
+pub const LOCK_RETRY_WAIT: Duration = Duration::from_millis(100);
+
+/// The most one scrape waits for locks in all, whatever the number of locked
+/// files: past it every lock is tried once, without waiting. Four files a
+/// stuck process holds cost a scrape 250 ms, not the scrape.
+pub const LOCK_WAIT_BUDGET: Duration = Duration::from_millis(250);
+
+/// How often a walk looks at the clock: every this many entries, and every
+/// [`DEADLINE_CHECK_BYTES`] of keys.
+const DEADLINE_CHECK_ENTRIES: usize = 4096;
+const DEADLINE_CHECK_BYTES: usize = 16 << 20;
+
+/// The clocks one file's read runs against: how long it may wait for the
+/// file's lock (and how long it did), and the scrape's deadline, which its
+/// walk checks every [`DEADLINE_CHECK_ENTRIES`] entries or
+/// [`DEADLINE_CHECK_BYTES`] bytes.
+struct ReadClock {
+    lock_deadline: Instant,
+    lock_waited: Duration,
+    deadline: Instant,
+    entries: usize,
+    bytes: usize,
+}
+
+impl ReadClock {
+    fn new(lock_deadline: Instant, deadline: Instant) -> ReadClock {
+        ReadClock {
+            lock_deadline,
+            lock_waited: Duration::ZERO,
+            deadline,
+            entries: 0,
+            bytes: 0,
+        }
+    }
+
+    /// One more entry of `bytes` walked: fails once the deadline has passed.
+    #[inline]
+    fn tick(&mut self, bytes: usize) -> FileResult<()> {
+        self.entries += 1;
+        self.bytes += bytes;
+        if self.entries < DEADLINE_CHECK_ENTRIES && self.bytes < DEADLINE_CHECK_BYTES {
+            return Ok(());
+        }
+        self.entries = 0;
+        self.bytes = 0;
+        if Instant::now() >= self.deadline {
+            return Err(FileFailure::new(
+                FileSkip::Deadline,
+                anyhow!("the scrape's time budget ran out while the file was walked"),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// A file that could not be read, and why.
 struct FileFailure {
@@ -149,6 +235,10 @@ struct FileReader {
     kept_limit: usize,
     /// Counts scrapes, to drop the files a scrape no longer found.
     scrape: u64,
+    /// The scrape's deadline, checked inside each walk.
+    deadline: Instant,
+    /// Time spent waiting for locks since the exporter last took it.
+    lock_waited: Duration,
 }
 
 /// A store file kept open and mapped between scrapes, so a scrape of it is a
@@ -161,6 +251,11 @@ struct KeptFile {
     map: Option<memmap2::Mmap>,
     id: (u64, u64),
     scrape: u64,
+}
+
+/// A deadline that never comes.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
 }
 
 /// How many files `KeptMapped` keeps open: a quarter of the descriptor limit,
@@ -189,32 +284,42 @@ impl FileReader {
             kept: AHashMap::new(),
             kept_limit: kept_limit(),
             scrape: 0,
+            deadline: far_future(),
+            lock_waited: Duration::ZERO,
         }
     }
 
     /// Reads one store file under `flock` (waiting until `deadline` at most)
-    /// and hands each entry to `visit`. On failure, `visit` may have seen
-    /// some of the file's entries.
+    /// and hands each entry to `visit`, checking the scrape's deadline
+    /// (`self.deadline`) as it walks. On failure, `visit` may have seen some
+    /// of the file's entries.
     fn read(
         &mut self,
         path: &Path,
         deadline: Instant,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
-        match self.read {
+        let mut clock = ReadClock::new(deadline, self.deadline);
+        let result = match self.read {
             FileRead::EntryByEntry => {
                 let key = &mut self.key;
-                read_locked(path, deadline, |file| read_entry_by_entry(file, key, visit))
+                read_locked(path, &mut clock, |file, clock| {
+                    read_entry_by_entry(file, key, clock, visit)
+                })
             }
             FileRead::KeptMapped
                 if self.kept.contains_key(path) || self.kept.len() < self.kept_limit =>
             {
-                self.read_kept(path, deadline, visit)
+                self.read_kept(path, &mut clock, visit)
             }
-            FileRead::Mapped | FileRead::KeptMapped => read_locked(path, deadline, |file| {
-                walk_mapped(file, &map_file(file)?, visit)
-            }),
-        }
+            FileRead::Mapped | FileRead::KeptMapped => {
+                read_locked(path, &mut clock, |file, clock| {
+                    walk_mapped(file, &map_file(file)?, clock, visit)
+                })
+            }
+        };
+        self.lock_waited += clock.lock_waited;
+        result
     }
 
     fn start_scrape(&mut self) {
@@ -231,7 +336,7 @@ impl FileReader {
     fn read_kept(
         &mut self,
         path: &Path,
-        deadline: Instant,
+        clock: &mut ReadClock,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
         use std::os::unix::fs::MetadataExt;
@@ -257,7 +362,7 @@ impl FileReader {
         let kept = self.kept.get_mut(path).expect("inserted above");
         kept.scrape = self.scrape;
         let fd = kept.file.as_raw_fd();
-        lock_until(fd, deadline)?;
+        lock_until(fd, clock)?;
         let result = (|| {
             // Writers grow a file by doubling it; map it again when its size
             // moved (a size read under the lock).
@@ -270,7 +375,7 @@ impl FileReader {
                 kept.map = None;
                 kept.map = map_file(&kept.file)?;
             }
-            walk_mapped(&kept.file, &kept.map, visit)
+            walk_mapped(&kept.file, &kept.map, clock, visit)
         })();
         let _ = flock(fd, libc::LOCK_UN);
         if result.is_err() {
@@ -314,38 +419,45 @@ fn open_regular(path: &Path) -> FileResult<File> {
     Ok(file)
 }
 
-/// Takes `fd`'s exclusive `flock`, waiting until `deadline` at most.
-fn lock_until(fd: std::os::fd::RawFd, deadline: Instant) -> FileResult<()> {
+/// Takes `fd`'s exclusive `flock`, waiting until the clock's lock deadline at
+/// most (one try if it has passed), and adds the time it waited to the clock.
+fn lock_until(fd: std::os::fd::RawFd, clock: &mut ReadClock) -> FileResult<()> {
     let mut pause = Duration::from_micros(50);
-    loop {
+    let mut since: Option<Instant> = None;
+    let result = loop {
         match flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => return Ok(()),
+            Ok(()) => break Ok(()),
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
                 let now = Instant::now();
-                if now >= deadline {
-                    return Err(FileFailure::new(
+                since.get_or_insert(now);
+                if now >= clock.lock_deadline {
+                    break Err(FileFailure::new(
                         FileSkip::Locked,
                         anyhow!("flock still held after waiting"),
                     ));
                 }
-                std::thread::sleep(pause.min(deadline - now));
-                pause = (pause * 2).min(Duration::from_millis(10));
+                std::thread::sleep(pause.min(clock.lock_deadline - now));
+                pause = (pause * 2).min(Duration::from_millis(5));
             }
-            Err(err) => return Err(FileFailure::new(FileSkip::Unreadable, err)),
+            Err(err) => break Err(FileFailure::new(FileSkip::Unreadable, err)),
         }
+    };
+    if let Some(since) = since {
+        clock.lock_waited += since.elapsed();
     }
+    result
 }
 
 /// Opens `path` and runs `read` on it under `flock`.
 fn read_locked(
     path: &Path,
-    deadline: Instant,
-    read: impl FnOnce(&File) -> FileResult<()>,
+    clock: &mut ReadClock,
+    read: impl FnOnce(&File, &mut ReadClock) -> FileResult<()>,
 ) -> FileResult<()> {
     let file = open_regular(path)?;
     let fd = file.as_raw_fd();
-    lock_until(fd, deadline)?;
-    let result = read(&file);
+    lock_until(fd, clock)?;
+    let result = read(&file, clock);
     let _ = flock(fd, libc::LOCK_UN);
     result
 }
@@ -375,19 +487,18 @@ fn map_file(file: &File) -> FileResult<Option<memmap2::Mmap>> {
 fn walk_mapped(
     file: &File,
     map: &Option<memmap2::Mmap>,
+    clock: &mut ReadClock,
     visit: &mut impl FnMut(Entry<'_>),
 ) -> FileResult<()> {
     let Some(map) = map else {
         return Ok(());
     };
-    let walked = match mapguard::read_guarded(map, |map| walk(map, visit)) {
+    match mapguard::read_guarded(map, |map| walk(map, clock, visit)) {
         Ok(walked) => walked,
-        Err(mapguard::Unguarded::Faulted) => {
-            return Err(FileFailure::new(
-                FileSkip::Corrupt,
-                anyhow!("the file shrank while it was read"),
-            ))
-        }
+        Err(mapguard::Unguarded::Faulted) => Err(FileFailure::new(
+            FileSkip::Corrupt,
+            anyhow!("the file shrank while it was read"),
+        )),
         // No guard free (more concurrent readers than slots): read a copy,
         // which cannot fault.
         Err(mapguard::Unguarded::Unavailable) => {
@@ -401,17 +512,20 @@ fn walk_mapped(
                 };
                 FileFailure::new(reason, e)
             })?;
-            walk(&copy, visit)
+            walk(&copy, clock, visit)
         }
-    };
-    walked.map_err(|e| FileFailure::new(FileSkip::Corrupt, e))
+    }
 }
 
-/// Walks a file's bytes (mapped or read) up to `used`.
-fn walk(map: &[u8], visit: &mut impl FnMut(Entry<'_>)) -> Result<()> {
-    let used = check_used(map[..4].try_into().expect("4 bytes"), map.len() as u64)?;
+/// Walks a file's bytes (mapped or read) up to `used`, minding the deadline.
+fn walk(map: &[u8], clock: &mut ReadClock, visit: &mut impl FnMut(Entry<'_>)) -> FileResult<()> {
+    let corrupt = |e| FileFailure::new(FileSkip::Corrupt, e);
+    let used =
+        check_used(map[..4].try_into().expect("4 bytes"), map.len() as u64).map_err(corrupt)?;
     for entry in entries(map, used) {
-        visit(entry?);
+        let entry = entry.map_err(|e| corrupt(e.into()))?;
+        clock.tick(entry.padded_key.len())?;
+        visit(entry);
     }
     Ok(())
 }
@@ -421,9 +535,20 @@ fn walk(map: &[u8], visit: &mut impl FnMut(Entry<'_>)) -> Result<()> {
 fn read_entry_by_entry(
     file: &File,
     key: &mut Vec<u8>,
+    clock: &mut ReadClock,
     visit: &mut dyn FnMut(Entry<'_>),
 ) -> FileResult<()> {
-    read_entry_by_entry_inner(file, key, visit).map_err(|e| {
+    let mut late = None;
+    read_entry_by_entry_inner(
+        file,
+        key,
+        &mut |bytes| clock.tick(bytes).map_err(|failure| late = Some(failure)),
+        visit,
+    )
+    .map_err(|e| {
+        if let Some(failure) = late.take() {
+            return failure;
+        }
         // A short read is a file that shrank (or lies about `used`).
         let reason = match e.downcast_ref::<std::io::Error>() {
             Some(io) if io.kind() != std::io::ErrorKind::UnexpectedEof => FileSkip::Unreadable,
@@ -433,9 +558,22 @@ fn read_entry_by_entry(
     })
 }
 
+/// The deadline passed during a walk (the failure itself is kept aside).
+#[derive(Debug)]
+struct Late;
+
+impl std::fmt::Display for Late {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the scrape's time budget ran out")
+    }
+}
+
+impl std::error::Error for Late {}
+
 fn read_entry_by_entry_inner(
     file: &File,
     key: &mut Vec<u8>,
+    tick: &mut dyn FnMut(usize) -> std::result::Result<(), ()>,
     visit: &mut dyn FnMut(Entry<'_>),
 ) -> Result<()> {
     let file_len = file.metadata()?.len();
@@ -460,12 +598,15 @@ fn read_entry_by_entry_inner(
             }
             reader.read_exact(&mut len_bytes)?;
             let len = i32::from_le_bytes(len_bytes);
-            if len < 0 {
+            if len < 1 {
                 return Err(EntryError::BadLength { at, len }.into());
             }
             let needs = 4 + len as usize + 16;
             if at + needs > used {
                 return Err(EntryError::Truncated { at, needs, used }.into());
+            }
+            if tick(len as usize).is_err() {
+                return Err(Late.into());
             }
             key.resize(len as usize, 0);
             reader.read_exact(key)?;
@@ -614,26 +755,30 @@ impl RawKeys {
         &self.padded(id)[..self.spans[id].key_len]
     }
 
-    /// The series of the entry's key, if this raw key was met before.
-    fn find(&mut self, entry: &Entry<'_>) -> Option<usize> {
-        let ordinal = self.this_file.len();
-        let id = match self.hint.get(ordinal) {
-            Some(&id) if self.padded(id) == entry.padded_key => id,
-            _ => {
-                let key = entry.key();
-                *self
-                    .index
-                    .find(hash_raw_key(key), |&id| self.key(id) == key)?
-            }
-        };
+    /// The series of the entry's key, if the hint for its ordinal is its
+    /// padded key (one comparison, without finding where the key ends).
+    #[inline]
+    fn find_hinted(&mut self, entry: &Entry<'_>) -> Option<usize> {
+        let id = *self.hint.get(self.this_file.len())?;
+        if self.padded(id) != entry.padded_key {
+            return None;
+        }
+        self.this_file.push(id);
+        Some(self.spans[id].series)
+    }
+
+    /// The series of the raw key `key` (the entry's, unpadded), if met before.
+    fn find(&mut self, key: &[u8]) -> Option<usize> {
+        let id = *self
+            .index
+            .find(hash_raw_key(key), |&id| self.key(id) == key)?;
         self.this_file.push(id);
         Some(self.spans[id].series)
     }
 
     /// Records a raw key not met before (after [`RawKeys::find`] said so).
-    fn insert(&mut self, entry: &Entry<'_>, series: usize) {
+    fn insert(&mut self, entry: &Entry<'_>, key: &[u8], series: usize) {
         let id = self.spans.len();
-        let key = entry.key();
         self.spans.push(RawKey {
             start: self.bytes.len(),
             padded_len: entry.padded_key.len(),
@@ -696,18 +841,21 @@ impl Catalogue {
         match self.decode {
             KeyDecode::EveryEntry(unescape) => {
                 probe!("export.key_decoded");
-                let raw = entry.key();
+                let raw = checked_key(entry)?;
                 self.find_or_insert(raw, unescape.decode_key(raw))
             }
             KeyDecode::OncePerRawKey(unescape) => {
-                if let Some(series) = self.raw.find(entry) {
+                if let Some(series) = self.raw.find_hinted(entry) {
+                    return Ok(series);
+                }
+                let raw = checked_key(entry)?;
+                if let Some(series) = self.raw.find(raw) {
                     return Ok(series);
                 }
                 probe!("export.key_decoded");
-                let raw = entry.key();
                 let decoded = formenc::decode_key_cached(raw, unescape, &mut self.components);
                 let series = self.find_or_insert(raw, decoded)?;
-                self.raw.insert(entry, series);
+                self.raw.insert(entry, raw, series);
                 Ok(series)
             }
         }
@@ -730,14 +878,12 @@ impl Catalogue {
             }
         }
         // Checked once per new label set: Prometheus rejects a whole
-        // exposition for one bad label name.
-        if let Some((name, _)) = decoded.iter().find(|(n, _)| !is_label_name(n)) {
-            let name = String::from_utf8_lossy(name).into_owned();
-            return Err(BadEntry::new(
-                EntrySkip::InvalidLabelName,
-                raw,
-                format!("label name {name:?} is not a Prometheus label name"),
-            ));
+        // exposition for one bad label.
+        for (name, value) in &decoded {
+            if let Some((reason, why)) = label_fault(name, value) {
+                let name = String::from_utf8_lossy(name);
+                return Err(BadEntry::new(reason, raw, format!("label {name:?}: {why}")));
+            }
         }
         let labels: DecodedLabels = decoded
             .into_iter()
@@ -806,6 +952,37 @@ impl Catalogue {
     }
 }
 
+/// Why a decoded label would make Prometheus refuse the exposition, if it
+/// would: its name is not a Prometheus label name, or a reserved one (`__`
+/// and on: `__name__` would name the series twice), or its value is not UTF-8.
+fn label_fault(name: &[u8], value: &[u8]) -> Option<(EntrySkip, &'static str)> {
+    if !is_label_name(name) {
+        Some((EntrySkip::InvalidLabelName, "not a Prometheus label name"))
+    } else if name.starts_with(b"__") {
+        Some((
+            EntrySkip::ReservedLabelName,
+            "names starting with __ are reserved",
+        ))
+    } else if std::str::from_utf8(value).is_err() {
+        Some((EntrySkip::InvalidLabelValue, "the value is not UTF-8"))
+    } else {
+        None
+    }
+}
+
+/// The entry's key, unpadded, if padded as client_ruby pads
+/// ([`Entry::key_checked`]).
+fn checked_key<'a>(entry: &Entry<'a>) -> Result<&'a [u8], BadEntry> {
+    entry.key_checked().ok_or_else(|| {
+        let padded = entry.padded_key;
+        BadEntry::new(
+            EntrySkip::BadKey,
+            &padded[..padded.len().min(80)],
+            "padded with more than the eight spaces client_ruby writes",
+        )
+    })
+}
+
 /// An entry left out of a scrape, and why (for the log).
 struct BadEntry {
     reason: EntrySkip,
@@ -865,7 +1042,17 @@ impl Scrape {
         self.group_order.clear();
     }
 
-    fn add(&mut self, series: usize, mode: ProcessAggregation, entry: &Entry<'_>) {
+    /// Folds the staged entries of one file, in order.
+    fn add_staged(&mut self, mode: ProcessAggregation, staged: &[StagedEntry]) {
+        for (series, bytes) in staged {
+            let value = f64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+            let timestamp = f64::from_le_bytes(bytes[8..].try_into().expect("8 bytes"));
+            self.add(*series as usize, mode, value, timestamp);
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, series: usize, mode: ProcessAggregation, value: f64, timestamp: f64) {
         if series >= self.series_seen.len() {
             self.series_seen.resize(series + 1, 0);
             self.values.resize(
@@ -878,13 +1065,10 @@ impl Scrape {
         }
         if self.series_seen[series] != self.number {
             self.series_seen[series] = self.number;
-            self.values[series] = Aggregate {
-                value: entry.value(),
-                timestamp: entry.timestamp(),
-            };
+            self.values[series] = Aggregate { value, timestamp };
             self.series_order.push(series);
         } else {
-            self.values[series].fold(mode, entry.value(), entry.timestamp());
+            self.values[series].fold(mode, value, timestamp);
         }
     }
 
@@ -1101,8 +1285,102 @@ pub struct Exporter {
     catalogue_floor: usize,
     /// How long one scrape may take before the files not read yet are skipped.
     budget: Option<Duration>,
+    /// What this scrape may still wait for locks ([`LOCK_WAIT_BUDGET`]).
+    lock_wait_left: Duration,
+    /// Entries of the files read but not folded yet (see [`FilePass`]).
+    staged: Vec<StagedEntry>,
     /// Boxed: servers hold exporters by value in their enums.
     report: Box<ScrapeReport>,
+}
+
+/// One staged entry: its series, and its value and timestamp as stored.
+type StagedEntry = (u32, [u8; 16]);
+
+/// Reads one metric's files for [`Exporter::scrape`]: each file into the
+/// staging area, with its lock wait taken from the scrape's budget and its
+/// skipped entries counted only if the whole file was read.
+struct FilePass<'a> {
+    reader: &'a mut FileReader,
+    catalogue: &'a mut Catalogue,
+    staged: &'a mut Vec<StagedEntry>,
+    report: &'a mut ScrapeReport,
+    lock_wait_left: &'a mut Duration,
+    deadline: Instant,
+}
+
+impl FilePass<'_> {
+    /// Reads `path` into the staging area, waiting `wait` at most for its
+    /// lock (less if the scrape's lock budget or time is short), and returns
+    /// where its entries are staged. A corrupt file gets a second try.
+    fn read(&mut self, path: &Path, wait: Duration) -> FileResult<std::ops::Range<usize>> {
+        if Instant::now() >= self.deadline {
+            return Err(FileFailure::new(
+                FileSkip::Deadline,
+                anyhow!("the scrape's time budget ran out"),
+            ));
+        }
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.read_once(path, wait) {
+                Err(failure) if failure.reason == FileSkip::Corrupt && tries < 2 => continue,
+                result => return result,
+            }
+        }
+    }
+
+    fn read_once(&mut self, path: &Path, wait: Duration) -> FileResult<std::ops::Range<usize>> {
+        let start = self.staged.len();
+        let lock_deadline = self
+            .deadline
+            .min(Instant::now() + wait.min(*self.lock_wait_left));
+        // The file's skipped entries: counted, and the first few kept for the log.
+        let mut skipped = [0u64; EntrySkip::ALL.len()];
+        let mut details: Vec<String> = Vec::new();
+        let room = ENTRY_DETAILS_KEPT.saturating_sub(self.report.entry_details.len());
+        let (catalogue, staged) = (&mut *self.catalogue, &mut *self.staged);
+        catalogue.raw.start_file(path);
+        let read = self.reader.read(
+            path,
+            lock_deadline,
+            &mut |entry| match catalogue.lookup(&entry) {
+                Ok(series) => staged.push((series as u32, *entry.value_bytes)),
+                Err(bad) => {
+                    skipped[bad.reason as usize] += 1;
+                    if details.len() < room {
+                        let at = entry.offset();
+                        details.push(format!("entry at offset {at}: {}", bad.detail));
+                    }
+                }
+            },
+        );
+        *self.lock_wait_left = self
+            .lock_wait_left
+            .saturating_sub(std::mem::take(&mut self.reader.lock_waited));
+        if let Err(failure) = read {
+            self.staged.truncate(start);
+            return Err(failure);
+        }
+        self.catalogue.raw.end_file(path);
+        for (reason, n) in EntrySkip::ALL.into_iter().zip(skipped) {
+            if n > 0 {
+                *self.report.entries.entry(reason).or_default() += n;
+            }
+        }
+        let path_of = |detail| (path.to_path_buf(), detail);
+        self.report
+            .entry_details
+            .extend(details.into_iter().map(path_of));
+        Ok(start..self.staged.len())
+    }
+
+    fn skip(&mut self, path: &Path, failure: FileFailure) {
+        self.report.files.push(SkippedFile {
+            path: path.to_path_buf(),
+            reason: failure.reason,
+            error: format!("{:#}", failure.error),
+        });
+    }
 }
 
 impl Exporter {
@@ -1124,6 +1402,8 @@ impl Exporter {
             metrics,
             catalogue_floor: 1024,
             budget: None,
+            lock_wait_left: LOCK_WAIT_BUDGET,
+            staged: Vec::new(),
             report: Box::default(),
         }
     }
@@ -1136,9 +1416,10 @@ impl Exporter {
         self
     }
 
-    /// Bounds each scrape in time: files not read when `budget` has passed
-    /// are skipped ([`FileSkip::Deadline`]). Unbounded unless set (each
-    /// file's lock wait is bounded by [`LOCK_WAIT`] regardless).
+    /// Bounds each scrape in time: files not read when `budget` has passed,
+    /// or still being walked then, are skipped ([`FileSkip::Deadline`]).
+    /// Unbounded unless set (lock waits are bounded by [`LOCK_WAIT_BUDGET`]
+    /// regardless).
     pub fn with_scrape_budget(mut self, budget: Duration) -> Exporter {
         self.budget = Some(budget);
         self
@@ -1162,7 +1443,7 @@ impl Exporter {
     /// Reads, decodes and aggregates one metric.
     pub fn values(&mut self, def_index: usize) -> Result<MetricValues<'_>> {
         self.report.clear();
-        let deadline = self.deadline();
+        let deadline = self.start_clocks();
         self.scrape(def_index, deadline)?;
         let state = &self.metrics[def_index];
         Ok(metric_values(
@@ -1172,16 +1453,19 @@ impl Exporter {
         ))
     }
 
-    fn deadline(&self) -> Instant {
-        let far = Duration::from_secs(100 * 365 * 24 * 3600);
-        Instant::now() + self.budget.unwrap_or(far)
+    /// Starts a scrape's clocks: its deadline, and its lock wait budget.
+    fn start_clocks(&mut self) -> Instant {
+        self.lock_wait_left = LOCK_WAIT_BUDGET;
+        self.budget.map_or_else(far_future, |b| Instant::now() + b)
     }
 
-    /// Reads every file of one metric into its scrape. A file that fails
-    /// after some of its entries were counted is left out and the metric's
-    /// scrape is started again without it, so a bad file counts for nothing;
-    /// each file gets two tries (a file that shrank or was replaced while
-    /// read usually reads fine the second time).
+    /// Reads every file of one metric into its scrape, in file order. A file
+    /// is folded in only once it was read whole (its entries are staged as
+    /// it is walked), so a file that fails counts for nothing; a corrupt one
+    /// gets a second try at once (a file that shrank or was replaced while
+    /// read usually reads fine the second time), a locked one after the
+    /// metric's other files, whose entries then wait staged so every file is
+    /// still folded in file order.
     fn scrape(&mut self, def_index: usize, deadline: Instant) -> Result<()> {
         let def = &self.registry.metrics[def_index];
         let mode = def.aggregation();
@@ -1199,71 +1483,42 @@ impl Exporter {
         }
         let MetricState { catalogue, scrape } = state;
         let files = metric_files(&self.dir, &def.name)?;
-        // Per file: failed tries so far; two mean it is left out.
-        let mut failures = vec![0u8; files.len()];
-        let report = &mut self.report;
-        'again: loop {
-            scrape.start();
-            let entries_skipped_before = report.entries.clone();
-            let details_before = report.entry_details.len();
-            for (i, path) in files.iter().enumerate() {
-                if failures[i] >= 2 {
-                    continue;
+        self.reader.deadline = deadline;
+        let mut pass = FilePass {
+            reader: &mut self.reader,
+            catalogue,
+            staged: &mut self.staged,
+            report: &mut self.report,
+            lock_wait_left: &mut self.lock_wait_left,
+            deadline,
+        };
+        scrape.start();
+        // Files set aside while locked, and (file, staged range) of the files
+        // read after the first of them, waiting to be folded in order.
+        let mut set_aside: Vec<usize> = Vec::new();
+        let mut waiting: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+        for (i, path) in files.iter().enumerate() {
+            match pass.read(path, LOCK_WAIT) {
+                Ok(range) if set_aside.is_empty() => {
+                    scrape.add_staged(mode, &pass.staged[range]);
+                    pass.staged.clear();
                 }
-                if Instant::now() >= deadline {
-                    failures[i] = 2;
-                    report.files.push(SkippedFile {
-                        path: path.clone(),
-                        reason: FileSkip::Deadline,
-                        error: "the scrape's time budget ran out".to_owned(),
-                    });
-                    continue;
-                }
-                catalogue.raw.start_file(path);
-                let mut counted = 0usize;
-                let read = self.reader.read(
-                    path,
-                    deadline.min(Instant::now() + LOCK_WAIT),
-                    &mut |entry| match catalogue.lookup(&entry) {
-                        Ok(series) => {
-                            scrape.add(series, mode, &entry);
-                            counted += 1;
-                        }
-                        Err(bad) => {
-                            *report.entries.entry(bad.reason).or_default() += 1;
-                            if report.entry_details.len() < ENTRY_DETAILS_KEPT {
-                                report.entry_details.push((
-                                    path.clone(),
-                                    format!("entry at offset {}: {}", entry.offset(), bad.detail),
-                                ));
-                            }
-                        }
-                    },
-                );
-                match read {
-                    Ok(()) => catalogue.raw.end_file(path),
-                    Err(failure) => {
-                        failures[i] += 1;
-                        let retry = failure.reason == FileSkip::Corrupt && failures[i] < 2;
-                        if !retry {
-                            failures[i] = 2;
-                            report.files.push(SkippedFile {
-                                path: path.clone(),
-                                reason: failure.reason,
-                                error: format!("{:#}", failure.error),
-                            });
-                        }
-                        if counted > 0 || retry {
-                            // Its entries are in the scrape: start the metric again.
-                            report.entries = entries_skipped_before;
-                            report.entry_details.truncate(details_before);
-                            continue 'again;
-                        }
-                    }
-                }
+                Ok(range) => waiting.push((i, range)),
+                Err(failure) if failure.reason == FileSkip::Locked => set_aside.push(i),
+                Err(failure) => pass.skip(path, failure),
             }
-            break;
         }
+        for i in set_aside {
+            match pass.read(&files[i], LOCK_RETRY_WAIT) {
+                Ok(range) => waiting.push((i, range)),
+                Err(failure) => pass.skip(&files[i], failure),
+            }
+        }
+        waiting.sort_by_key(|(i, _)| *i);
+        for (_, range) in waiting {
+            scrape.add_staged(mode, &pass.staged[range]);
+        }
+        pass.staged.clear();
         catalogue.raw.end_scrape();
         scrape.group(catalogue);
         Ok(())
@@ -1278,7 +1533,7 @@ impl Exporter {
         }
         out.clear();
         self.report.clear();
-        let deadline = self.deadline();
+        let deadline = self.start_clocks();
         self.reader.start_scrape();
         for i in 0..self.registry.metrics.len() {
             self.scrape(i, deadline)?;

@@ -99,9 +99,10 @@ pub fn write_store(dir: &Path, data: &[u8]) -> Registry {
 }
 
 /// Store files: the exposition of a fuzzed store under every export seam is
-/// the same (or every seam refuses it); a long-lived exporter scraping twice
-/// gives the same bytes twice; and where both the exporter and the naive
-/// reference read the store, they print the same bytes.
+/// the same (or every seam refuses it) and holds only lines Prometheus
+/// accepts; a long-lived exporter scraping twice gives the same bytes twice;
+/// and where both the exporter and the naive reference read the store, they
+/// print the same bytes.
 pub fn store_file(data: &[u8]) {
     STORE_DIR.with(|dir| {
         let dir = &dir.0;
@@ -118,6 +119,10 @@ pub fn store_file(data: &[u8]) {
                     b.as_ref().map(|_| "ok")
                 ),
             }
+        }
+        if let Ok(text) = &baseline {
+            let fault = crate::reference::exposition::exposition_fault(text);
+            assert!(fault.is_none(), "invalid exposition: {fault:?}");
         }
         let mut kept = Exporter::new(dir, registry.clone(), StrategySet::all());
         let (mut first, mut second) = (Vec::new(), Vec::new());

@@ -7,6 +7,16 @@
 //! a multiple of 8 — at least one space —, `f64` value, `f64` monotonic
 //! timestamp). Files start at 1 MiB and double when full. Readers and writers
 //! hold an exclusive `flock` on the file while they touch it.
+//!
+//! What client_ruby writes, and so what a reader accepts: a key is padded
+//! with one to eight spaces (`key + ' ' * (8 - (key.length + 4) % 8)`), so a
+//! stored key length is never 0 — an empty label set is stored as four
+//! spaces. A zero length is bytes no writer wrote (a sparse or zeroed
+//! region, a `used` past the data): [`entries`] stops there with
+//! [`EntryError::BadLength`], so such a region is never walked as millions
+//! of empty entries. Client_ruby reads a zero length as the empty key; this
+//! reader refuses it. A key padded with more than [`MAX_PADDING`] spaces or
+//! NULs is not one client_ruby wrote either ([`Entry::key_checked`]).
 
 use anyhow::{bail, Result};
 use std::fmt;
@@ -16,6 +26,9 @@ use std::path::{Path, PathBuf};
 pub const INITIAL_FILE_SIZE: u64 = 1024 * 1024;
 /// Offset of the first entry.
 pub const HEADER_SIZE: usize = 8;
+/// The most padding client_ruby writes after a key: eight spaces (when
+/// `4 + key length` is already a multiple of 8).
+pub const MAX_PADDING: usize = 8;
 
 /// The path of one metric's file for one process.
 pub fn file_path(dir: &Path, metric: &str, pid: u32) -> PathBuf {
@@ -130,6 +143,20 @@ impl<'a> Entry<'a> {
         strip_padding(self.padded_key)
     }
 
+    /// [`Entry::key`], if the key is padded with at most [`MAX_PADDING`]
+    /// spaces or NULs, as client_ruby pads; `None` otherwise. Looks at the
+    /// last nine bytes at most, so a hostile key of a million NULs (a sparse
+    /// region) costs nothing to refuse.
+    pub fn key_checked(&self) -> Option<&'a [u8]> {
+        let padded = self.padded_key;
+        let from = padded.len().saturating_sub(MAX_PADDING + 1);
+        match padded[from..].iter().rposition(|&b| b != b' ' && b != 0) {
+            Some(i) => Some(&padded[..from + i + 1]),
+            None if padded.len() <= MAX_PADDING => Some(&padded[..0]),
+            None => None,
+        }
+    }
+
     /// The value, read when asked for: a caller that compares the key first
     /// finds the value's cache line already fetched behind the key.
     pub fn value(&self) -> f64 {
@@ -212,7 +239,9 @@ fn entry_at(region: &[u8], at: usize, used: usize) -> Result<(Entry<'_>, usize),
         .filter(|_| at + 4 <= used)
         .ok_or(truncated(4))?;
     let len = i32::from_le_bytes(len_bytes.try_into().expect("4 bytes"));
-    if len < 0 {
+    // Zero: never written (client_ruby pads every key, the empty one to four
+    // spaces); see the module doc.
+    if len < 1 {
         return Err(EntryError::BadLength { at, len });
     }
     let needs = 4 + len as usize + 16;
@@ -232,4 +261,49 @@ fn entry_at(region: &[u8], at: usize, used: usize) -> Result<(Entry<'_>, usize),
         },
         at + needs,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(padded_key: &[u8]) -> Entry<'_> {
+        Entry {
+            padded_key,
+            value_bytes: &[0; 16],
+            value_offset: 0,
+        }
+    }
+
+    /// Keys padded as client_ruby pads them (one to eight spaces, NULs
+    /// allowed as Ruby's `unpack("A*")` strips them) are found; a longer run
+    /// is refused, whatever its length.
+    #[test]
+    fn keys_are_found_within_client_rubys_padding() {
+        for key in [&b""[..], b"a=1", b"a=1234", b"abcdefgh=1234567"] {
+            let padded = new_entry(key);
+            let padded = &padded[4..padded.len() - 16];
+            assert_eq!(entry(padded).key_checked(), Some(key), "{key:?}");
+            assert_eq!(entry(padded).key(), key);
+        }
+        assert_eq!(entry(b"a=1\0\0\0\0\0").key_checked(), Some(&b"a=1"[..]));
+        assert_eq!(entry(b"        ").key_checked(), Some(&b""[..]));
+        assert_eq!(entry(b"         ").key_checked(), None);
+        assert_eq!(entry(b"a=1         ").key_checked(), None);
+        assert_eq!(entry(&[0u8; 1 << 20]).key_checked(), None);
+    }
+
+    /// A zero key length is refused where the walk meets it: client_ruby
+    /// stores even the empty key as four spaces.
+    #[test]
+    fn a_zero_key_length_ends_the_walk() {
+        let mut bytes = file_bytes([(&b""[..], 1.0)]);
+        assert_eq!(&bytes[8..12], &4i32.to_le_bytes());
+        bytes.extend_from_slice(&[0; 20]);
+        let used = bytes.len();
+        let walked: Vec<_> = entries(&bytes, used).collect();
+        assert_eq!(walked.len(), 2);
+        assert!(walked[0].is_ok());
+        assert_eq!(walked[1], Err(EntryError::BadLength { at: 32, len: 0 }));
+    }
 }

@@ -53,7 +53,8 @@ pub struct HistogramValue<'t> {
     /// `le` values not declared (a changed registry), and `+Inf`, in Ruby's hash
     /// order: in order of first appearance, `+Inf` last if it never appeared.
     pub others: Vec<(&'t [u8], f64)>,
-    /// `None` if no `le="sum"` entry exists (Ruby prints an empty value).
+    /// `None` if no `le="sum"` entry exists (Ruby prints an empty value; the
+    /// renderer leaves the `_sum` line out).
     pub sum: Option<f64>,
     /// The `+Inf` count.
     pub count: f64,

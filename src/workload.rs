@@ -8,6 +8,8 @@
 //!   two databases, statements up to thousands of characters.
 //! - [`long_label`]: the write-path report — one histogram observe and one
 //!   counter increment with a 195-character label value.
+//! - [`many_metrics`]: hundreds of counters × ~100 processes, one entry per
+//!   file (issue #22's probe: 400 × 100 = 40,000 files).
 
 use crate::formenc::Dialect;
 use crate::ops::{Op, OpKind, OpLog, OpValue};
@@ -133,6 +135,41 @@ pub fn large(processes: usize, statements: usize, max_len: usize) -> StoreWorklo
                     });
                 }
             }
+            OpLog { pid, ops }
+        })
+        .collect();
+    StoreWorkload { registry, logs }
+}
+
+/// Hundreds of metrics: `metrics` counters (`app_op_<i>_total{result="ok"}`),
+/// each incremented once by each of `processes` processes, so every file
+/// holds one entry. Process `p` (pid 40,000 + p) adds 1 + (p + i) mod 5.
+pub fn many_metrics(metrics: usize, processes: usize) -> StoreWorkload {
+    let defs: Vec<serde_json::Value> = (0..metrics)
+        .map(|i| {
+            serde_json::json!({
+                "name": format!("app_op_{i:03}_total"),
+                "type": "counter",
+                "help": format!("Operations of kind {i}"),
+                "labels": ["result"],
+                "aggregation": "sum",
+            })
+        })
+        .collect();
+    let registry = Registry::from_json(&serde_json::json!({ "metrics": defs }).to_string())
+        .expect("generated registry");
+    let logs = (0..processes)
+        .map(|p| {
+            let pid = 40_000 + p as u32;
+            let ops = (0..metrics)
+                .map(|i| Op {
+                    pid,
+                    metric: format!("app_op_{i:03}_total"),
+                    op: OpKind::Inc,
+                    value: OpValue::new((1 + (p + i) % 5) as f64),
+                    labels: vec![("result".to_string(), "ok".to_string())],
+                })
+                .collect();
             OpLog { pid, ops }
         })
         .collect();

@@ -25,6 +25,8 @@ pub type Labels = Vec<(Vec<u8>, Vec<u8>)>;
 pub struct RawEntry {
     /// The key without its padding.
     pub key: Vec<u8>,
+    /// How many spaces and NULs followed it (client_ruby writes 1 to 8).
+    pub padding: usize,
     pub value: f64,
     pub timestamp: f64,
 }
@@ -46,7 +48,9 @@ pub fn read_entries(bytes: &[u8]) -> Result<Vec<RawEntry>> {
             bail!("entry at {pos} is cut off");
         }
         let len = i32::from_le_bytes([bytes[pos], bytes[pos + 1], bytes[pos + 2], bytes[pos + 3]]);
-        if len < 0 {
+        // client_ruby pads every key with at least one space: a length of 0
+        // is not an entry any writer wrote.
+        if len < 1 {
             bail!("entry at {pos} has key length {len}");
         }
         let key_end = pos + 4 + len as usize;
@@ -66,6 +70,7 @@ pub fn read_entries(bytes: &[u8]) -> Result<Vec<RawEntry>> {
         };
         entries.push(RawEntry {
             key: padded[..end].to_vec(),
+            padding: padded.len() - end,
             value: f(key_end),
             timestamp: f(key_end + 8),
         });
@@ -158,14 +163,19 @@ fn valid_label_name(name: &[u8]) -> bool {
 }
 
 /// A key's labels if the key is one the exporter serves: ASCII, decodable,
-/// no empty or repeated label name, every name a Prometheus label name.
+/// no empty or repeated label name, every name a Prometheus label name that
+/// does not start with `__` (reserved), every value UTF-8.
 fn servable_labels(key: &[u8]) -> Option<Labels> {
     if !key.is_ascii() {
         return None;
     }
     let labels = decode_key(key).ok()?;
-    for (i, (name, _)) in labels.iter().enumerate() {
-        if !valid_label_name(name) || labels[i + 1..].iter().any(|(other, _)| other == name) {
+    for (i, (name, value)) in labels.iter().enumerate() {
+        if !valid_label_name(name)
+            || name.starts_with(b"__")
+            || std::str::from_utf8(value).is_err()
+            || labels[i + 1..].iter().any(|(other, _)| other == name)
+        {
             return None;
         }
     }
@@ -208,7 +218,8 @@ fn metric_entries(dir: &Path, name: &str) -> Result<Vec<(Labels, f64, f64)>> {
         let Ok(entries) = read_entries(&bytes) else {
             continue;
         };
-        for e in entries {
+        // A key padded with more than eight spaces is not one client_ruby wrote.
+        for e in entries.into_iter().filter(|e| e.padding <= 8) {
             if let Some(labels) = servable_labels(&e.key) {
                 out.push((labels, e.value, e.timestamp));
             }
@@ -382,7 +393,11 @@ fn write_metric(out: &mut Vec<u8>, def: &MetricDef, series: Vec<(Labels, f64)>) 
                     with_le.push((b"le", le));
                     line(out, &bucket_name, &with_le, Some(*v));
                 }
-                line(out, &format!("{}_sum", def.name), &base, sum);
+                // Without a `sum` entry, no `_sum` line (Ruby's has no value,
+                // which Prometheus refuses).
+                if sum.is_some() {
+                    line(out, &format!("{}_sum", def.name), &base, sum);
+                }
                 line(out, &format!("{}_count", def.name), &base, Some(count));
             }
         }
@@ -416,4 +431,96 @@ pub fn export(dir: &Path, registry: &Registry) -> Result<Vec<u8>> {
         write_metric(&mut out, def, aggregate(entries, def.aggregation()));
     }
     Ok(out)
+}
+
+/// The first line of `text` a Prometheus text-format parser would refuse for
+/// its series' name or labels, with why; `None` if every line is acceptable.
+/// Checked, written out plainly: the text is UTF-8; each sample line is a
+/// metric name (`[a-zA-Z_:][a-zA-Z0-9_:]*`), then optionally `{` label
+/// pairs `name="value"` separated by `,` `}`, then a space and a value; a
+/// label name is `[a-zA-Z_][a-zA-Z0-9_]*`, does not start with `__` and
+/// appears once; a value escapes only `\\`, `\"` and `\n`.
+pub fn exposition_fault(text: &[u8]) -> Option<String> {
+    let Ok(text) = std::str::from_utf8(text) else {
+        return Some("the exposition is not UTF-8".to_owned());
+    };
+    for (n, line) in text.lines().enumerate() {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Err(why) = check_sample_line(line) {
+            return Some(format!("line {}: {why}: {line:?}", n + 1));
+        }
+    }
+    None
+}
+
+fn check_sample_line(line: &str) -> std::result::Result<(), String> {
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() && bytes[i] != b'{' && bytes[i] != b' ' {
+        i += 1;
+    }
+    let name = &bytes[..i];
+    let name_ok = !name.is_empty()
+        && name.iter().enumerate().all(|(k, &c)| {
+            c == b'_' || c == b':' || c.is_ascii_alphabetic() || (k > 0 && c.is_ascii_digit())
+        });
+    if !name_ok {
+        return Err("bad metric name".to_owned());
+    }
+    let mut seen: Vec<&[u8]> = Vec::new();
+    if bytes.get(i) == Some(&b'{') {
+        i += 1;
+        loop {
+            if bytes.get(i) == Some(&b'}') {
+                i += 1;
+                break;
+            }
+            let start = i;
+            while i < bytes.len() && bytes[i] != b'=' {
+                i += 1;
+            }
+            let label = &bytes[start..i];
+            if !valid_label_name(label) {
+                return Err(format!(
+                    "bad label name {:?}",
+                    String::from_utf8_lossy(label)
+                ));
+            }
+            if label.starts_with(b"__") {
+                return Err("reserved label name".to_owned());
+            }
+            if seen.contains(&label) {
+                return Err("repeated label name".to_owned());
+            }
+            seen.push(label);
+            if bytes.get(i + 1) != Some(&b'"') {
+                return Err("label value not quoted".to_owned());
+            }
+            i += 2;
+            loop {
+                match bytes.get(i) {
+                    None => return Err("unterminated label value".to_owned()),
+                    Some(b'"') => break,
+                    Some(b'\\') => match bytes.get(i + 1) {
+                        Some(b'\\' | b'"' | b'n') => i += 2,
+                        _ => return Err("bad escape in a label value".to_owned()),
+                    },
+                    Some(b'\n') => return Err("newline in a label value".to_owned()),
+                    Some(_) => i += 1,
+                }
+            }
+            i += 1;
+            match bytes.get(i) {
+                Some(b',') => i += 1,
+                Some(b'}') => {}
+                _ => return Err("expected , or } after a label".to_owned()),
+            }
+        }
+    }
+    if bytes.get(i) != Some(&b' ') || i + 1 >= bytes.len() {
+        return Err("no value".to_owned());
+    }
+    Ok(())
 }

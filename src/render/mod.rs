@@ -5,7 +5,9 @@
 //! newline), then its series. Labels print in the label set's order (sorted
 //! keys, as decoded from the store), `le` last for buckets; values print as
 //! Ruby's `Float#to_s`. A histogram prints every declared bucket (cumulative),
-//! then `+Inf`, `_sum`, `_count`; a summary `_sum`, then `_count`.
+//! then `+Inf`, `_sum`, `_count`; a summary `_sum`, then `_count`. One
+//! departure, so that only valid exposition is printed: a histogram label set
+//! without a `sum` entry has no `_sum` line (Ruby prints one with no value).
 //!
 //! Every line is written by the one exposition encoder, [`crate::text`]'s
 //! [`FamilyEncoder`] chain; the values come from
@@ -53,9 +55,15 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
                         .value()
                         .ruby_float(*value);
                 }
-                with_labels(family.sample(b"_sum"), group.labels)
-                    .value()
-                    .ruby_float_or_empty(group.sum);
+                // No `sum` entry (a writer killed between a bucket's first
+                // write and its sum's): Ruby prints `_sum` with no value,
+                // which makes Prometheus refuse the whole target; the line is
+                // left out instead.
+                if let Some(sum) = group.sum {
+                    with_labels(family.sample(b"_sum"), group.labels)
+                        .value()
+                        .ruby_float(sum);
+                }
                 with_labels(family.sample(b"_count"), group.labels)
                     .value()
                     .ruby_float(group.count);

@@ -51,6 +51,8 @@ enum Command {
     Cluster(promlab_lab::cli::cluster::ClusterArgs),
     /// The reliability suite: hostile cases and an overload run against the real binary.
     Soak(promlab_lab::cli::SoakArgs),
+    /// Write an export scenario's store directory, registry and expected exposition.
+    ScenarioStore(promlab_lab::cli::ScenarioStoreArgs),
     /// Internal: replay one op log in this process (used by `replay`).
     #[command(hide = true)]
     ReplayOne(promlab_lab::cli::ReplayOneArgs),
@@ -78,6 +80,7 @@ fn main() -> ExitCode {
         Some(Command::Query(args)) => promlab_lab::cli::cluster::query(args),
         Some(Command::Cluster(args)) => promlab_lab::cli::cluster::cluster(args),
         Some(Command::Soak(args)) => promlab_lab::cli::soak(args),
+        Some(Command::ScenarioStore(args)) => promlab_lab::cli::scenario_store(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -127,3 +127,46 @@ print("ok")
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// client_ruby's own exporter, pristine, at 4.2.5 and 5.x: a peer row each on
+/// `many-processes` (CPU time of the Ruby process), after its exposition of
+/// the same directory matched the scenario's digest (else the peer is
+/// reported as failed, and this test fails).
+#[test]
+fn client_ruby_peers_export_the_same_directory() {
+    use promlab_lab::harness::peers::client_ruby::upstream_archive;
+    let ruby = Command::new("ruby").arg("--version").output().is_ok();
+    let sources = upstream_archive("client_ruby-v4.2.5.tar.gz").is_some()
+        && upstream_archive("client_ruby-5.x-uri.tar.gz").is_some();
+    if !ruby || !sources {
+        common::skip(
+            "ruby or the pristine client_ruby archives, so no client_ruby peer rows",
+            "apt-get install -y ruby; the archives in ../shared/upstream/ or $PROMLAB_UPSTREAM",
+        );
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_promlab"))
+        .args(["ablate", "many-processes", "--quick", "--peers"])
+        .args(["--repeats", "1", "--strategies", "all", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let export = rows(out.path(), "many-processes");
+    for arm in ["peer:client_ruby-4.2.5", "peer:client_ruby-5.x"] {
+        let row = export
+            .get(arm)
+            .unwrap_or_else(|| panic!("no {arm} row:\n{stdout}"));
+        assert_eq!(row["strategies"], "peer");
+        assert_eq!(row["measure"], "cpu");
+        assert_eq!(row["units"], "200", "{row:?}");
+        assert!(row["median_ns"].parse::<u64>().unwrap() > 0, "{row:?}");
+        assert!(row["rss_kib"].parse::<u64>().unwrap() > 0, "{row:?}");
+    }
+}

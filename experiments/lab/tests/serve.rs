@@ -343,3 +343,140 @@ fn real_prometheus_scrapes_both_modes() {
     );
     assert!(queues.contains(&"perf-test-49"));
 }
+
+/// Issue #22, item 4 (the probe: a key that decodes to `path=%FF%FE` or
+/// names `__name__` was served as is, and a real Prometheus 2.42 refused the
+/// whole target, 5 of 132 series ingested; a zero-length key was served as
+/// an unlabeled series): such entries are left out and counted, so what the
+/// sidecar serves passes `promtool check metrics` and a real Prometheus
+/// ingests every good series of the target.
+#[test]
+fn only_valid_exposition_reaches_prometheus() {
+    use promlab::storefile::{file_bytes, file_path};
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    std::fs::write(
+        dir.path().join("registry.json"),
+        r#"{"metrics": [
+  {"name": "hostile_requests_total", "type": "counter", "help": "Requests", "labels": ["path", "code"], "aggregation": "sum"},
+  {"name": "hostile_seconds", "type": "histogram", "help": "Latency", "labels": ["path"], "aggregation": "sum", "buckets": ["0.1", "1"]}
+]}"#,
+    )
+    .unwrap();
+    let mut good: Vec<(Vec<u8>, f64)> = (0..60)
+        .map(|i| (format!("code=200&path=%2Fp{i}").into_bytes(), i as f64))
+        .collect();
+    good.push((b"code=200&path=caf%C3%A9".to_vec(), 1.0));
+    let mut hostile = good.clone();
+    hostile.extend([
+        (b"code=200&path=%FF%FE".to_vec(), 1.0),
+        (b"__name__=evil&code=200".to_vec(), 1.0),
+        (b"__meta_x=1".to_vec(), 1.0),
+        (b"1st=x".to_vec(), 1.0),
+    ]);
+    let write = |metric: &str, pid: u32, entries: &[(Vec<u8>, f64)]| {
+        let bytes = file_bytes(entries.iter().map(|(k, v)| (k.as_slice(), *v)));
+        std::fs::write(file_path(&store, metric, pid), bytes).unwrap();
+    };
+    write("hostile_requests_total", 1, &hostile);
+    write("hostile_requests_total", 2, &good);
+    // A zero-length key after a good entry: the file is refused whole.
+    let mut zero = file_bytes([(&b"code=500&path=%2Fz"[..], 1.0)]);
+    zero.extend_from_slice(&[0u8; 20]);
+    let used = zero.len() as i32;
+    zero[..4].copy_from_slice(&used.to_le_bytes());
+    std::fs::write(file_path(&store, "hostile_requests_total", 3), zero).unwrap();
+    // A histogram label set with buckets but no sum entry, and a full one.
+    write(
+        "hostile_seconds",
+        1,
+        &[
+            (b"le=0.1&path=%2Fa".to_vec(), 1.0),
+            (b"le=0.1&path=%2Fb".to_vec(), 2.0),
+            (b"le=sum&path=%2Fb".to_vec(), 0.1),
+            (b"le=1&path=%FF".to_vec(), 1.0),
+        ],
+    );
+    let args = store_args(dir.path());
+    let server = serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let body = get(server.addr, "/metrics", &[]).body;
+    let text = String::from_utf8(body.clone()).expect("UTF-8");
+    assert_eq!(
+        promlab::reference::exposition::exposition_fault(&body),
+        None
+    );
+    assert!(!text.contains("evil") && !text.contains("__meta") && !text.contains("/z"));
+    assert!(text.contains("hostile_requests_total{code=\"200\",path=\"café\"} 2.0\n"));
+    assert!(!text.contains("hostile_seconds_sum{path=\"/a\"}"), "{text}");
+    assert!(
+        text.contains("hostile_seconds_sum{path=\"/b\"} 0.1\n"),
+        "{text}"
+    );
+    // 61 counter series; per histogram label set 3 buckets and _count, one _sum.
+    let good_samples = 61 + 2 * 4 + 1;
+    assert_eq!(samples(&body), good_samples, "{text}");
+    let own = String::from_utf8_lossy(&get(server.addr, "/metrics/promlab", &[]).body).into_owned();
+    for counted in [
+        "promlab_store_entries_skipped_total{reason=\"invalid_label_value\"} 2",
+        "promlab_store_entries_skipped_total{reason=\"reserved_label_name\"} 2",
+        "promlab_store_entries_skipped_total{reason=\"invalid_label_name\"} 1",
+        "promlab_store_files_skipped_total{reason=\"corrupt\"} 1",
+    ] {
+        assert!(own.contains(counted), "{counted} in\n{own}");
+    }
+    if let Some(promtool) = tool("promtool") {
+        promtool_accepts(&promtool, &body);
+    }
+
+    let Some(prometheus) = tool("prometheus") else {
+        return;
+    };
+    let store_addr = server.addr;
+    let data = tempfile::tempdir().unwrap();
+    let config = data.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+             scrape_configs:\n\
+             - job_name: store\n  metrics_path: /metrics\n  static_configs: [{{targets: ['{store_addr}']}}]\n"
+        ),
+    )
+    .unwrap();
+    let web: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let _prometheus = Reaped(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                data.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={web}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn prometheus"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut ingested = 0.0;
+    while Instant::now() < deadline {
+        if let Some(result) = query(
+            web,
+            "count(%7Bjob=%22store%22,__name__=~%22hostile.*%22%7D)",
+        ) {
+            if let Some(n) = result[0]["value"][1].as_str() {
+                ingested = n.parse().unwrap();
+                if ingested == good_samples as f64 {
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(ingested, good_samples as f64, "series Prometheus ingested");
+    let up = by_job(&query(web, "up").expect("query up"));
+    assert_eq!(up.get("store"), Some(&1.0), "up: {up:?}");
+    let scraped = by_job(&query(web, "scrape_samples_scraped").expect("query"));
+    assert_eq!(scraped.get("store"), Some(&(good_samples as f64)));
+}

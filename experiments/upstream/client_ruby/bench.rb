@@ -1,9 +1,10 @@
 # One timed measurement of client_ruby, for run.sh's interleaved rounds.
 #
-#   ruby -I CLIENT_RUBY/lib bench.rb export REGISTRY_JSON STORE_DIR REPS
+#   ruby -I CLIENT_RUBY/lib bench.rb export REGISTRY_JSON STORE_DIR REPS [OUT_FILE]
 #     registers REGISTRY_JSON's metrics over STORE_DIR (a scratch directory of symlinks,
 #     as export.rb), then times REPS calls of Formats::Text.marshal; prints
-#     "<median wall ns per export> <median CPU ns per export> <lines>".
+#     "<median wall ns per export> <median CPU ns per export> <lines>", and writes the last
+#     exposition to OUT_FILE if given.
 #   ruby -I CLIENT_RUBY/lib bench.rb write SCRATCH_DIR STEPS
 #     a Histogram observe + a Counter increment labelled with one 195-character SQL
 #     statement, DirectFileStore in SCRATCH_DIR; 1,000 warm-up steps, then STEPS timed;
@@ -25,7 +26,9 @@ end
 mode = ARGV.shift
 case mode
 when "export"
-  registry_json, dir, reps = ARGV
+  registry_json, dir, reps, out = ARGV
+  own = Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin"))
+  abort "bench.rb: #{dir} already holds files of pid #{Process.pid}" unless own.empty?
   Prometheus::Client.config.data_store =
     Prometheus::Client::DataStores::DirectFileStore.new(dir: dir)
   registry = Prometheus::Client::Registry.new
@@ -43,6 +46,7 @@ when "export"
   Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin")).each { |f| File.delete(f) }
 
   lines = nil
+  text = nil
   times = Integer(reps).times.map do
     t = now_ns
     c = cpu_ns
@@ -51,6 +55,7 @@ when "export"
     lines = text.count("\n")
     elapsed
   end
+  File.binwrite(out, text) if out
   wall = times.map(&:first).sort[times.size / 2]
   cpu = times.map(&:last).sort[times.size / 2]
   puts "#{wall} #{cpu} #{lines}"

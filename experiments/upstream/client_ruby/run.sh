@@ -6,6 +6,12 @@
 #
 #   experiments/upstream/client_ruby/run.sh [--src DIR_OR_TARBALL ...] [--no-bench]
 #       [--out DIR] [--rounds N] [--large-rounds N] [--jobs N]
+#       [--many full|quick|none] [--many-rounds N] [--promlab PATH] [--only-many]
+#
+# --many: the benchmarks also time unpatched, list-once and all on the stores of promlab's
+# many-processes and many-metrics scenarios (written by `promlab scenario-store`, default
+# target/release/promlab; checked against their expected.prom first), full size by default.
+# --only-many: rspec, then only that (no fixture identity, no seed/large/write timings).
 #
 # --src may be repeated (default: the two archives in ../shared/upstream/ beside the repo).
 # The patch series is chosen from the source: `require "cgi"` keys (4.x) get patches/v4.2.5,
@@ -15,7 +21,15 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
-shared="$(cd "$root/.." && pwd)/shared"
+# `shared/` beside the repository (or beside one of its parent directories: a git worktree
+# one level down), unless PROMLAB_SHARED names it.
+shared="${PROMLAB_SHARED:-}"
+if [ -z "$shared" ]; then
+  for d in "$root/.." "$root/../.." "$root/../../.."; do
+    if [ -d "$d/shared" ]; then shared="$(cd "$d/shared" && pwd)"; break; fi
+  done
+  shared="${shared:-$(cd "$root/.." && pwd)/shared}"
+fi
 fixtures="${PROMLAB_RUBY_FIXTURES:-$shared/fixtures/ruby-dfs}"
 
 all_args="$*"
@@ -25,6 +39,10 @@ out=""
 rounds=7
 large_rounds=3
 jobs=2
+many=full
+many_rounds=3
+promlab="$root/target/release/promlab"
+only_many=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --src) srcs+=("$2"); shift 2 ;;
@@ -33,7 +51,11 @@ while [ $# -gt 0 ]; do
     --rounds) rounds="$2"; shift 2 ;;
     --large-rounds) large_rounds="$2"; shift 2 ;;
     --jobs) jobs="$2"; shift 2 ;;
-    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
+    --many) many="$2"; shift 2 ;;
+    --many-rounds) many_rounds="$2"; shift 2 ;;
+    --promlab) promlab="$2"; shift 2 ;;
+    --only-many) only_many=1; shift ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -149,7 +171,7 @@ cases+=(mixed-all-types)
 # exporting process write its own file, which export.rb removes before it renders.
 scratch_store() {
   local d; d="$(mktemp -d "$tmp/store.XXXXXX")"
-  ln -s "$fx/$1/store"/* "$d/"
+  cp -as "$fx/$1/store/." "$d/"
   echo "$d"
 }
 
@@ -166,8 +188,12 @@ export_one() {  # rev set case -> $out/exports/<rev>/<set>/<case>.prom
 }
 
 # ---------------------------------------------------------------- byte identity
-log "byte identity: ${#cases[@]} stores x every set, $jobs at a time"
 : > "$tmp/export-times.csv"
+export -f export_one scratch_store
+export tmp out here fx
+checked=0
+if [ "$only_many" -eq 0 ]; then
+log "byte identity: ${#cases[@]} stores x every set, $jobs at a time"
 joblist="$tmp/jobs"
 : > "$joblist"
 for rev in "${revs[@]}"; do
@@ -175,13 +201,10 @@ for rev in "${revs[@]}"; do
     for c in "${cases[@]}"; do echo "$rev $set $c" >> "$joblist"; done
   done
 done
-export -f export_one scratch_store
-export tmp out here fx
 xargs -P "$jobs" -L 1 bash -c 'export_one "$0" "$1" "$2"' < "$joblist"
 
 echo "revision,set,case,reference,result,export_ms" > "$out/identity.csv"
 identity_failed=0
-checked=0
 while read -r rev set c; do
   got="$out/exports/$rev/$set/$c.prom"
   if [ -f "$fx/$c/expected.prom" ]; then ref="$fx/$c/expected.prom"; refname=expected.prom
@@ -203,6 +226,7 @@ for rev in "${revs[@]}"; do
   find "$out/exports/$rev/unpatched" -name '*.prom' ! -name 'mixed-all-types.prom' -delete
 done
 log "byte identity: $checked exports identical"
+fi
 
 # ---------------------------------------------------------------- machine
 {
@@ -222,19 +246,21 @@ log "byte identity: $checked exports identical"
 # ---------------------------------------------------------------- benchmarks
 if [ "$bench" -eq 1 ]; then
   echo "revision,task,arm,round,wall_ns,cpu_ns,units,unit" > "$out/timings.csv"
-  seed_case() { if [ "$(cat "$tmp/src/$1.series")" = v4.2.5 ]; then echo seed-repro-v4.2.5; else echo seed-repro-v5-uri; fi; }
-  bench_export() {  # rev arm case reps round
-    local d r; d="$(scratch_store "$3")"
-    r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" export "$fx/$3/registry.json" "$d" "$4")"
-    rm -rf "$d"
-    echo "$1,export $3,$2,$5,${r// /,},lines" >> "$out/timings.csv"
-  }
-  bench_write() {  # rev arm steps round
-    local d r; d="$(mktemp -d "$tmp/write.XXXXXX")"
-    r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" write "$d" "$3")"
-    rm -rf "$d"
-    echo "$1,write long label,$2,$4,${r// /,},steps" >> "$out/timings.csv"
-  }
+fi
+seed_case() { if [ "$(cat "$tmp/src/$1.series")" = v4.2.5 ]; then echo seed-repro-v4.2.5; else echo seed-repro-v5-uri; fi; }
+bench_export() {  # rev arm case reps round
+  local d r; d="$(scratch_store "$3")"
+  r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" export "$fx/$3/registry.json" "$d" "$4")"
+  rm -rf "$d"
+  echo "$1,export $3,$2,$5,${r// /,},lines" >> "$out/timings.csv"
+}
+bench_write() {  # rev arm steps round
+  local d r; d="$(mktemp -d "$tmp/write.XXXXXX")"
+  r="$(ruby -I "$tmp/arms/$1/$2/lib" "$here/bench.rb" write "$d" "$3")"
+  rm -rf "$d"
+  echo "$1,write long label,$2,$4,${r// /,},steps" >> "$out/timings.csv"
+}
+if [ "$bench" -eq 1 ] && [ "$only_many" -eq 0 ]; then
   for round in $(seq 1 "$rounds"); do
     for rev in "${revs[@]}"; do
       mapfile -t arms < <(sets_of "$rev")
@@ -252,8 +278,51 @@ if [ "$bench" -eq 1 ]; then
   done
 fi
 
+# ---------------------------------------------------------------- many-file stores
+# client_ruby lists the store directory once per metric (`Dir.glob` in stores_for_metric);
+# 07-list-once lists it once per export. Timed on the stores promlab's many-processes
+# (client_ruby#143's directory of exited workers' files) and many-metrics scenarios scrape,
+# for unpatched, list-once and all only (a full-size many-metrics export takes Ruby ~15 s).
+if [ "$bench" -eq 1 ] && [ "$many" != none ]; then
+  if [ ! -x "$promlab" ]; then
+    echo "run.sh: no promlab binary at $promlab (cargo build --release -p promlab-lab, or --promlab PATH, or --many none)" >&2
+    exit 1
+  fi
+  many_cases=()
+  for sc in many-processes many-metrics; do
+    size_flag=(); [ "$many" = quick ] && size_flag=(--quick)
+    "$promlab" scenario-store "$sc" "${size_flag[@]}" --out "$fx/$sc" 2>>"$out/many-stores.log"
+    many_cases+=("$sc")
+  done
+  many_arms=(unpatched list-once all)
+  # Each timed export writes its exposition, compared with the store's expected.prom. The
+  # generated store is private to this run, so Ruby reads it in place (a symlink copy of
+  # 50,000 files per export would cost more than the export).
+  echo "revision,set,case,round,reference,result" > "$out/identity-many.csv"
+  for round in $(seq 1 "$many_rounds"); do
+    for rev in "${revs[@]}"; do
+      n=${#many_arms[@]}
+      for i in $(seq 0 $((n - 1))); do
+        arm="${many_arms[$(( (i + round) % n ))]}"
+        for c in "${many_cases[@]}"; do
+          got="$tmp/many-$rev-$arm-$c.prom"
+          r="$(ruby -I "$tmp/arms/$rev/$arm/lib" "$here/bench.rb" export "$fx/$c/registry.json" "$fx/$c/store" 1 "$got")"
+          echo "$rev,export $c,$arm,$round,${r// /,},lines" >> "$out/timings.csv"
+          if cmp -s "$got" "$fx/$c/expected.prom"; then result=identical; else result=DIFFERENT; fi
+          echo "$rev,$arm,$c,$round,expected.prom,$result" >> "$out/identity-many.csv"
+          [ "$result" = identical ] || { echo "run.sh: $rev $arm exports $c DIFFERENTLY ($got)" >&2; exit 1; }
+          rm -f "$got"
+        done
+      done
+    done
+    log "many-file round $round/$many_rounds done"
+  done
+fi
+
 elapsed=$(( $(date +%s) - started ))
 ruby "$here/summarize.rb" "$out" "$root/experiments/results/2026-11-30-vm-full-2" "$elapsed" > "$out/summary.md"
 nsets=$(sets_of "${revs[0]}" | grep -vc unpatched)
 log "results in $out ($elapsed s)"
-echo "client_ruby: $nsets patch sets × ${#revs[@]} revisions: rspec passed, exposition identical ($checked exports)$( [ "$bench" -eq 1 ] && echo ", benchmarks in $out/summary.md")"
+many_checked=0
+[ -f "$out/identity-many.csv" ] && many_checked=$(( $(wc -l < "$out/identity-many.csv") - 1 ))
+echo "client_ruby: $nsets patch sets × ${#revs[@]} revisions: rspec passed, exposition identical ($checked exports$( [ "$many_checked" -gt 0 ] && echo ", $many_checked of the many-file stores"))$( [ "$bench" -eq 1 ] && echo ", benchmarks in $out/summary.md")"

@@ -41,7 +41,8 @@ puts table(['set', *revs], sets.map { |s|
 })
 puts
 
-ident = CSV.read(File.join(out, 'identity.csv'), headers: true)
+ident_file = File.join(out, 'identity.csv')
+ident = File.exist?(ident_file) ? CSV.read(ident_file, headers: true) : []
 cases = ident.map { |r| r['case'] }.uniq
 puts '## Byte identity (Formats::Text.marshal over a DirectFileStore at each fixture store)'
 puts
@@ -49,7 +50,18 @@ puts "Reference: each case's `expected.prom` (Ruby's own exposition); `mixed-all
      'all-types stores in one directory) has none, so its reference is the unpatched revision\'s output. ' \
      'Cells: result, export wall time of one `ruby export.rb` process (ms).'
 puts
+many_file = File.join(out, 'identity-many.csv')
+if File.exist?(many_file)
+  many = CSV.read(many_file, headers: true)
+  counts = many.group_by { |r| r['result'] }.transform_values(&:size)
+  puts "Many-file stores (`promlab scenario-store`): every timed export's exposition compared with the " \
+       "scenario's `expected.prom` (the reference exporter's answer): " \
+       "#{counts.map { |result, n| "#{n} #{result}" }.join(', ')} " \
+       "(#{many.map { |r| r['case'] }.uniq.join(', ')}; #{many.map { |r| r['set'] }.uniq.join(', ')})."
+  puts
+end
 revs.each do |rev|
+  next if ident.none? { |r| r['revision'] == rev }
   puts "### #{rev}"
   puts
   puts table(['set', *cases], sets.map { |s|

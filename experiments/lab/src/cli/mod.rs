@@ -307,6 +307,50 @@ impl ServeArgs {
     }
 }
 
+/// `promlab scenario-store`: an export scenario's store, registry and expected exposition.
+#[derive(clap::Args, Debug)]
+pub struct ScenarioStoreArgs {
+    /// An export scenario (a built-in name or a .toml path).
+    pub scenario: String,
+    /// Its quick size (default: the full size).
+    #[arg(long)]
+    pub quick: bool,
+    /// The directory to write (must not exist): `store/`, `registry.json` and
+    /// `expected.prom` (the scenario's expected answer, from its independent source).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn scenario_store(args: ScenarioStoreArgs) -> Result<()> {
+    let scenario = crate::harness::load_scenario(&args.scenario)?;
+    let size = scenario.size(args.quick);
+    if args.out.exists() {
+        bail!("{} exists; not writing over it", args.out.display());
+    }
+    let store = args.out.join("store");
+    std::fs::create_dir_all(&store)?;
+    let registry = crate::harness::workloads::write_store(&size.params, &store)?;
+    std::fs::write(args.out.join("registry.json"), registry.to_json())?;
+    let expected = crate::harness::expected_answer(&size.params)?;
+    let digest = crate::harness::digest(&expected);
+    if !size.expected.is_empty() && digest != size.expected {
+        bail!(
+            "scenario {}: the expected answer's digest is {digest}, the scenario says {}",
+            scenario.name,
+            size.expected
+        );
+    }
+    std::fs::write(args.out.join("expected.prom"), expected)?;
+    let files = std::fs::read_dir(&store)?.count();
+    eprintln!(
+        "promlab scenario-store: {} ({}): {files} store files in {}, expected.prom {digest}",
+        scenario.name,
+        if args.quick { "quick" } else { "full" },
+        store.display()
+    );
+    Ok(())
+}
+
 /// `promlab ablate`: verify, then measure, every strategy on built-in scenarios.
 #[derive(clap::Args, Debug)]
 pub struct AblateArgs {

@@ -68,13 +68,38 @@ impl WriteFloor {
 /// What is left out is all an exporter adds to that: walking the entries by
 /// their lengths, finding each key's series, folding values, grouping and
 /// formatting.
+///
+/// Mappings are a per-process resource (`vm.max_map_count`, 65,530 by
+/// default) that the arms' exporters in the same process need too, so the
+/// floor maps at most a quarter of it ([`map_budget`]); a store with more
+/// files (the 50,400 of `many-processes`) has the rest opened and read
+/// (`pread` of the used region) on every scrape, which is what a reader that
+/// cannot map them does.
 pub struct ExportFloor {
-    maps: Vec<memmap2::Mmap>,
+    files: Vec<FloorFile>,
     /// Per file: what the floor checks in it.
     plans: Vec<FilePlan>,
     distinct: Vec<u8>,
     exposition: Vec<u8>,
     out: Vec<u8>,
+    /// The used region of a file read, not mapped.
+    read: Vec<u8>,
+}
+
+/// How the floor reaches a store file's bytes.
+enum FloorFile {
+    Mapped(memmap2::Mmap),
+    /// Past the map budget: opened and its used region read, per scrape.
+    Read(std::path::PathBuf),
+}
+
+/// How many store files the export floor keeps mapped: a quarter of
+/// `vm.max_map_count` (16,382 at Linux's default).
+pub fn map_budget() -> usize {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .map_or(16_382, |max| max / 4)
 }
 
 /// One store file as the floor built: its header's `used`, and per entry
@@ -92,7 +117,8 @@ impl ExportFloor {
             .map(|e| e.map(|e| e.path()))
             .collect::<Result<_, _>>()?;
         paths.sort();
-        let mut maps = Vec::new();
+        let budget = map_budget();
+        let mut files = Vec::new();
         let mut plans = Vec::new();
         let mut distinct = Vec::new();
         let mut starts: HashMap<Vec<u8>, usize> = HashMap::new();
@@ -119,34 +145,49 @@ impl ExportFloor {
                 used: header,
                 entries: plan,
             });
-            maps.push(map);
+            files.push(if files.len() < budget {
+                FloorFile::Mapped(map)
+            } else {
+                FloorFile::Read(path.clone())
+            });
         }
         Ok(ExportFloor {
-            maps,
+            files,
             plans,
             distinct,
             exposition,
             out: Vec::new(),
+            read: Vec::new(),
         })
     }
 
     /// Bytes of store the floor reads per scrape (the used regions).
     pub fn store_bytes(&self) -> usize {
-        self.maps.iter().map(|m| used_region(m).len()).sum()
+        self.plans.iter().map(|p| p.used.max(0) as usize).sum()
     }
 
     /// One scrape; fails if the store changed since the floor was built.
     pub fn run(&mut self) -> Result<&[u8]> {
         let mut sum = 0.0f64;
-        for (map, plan) in self.maps.iter().zip(&self.plans) {
-            if header(map) != plan.used {
+        for (file, plan) in self.files.iter().zip(&self.plans) {
+            let bytes: &[u8] = match file {
+                FloorFile::Mapped(map) => map,
+                FloorFile::Read(path) => {
+                    use std::os::unix::fs::FileExt;
+                    let used = plan.used.max(MIN_USED) as usize;
+                    self.read.resize(used, 0);
+                    std::fs::File::open(path)?.read_exact_at(&mut self.read, 0)?;
+                    &self.read
+                }
+            };
+            if header(bytes) != plan.used {
                 bail!("a store file's used size changed under the floor");
             }
             for &(at, start, len) in &plan.entries {
-                if map[at..at + len] != self.distinct[start..start + len] {
+                if bytes[at..at + len] != self.distinct[start..start + len] {
                     bail!("a store entry changed under the floor");
                 }
-                let value = &map[at + len..at + len + 8];
+                let value = &bytes[at + len..at + len + 8];
                 sum += f64::from_le_bytes(value.try_into().expect("8 bytes"));
             }
         }
@@ -156,6 +197,9 @@ impl ExportFloor {
         Ok(&self.out)
     }
 }
+
+/// The bytes a file read, not mapped, must have: its header.
+const MIN_USED: i32 = 4;
 
 /// A store file's `used` as its first 4 bytes say (0 when it has none).
 fn header(map: &[u8]) -> i32 {

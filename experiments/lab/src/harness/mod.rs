@@ -14,6 +14,7 @@
 //!    medians, spread and the speed-up over the baseline;
 //! 3. **reports** a terminal table and a CSV per scenario plus `machine.txt`.
 
+pub mod clones;
 pub mod dossier;
 pub mod floor;
 pub mod peers;
@@ -68,6 +69,13 @@ pub enum Generator {
     },
     /// Export: a store client_ruby wrote (a fixture case), with Ruby's exposition.
     RubyStore { case: String },
+    /// Export: a small store client_ruby wrote (`all-types-*`) cloned under
+    /// new pids, `processes` writer processes ([`clones`]): client_ruby#143's
+    /// directory of exited workers' files.
+    RubyClones { case: String, processes: usize },
+    /// Export: `metrics` counters × `processes` processes, one entry per file,
+    /// written by promlab's writer ([`promlab::workload::many_metrics`]).
+    ManyMetrics { metrics: usize, processes: usize },
     /// Render: RabbitMQ's per-object scrape of `queues` queues.
     Rabbitmq {
         queues: usize,
@@ -96,9 +104,11 @@ impl Generator {
     pub fn stage(&self) -> Stage {
         match self {
             Generator::LongLabel { .. } => Stage::Write,
-            Generator::SeedRepro { .. } | Generator::Large { .. } | Generator::RubyStore { .. } => {
-                Stage::Export
-            }
+            Generator::SeedRepro { .. }
+            | Generator::Large { .. }
+            | Generator::RubyStore { .. }
+            | Generator::RubyClones { .. }
+            | Generator::ManyMetrics { .. } => Stage::Export,
             Generator::Rabbitmq { .. } => Stage::Render,
             Generator::Asap { .. }
             | Generator::PrometheusCaptures { .. }
@@ -123,7 +133,7 @@ impl Scenario {
 }
 
 /// The scenarios that ship with promlab (`experiments/scenarios/`), in run order.
-pub const BUILT_IN: [(&str, &str); 8] = [
+pub const BUILT_IN: [(&str, &str); 11] = [
     (
         "write-long-label",
         include_str!("../../../scenarios/write-long-label.toml"),
@@ -136,6 +146,18 @@ pub const BUILT_IN: [(&str, &str); 8] = [
     (
         "large-ruby",
         include_str!("../../../scenarios/large-ruby.toml"),
+    ),
+    (
+        "many-processes",
+        include_str!("../../../scenarios/many-processes.toml"),
+    ),
+    (
+        "many-processes-5k",
+        include_str!("../../../scenarios/many-processes-5k.toml"),
+    ),
+    (
+        "many-metrics",
+        include_str!("../../../scenarios/many-metrics.toml"),
     ),
     (
         "rabbitmq-per-object",
@@ -275,9 +297,13 @@ pub fn digest(bytes: &[u8]) -> String {
 /// the strategies under test — the one place `--print-digests` and the benches
 /// (at sizes without a stored digest) get it from:
 /// - a store client_ruby wrote: Ruby's own exposition (`expected.prom`);
-/// - a generated store (`seed-repro`, `large`): the naive references — the
-///   reference writer's files from the op logs, exported by the reference
-///   exporter ([`promlab::reference`]), none of it the code under test;
+/// - a generated store (`seed-repro`, `large`, `many-metrics`): the naive
+///   references — the reference writer's files from the op logs, exported by
+///   the reference exporter ([`promlab::reference`]), none of it the code
+///   under test;
+/// - a client_ruby store cloned under new pids (`many-processes*`): the
+///   reference exporter over the cloned directory (and the client_ruby peers,
+///   `--peers`, check Ruby's own exposition of it against the same digest);
 /// - the query: the baseline's answer through `QueryResult` and serde;
 /// - write, render and ingest: the baseline run. Their independent checks are
 ///   `promlab verify`'s (store bytes against the reference writer, quantiles
@@ -290,6 +316,14 @@ pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
             let dir = tempfile::tempdir()?;
             let case_dir = crate::fixtures::unpack_ruby_case(case, dir.path())?;
             return Ok(std::fs::read(case_dir.join("expected.prom"))?);
+        }
+        Generator::RubyClones { case, processes } => {
+            let dir = tempfile::tempdir()?;
+            let registry = clones::write(case, *processes, dir.path())?;
+            return promlab::reference::exposition::export(dir.path(), &registry);
+        }
+        Generator::ManyMetrics { metrics, processes } => {
+            Some(promlab::workload::many_metrics(*metrics, *processes))
         }
         Generator::SeedRepro {
             processes,
@@ -721,9 +755,15 @@ mod tests {
 
     #[test]
     fn generated_export_digests_come_from_the_references() {
-        // seed-repro at its full size (the same as quick) and large at its quick size:
-        // the stored digest is the naive reference writer + exporter's answer.
-        for (name, quick) in [("seed-repro", false), ("large", true)] {
+        // seed-repro at its full size (the same as quick), large, many-metrics and
+        // many-processes at their quick sizes: the stored digest is the naive reference
+        // writer + exporter's answer (the reference exporter over the cloned store).
+        for (name, quick) in [
+            ("seed-repro", false),
+            ("large", true),
+            ("many-metrics", true),
+            ("many-processes", true),
+        ] {
             let scenario = load_scenario(name).unwrap();
             let size = scenario.size(quick);
             let answer = expected_answer(&size.params).unwrap();
@@ -742,7 +782,7 @@ mod tests {
             .collect();
         use Stage::*;
         let expected = [
-            Write, Export, Export, Export, Render, Ingest, Ingest, Ingest,
+            Write, Export, Export, Export, Export, Export, Export, Render, Ingest, Ingest, Ingest,
         ];
         assert_eq!(stages, expected.map(|s| (s, s)));
         let asap = load_scenario("asap-1e5").unwrap();

@@ -26,6 +26,10 @@ pub fn build(params: &Generator) -> Result<Box<dyn Workload>> {
             *max_len,
         ))?),
         Generator::RubyStore { case } => Box::new(Export::ruby_fixture(case)?),
+        Generator::RubyClones { case, processes } => Box::new(Export::clones(case, *processes)?),
+        Generator::ManyMetrics { metrics, processes } => {
+            Box::new(Export::new(workload::many_metrics(*metrics, *processes))?)
+        }
         Generator::Rabbitmq {
             queues,
             awkward_names,
@@ -46,6 +50,41 @@ pub fn build(params: &Generator) -> Result<Box<dyn Workload>> {
             *ticks,
         )?),
     })
+}
+
+/// Writes the store of an export scenario's generator into `dir` (which must
+/// exist) and returns its registry: the directory the export arms scrape,
+/// for the peers and the upstream benchmarks to read too.
+pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::registry::Registry> {
+    let generated = match params {
+        Generator::SeedRepro {
+            processes,
+            statements,
+        } => workload::seed_repro(*processes, *statements),
+        Generator::Large {
+            processes,
+            statements,
+            max_len,
+        } => workload::large(*processes, *statements, *max_len),
+        Generator::ManyMetrics { metrics, processes } => {
+            workload::many_metrics(*metrics, *processes)
+        }
+        Generator::RubyClones { case, processes } => {
+            return super::clones::write(case, *processes, dir)
+        }
+        Generator::RubyStore { case } => {
+            let tmp = tempfile::tempdir()?;
+            let case_dir = crate::fixtures::unpack_ruby_case(case, tmp.path())?;
+            for entry in std::fs::read_dir(case_dir.join("store"))? {
+                let entry = entry?;
+                std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+            }
+            return promlab::registry::Registry::load(&case_dir.join("registry.json"));
+        }
+        other => anyhow::bail!("{other:?} is not an export scenario's generator"),
+    };
+    generated.write(dir, StrategySet::NONE)?;
+    Ok(generated.registry)
 }
 
 /// Export: a store written once by promlab's writer, scraped per run by one
@@ -75,6 +114,14 @@ impl Export {
         let case_dir = crate::fixtures::unpack_ruby_case(case, dir.path())?;
         let registry = promlab::registry::Registry::load(&case_dir.join("registry.json"))?;
         Export::from_store(dir, case_dir.join("store"), registry)
+    }
+
+    /// A client_ruby store cloned under new pids ([`super::clones`]).
+    fn clones(case: &str, processes: usize) -> Result<Export> {
+        let dir = tempfile::tempdir()?;
+        let registry = super::clones::write(case, processes, dir.path())?;
+        let store = dir.path().to_path_buf();
+        Export::from_store(dir, store, registry)
     }
 
     fn from_store(

@@ -43,7 +43,7 @@
 //!   their rows, must give every closed window of the single ingester: the
 //!   same bins and every quantile bit for bit ([`split_and_merge_check`]).
 
-mod embedded;
+pub(crate) mod embedded;
 pub mod generate;
 
 use crate::cluster::hashmod;

@@ -8,6 +8,7 @@
 //! differ from ours (a paced feed, a different file format); the report
 //! compares per unit: `ratio_to_all` = the peer's time per unit ÷ promlab-all's.
 
+pub mod client_ruby;
 pub mod crates_render;
 pub mod python_export;
 // ingest peers
@@ -112,8 +113,11 @@ pub trait Peer {
 
 /// Every peer promlab knows, in the order their rows appear.
 pub fn all() -> Vec<Box<dyn Peer>> {
+    let [ruby_4, ruby_5] = client_ruby::peers();
     vec![
         Box::new(python_export::PythonPrometheusClient),
+        Box::new(ruby_4),
+        Box::new(ruby_5),
         Box::new(crates_render::PrometheusClientCrate),
         Box::new(crates_render::PrometheusCrate),
         // ingest peers
