@@ -515,15 +515,16 @@ fn read_entry_by_entry_inner(
 // ---------------------------------------------------------------------------
 // Series: decoded label sets, grouped, and one scrape's aggregated values.
 
-/// Values of one label set, folded as they arrive in file order.
+/// Values of one label set, folded as they arrive in file order (the fold,
+/// `crate::fold`, folds exited processes' files by the same rule).
 #[derive(Clone, Copy, Debug)]
-struct Aggregate {
-    value: f64,
-    timestamp: f64,
+pub(crate) struct Aggregate {
+    pub(crate) value: f64,
+    pub(crate) timestamp: f64,
 }
 
 impl Aggregate {
-    fn fold(&mut self, mode: ProcessAggregation, value: f64, timestamp: f64) {
+    pub(crate) fn fold(&mut self, mode: ProcessAggregation, value: f64, timestamp: f64) {
         match mode {
             ProcessAggregation::Sum => self.value += value,
             // Ruby keeps the first of equal values. NaN: Ruby's `Array#max`

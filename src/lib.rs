@@ -22,10 +22,12 @@
 
 pub mod compare;
 pub mod export;
+pub mod fold;
 pub mod formenc;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ingest;
+pub mod liveness;
 pub mod mapguard;
 pub mod ops;
 pub mod reference;
