@@ -42,13 +42,13 @@
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
 //! recomputed every scrape, so output never depends on history.
 
+use crate::fileset::{FileSet, Listed, Listing};
 use crate::formenc::{self, Unescape};
+use crate::liveness::{self, Writers};
 use crate::mapguard;
 use crate::registry::{is_label_name, MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::render;
-use crate::storefile::{
-    check_used, entries, flock, metric_files, strip_padding, Entry, EntryError, HEADER_SIZE,
-};
+use crate::storefile::{check_used, entries, flock, strip_padding, Entry, EntryError, HEADER_SIZE};
 use crate::strategy::{Strategy, StrategySet};
 use crate::text;
 use crate::values::{DecodedLabels, Group, HistogramValue, MetricValues, SummaryValue};
@@ -59,6 +59,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
@@ -163,35 +164,93 @@ impl FileFailure {
 
 type FileResult<T> = std::result::Result<T, FileFailure>;
 
+/// The writers seam ([`Strategy::FoldExited`]): whether the exporter knows
+/// which files' writers have exited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Liveness {
+    /// Baseline: every file may have a live writer, so every read takes its
+    /// `flock` (client_ruby's protocol).
+    AssumeLive,
+    /// `fold-exited`: a kept file whose writer has exited
+    /// ([`crate::liveness`]) cannot change, so it is read in place without
+    /// its lock; files with a live writer keep client_ruby's protocol.
+    Leases,
+}
+
 /// Reads store files: the read seam, and what it keeps between files and scrapes.
 struct FileReader {
     read: FileRead,
-    /// The baseline's key buffer.
+    liveness: Liveness,
+    /// The baseline's key buffer; `Mapped`'s read buffer.
     key: Vec<u8>,
-    /// `KeptMapped`: files kept open and mapped, at most `kept_limit` of them
-    /// (the others are mapped per scrape, as `Mapped` does).
-    kept: AHashMap<PathBuf, KeptFile>,
-    kept_limit: usize,
-    /// Counts scrapes, to drop the files a scrape no longer found.
+    /// `KeptMapped`: per listed file's slot, the file kept mapped.
+    kept: Vec<Option<KeptFile>>,
+    /// Descriptors kept open (of files with a writer, for their lock) at most.
+    fd_limit: usize,
+    fds: usize,
+    /// Counts scrapes.
     scrape: u64,
 }
 
-/// A store file kept open and mapped between scrapes, so a scrape of it is a
-/// `stat` and two `flock`s, not an open, a map, page faults and an unmap.
-/// Holding it open keeps its inode from being reused: the same (device,
-/// inode) at its path is the same file.
+/// A store file kept mapped between scrapes, so a scrape of it is a walk of
+/// the mapping (plus, while its writer may be live, the `flock` pair), not an
+/// open, a map, page faults, an unmap and a close. The descriptor is closed
+/// once the file's writer is known to have exited: a mapping outlives its
+/// descriptor, so no descriptor limit bounds how many files are kept.
 struct KeptFile {
-    file: File,
+    /// The inode the listing gave for the slot.
+    ino: u64,
     /// `None` while the file is shorter than a header.
     map: Option<memmap2::Mmap>,
-    id: (u64, u64),
-    scrape: u64,
+    /// Kept while the file's writer may be live (its lock is taken every scrape).
+    fd: Option<File>,
+    writers: Writers,
+    /// The scrape of the last liveness probe.
+    probed: u64,
 }
 
-/// How many files `KeptMapped` keeps open: a quarter of the descriptor limit,
-/// so the server keeps descriptors for connections and for files mapped per
-/// scrape, and a store of thousands of files degrades to per-scrape mapping
-/// instead of failing.
+impl Drop for KeptFile {
+    fn drop(&mut self) {
+        if self.map.is_some() {
+            KEPT_MAPS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Mappings kept by every exporter of this process. Each is one entry of the
+/// kernel's per-process map table (`vm.max_map_count`, 65,530 by default),
+/// shared with everything else the process maps: past [`map_limit`], files
+/// are mapped per scrape instead, and an `mmap` refused for lack of entries
+/// lowers the limit to what is kept.
+static KEPT_MAPS: AtomicUsize = AtomicUsize::new(0);
+static MAP_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// `vm.max_map_count` less 8,192 entries (or half of it, if larger) for the
+/// rest of the process: thread stacks, libraries, allocator arenas.
+fn map_limit() -> usize {
+    let limit = MAP_LIMIT.load(Ordering::Relaxed);
+    if limit != usize::MAX {
+        return limit;
+    }
+    let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(65_530);
+    let limit = max.saturating_sub(8192).max(max / 2);
+    MAP_LIMIT.store(limit, Ordering::Relaxed);
+    limit
+}
+
+/// How often (in scrapes) a kept file whose writer is live is probed again
+/// when no inotify event says its writer closed it.
+const PROBE_EVERY: u64 = 64;
+/// Exited files of a metric probed again per scrape, in turn, in case a new
+/// process was given the dead one's pid and opened its file.
+const REPROBES_PER_SCRAPE: usize = 4;
+
+/// How many descriptors `KeptMapped` keeps open (files with a live writer,
+/// for their lock): a quarter of the descriptor limit, so the server keeps
+/// descriptors for connections; past it, such files are opened per scrape.
 fn kept_limit() -> usize {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -203,106 +262,314 @@ fn kept_limit() -> usize {
     } else {
         1024
     };
-    (soft / 4).clamp(16, 4096) as usize
+    (soft / 4).clamp(16, 1 << 20) as usize
+}
+
+/// What a walk of a kept mapping found.
+enum KeptWalk {
+    Done,
+    /// `used` is past the mapping: the file grew (it has a writer); map it again.
+    Grew,
+    /// No guard slot was free: read it under its lock instead.
+    Unguarded,
 }
 
 impl FileReader {
-    fn new(read: FileRead) -> FileReader {
+    fn new(read: FileRead, liveness: Liveness) -> FileReader {
         FileReader {
             read,
+            liveness,
             key: Vec::new(),
-            kept: AHashMap::new(),
-            kept_limit: kept_limit(),
+            kept: Vec::new(),
+            fd_limit: kept_limit(),
+            fds: 0,
             scrape: 0,
         }
     }
 
-    /// Reads one store file under `flock` (waiting until `deadline` at most)
-    /// and hands each entry to `visit`. On failure, `visit` may have seen
-    /// some of the file's entries.
+    /// Reads one store file under `flock` (waiting until `deadline` at most;
+    /// with `Leases`, a kept file whose writer has exited without it) and
+    /// hands each entry to `visit`. On failure, `visit` may have seen some
+    /// of the file's entries.
     fn read(
         &mut self,
-        path: &Path,
+        dir: &Path,
+        file: &Listed,
         deadline: Instant,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
         match self.read {
             FileRead::EntryByEntry => {
                 let key = &mut self.key;
-                read_locked(path, deadline, |file| read_entry_by_entry(file, key, visit))
+                read_locked(&file.path(dir), deadline, |f| {
+                    read_entry_by_entry(f, key, visit)
+                })
             }
-            FileRead::KeptMapped
-                if self.kept.contains_key(path) || self.kept.len() < self.kept_limit =>
-            {
-                self.read_kept(path, deadline, visit)
-            }
-            FileRead::Mapped | FileRead::KeptMapped => read_locked(path, deadline, |file| {
-                walk_mapped(file, &map_file(file)?, visit)
-            }),
+            FileRead::KeptMapped => self.read_kept(dir, file, deadline, visit),
+            FileRead::Mapped => self.read_once(&file.path(dir), deadline, visit),
         }
+    }
+
+    /// `Mapped`: opened, locked, read and closed. A file whose used region
+    /// fits the read buffer is read with one `pread` (a mapping costs an
+    /// `mmap`, page faults and an `munmap`: more than copying a few KiB); a
+    /// larger one is mapped.
+    fn read_once(
+        &mut self,
+        path: &Path,
+        deadline: Instant,
+        visit: &mut impl FnMut(Entry<'_>),
+    ) -> FileResult<()> {
+        const SMALL: usize = 64 * 1024;
+        let buf = &mut self.key;
+        read_locked(path, deadline, |file| {
+            use std::os::unix::fs::FileExt;
+            buf.resize(SMALL, 0);
+            let mut n = 0;
+            while n < SMALL {
+                match file.read_at(&mut buf[n..], n as u64) {
+                    Ok(0) => break,
+                    Ok(read) => n += read,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(FileFailure::new(FileSkip::Unreadable, e)),
+                }
+            }
+            if n < 4 {
+                // Shorter than a header: being created; empty, as in Ruby.
+                return Ok(());
+            }
+            let used = i32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
+            if n == SMALL && used as usize > SMALL {
+                return walk_mapped(file, &map_file(file)?, visit);
+            }
+            walk(&buf[..n], visit).map_err(|e| FileFailure::new(FileSkip::Corrupt, e))
+        })
     }
 
     fn start_scrape(&mut self) {
         self.scrape += 1;
     }
 
-    /// Closes the files this scrape did not find (deleted ones).
-    fn end_scrape(&mut self) {
-        let scrape = self.scrape;
-        self.kept.retain(|_, kept| kept.scrape == scrape);
+    /// Forgets a file the listing no longer has at that slot (deleted or replaced).
+    fn forget(&mut self, slot: u32) {
+        if let Some(kept) = self.kept.get_mut(slot as usize).and_then(Option::take) {
+            if kept.fd.is_some() {
+                self.fds -= 1;
+            }
+        }
+    }
+
+    /// A watched store saw the writer of the file at `slot` close it: probe
+    /// it at its next read.
+    fn writer_closed(&mut self, slot: u32) {
+        if let Some(Some(kept)) = self.kept.get_mut(slot as usize) {
+            if kept.writers != Writers::None {
+                kept.writers = Writers::Unknown;
+            }
+        }
+    }
+
+    /// `Leases`: a few exited files are probed again each scrape, in turn;
+    /// one found with a writer (a new process given the dead one's pid
+    /// reopened it) is read under its lock again.
+    fn reprobe_exited(&mut self, dir: &Path, files: &[Listed], cursor: &mut usize) {
+        if self.liveness != Liveness::Leases || files.is_empty() {
+            return;
+        }
+        for _ in 0..REPROBES_PER_SCRAPE.min(files.len()) {
+            *cursor = (*cursor + 1) % files.len();
+            let listed = &files[*cursor];
+            let Some(Some(kept)) = self.kept.get_mut(listed.slot as usize) else {
+                continue;
+            };
+            if kept.writers != Writers::None || kept.ino != listed.ino {
+                continue;
+            }
+            if let Ok(file) = open_regular(&listed.path(dir)) {
+                kept.writers = liveness::probe(&file);
+                kept.probed = self.scrape;
+            }
+        }
     }
 
     /// [`FileReader::read`] through a [`KeptFile`].
     fn read_kept(
         &mut self,
-        path: &Path,
+        dir: &Path,
+        listed: &Listed,
         deadline: Instant,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(path).map_err(open_failure)?;
-        if !meta.is_file() {
-            self.kept.remove(path);
-            return Err(FileFailure::new(
-                FileSkip::NotRegular,
-                anyhow!("not a regular file"),
-            ));
+        let slot = listed.slot as usize;
+        if self.kept.len() <= slot {
+            self.kept.resize_with(slot + 1, || None);
         }
-        let id = (meta.dev(), meta.ino());
-        if self.kept.get(path).is_none_or(|kept| kept.id != id) {
-            let file = open_regular(path)?;
-            let kept = KeptFile {
-                file,
-                map: None,
-                id,
-                scrape: 0,
-            };
-            self.kept.insert(path.to_path_buf(), kept);
-        }
-        let kept = self.kept.get_mut(path).expect("inserted above");
-        kept.scrape = self.scrape;
-        let fd = kept.file.as_raw_fd();
-        lock_until(fd, deadline)?;
-        let result = (|| {
-            // Writers grow a file by doubling it; map it again when its size
-            // moved (a size read under the lock).
-            let len = kept
-                .file
-                .metadata()
-                .map_err(|e| FileFailure::new(FileSkip::Unreadable, e))?
-                .len();
-            if kept.map.as_ref().map_or(0, |m| m.len() as u64) != len {
-                kept.map = None;
-                kept.map = map_file(&kept.file)?;
+        let known = self.kept[slot]
+            .as_ref()
+            .is_some_and(|kept| kept.ino == listed.ino);
+        if !known {
+            self.forget(listed.slot);
+            let path = listed.path(dir);
+            if KEPT_MAPS.load(Ordering::Relaxed) >= map_limit() {
+                // No map entries to keep one more: read it as `Mapped` does.
+                return self.read_once(&path, deadline, visit);
             }
-            walk_mapped(&kept.file, &kept.map, visit)
-        })();
-        let _ = flock(fd, libc::LOCK_UN);
+            let file = open_regular(&path)?;
+            let map = match map_file(&file) {
+                Err(failure) if is_out_of_maps(&failure) => {
+                    MAP_LIMIT.store(KEPT_MAPS.load(Ordering::Relaxed), Ordering::Relaxed);
+                    drop(file);
+                    return self.read_once(&path, deadline, visit);
+                }
+                map => map?,
+            };
+            if map.is_some() {
+                KEPT_MAPS.fetch_add(1, Ordering::Relaxed);
+            }
+            self.fds += 1;
+            self.kept[slot] = Some(KeptFile {
+                ino: listed.ino,
+                map,
+                fd: Some(file),
+                writers: Writers::Unknown,
+                probed: 0,
+            });
+        }
+        let kept = self.kept[slot].as_mut().expect("kept above");
+        let mut result = Ok(());
+        let mut locked = true;
+        if self.liveness == Liveness::Leases && kept.writers == Writers::None {
+            locked = false;
+            if let Some(map) = &kept.map {
+                match walk_kept(map, visit) {
+                    Ok(KeptWalk::Done) => {}
+                    Ok(KeptWalk::Grew) => {
+                        kept.writers = Writers::Open;
+                        locked = true;
+                    }
+                    Ok(KeptWalk::Unguarded) => locked = true,
+                    Err(failure) => result = Err(failure),
+                }
+            }
+            // (No map: it exited before writing a header; nothing, for ever.)
+        }
+        if locked {
+            result = read_kept_locked(
+                kept,
+                dir,
+                listed,
+                deadline,
+                self.liveness,
+                self.scrape,
+                &mut self.fds,
+                visit,
+            );
+        }
         if result.is_err() {
             // Read it afresh next time (a faulted mapping holds zero pages).
-            self.kept.remove(path);
+            self.forget(listed.slot);
+            return result;
         }
-        result
+        // Keep the descriptor only while its lock will be taken again, and
+        // within the budget.
+        let kept = self.kept[slot].as_mut().expect("kept above");
+        let wanted = match self.liveness {
+            Liveness::AssumeLive => true,
+            Liveness::Leases => kept.writers != Writers::None,
+        };
+        if kept.fd.is_some() && (!wanted || self.fds > self.fd_limit) {
+            kept.fd = None;
+            self.fds -= 1;
+        }
+        Ok(())
+    }
+}
+
+/// A kept file read under its lock (client_ruby's protocol), mapped again if
+/// it grew; with `Leases`, its writers probed when due.
+fn read_kept_locked(
+    kept: &mut KeptFile,
+    dir: &Path,
+    listed: &Listed,
+    deadline: Instant,
+    seam: Liveness,
+    scrape: u64,
+    fds: &mut usize,
+    visit: &mut impl FnMut(Entry<'_>),
+) -> FileResult<()> {
+    if kept.fd.is_none() {
+        // Opened for this read (the caller keeps it if it may).
+        kept.fd = Some(open_regular(&listed.path(dir))?);
+        *fds += 1;
+    }
+    let file = kept.fd.as_ref().expect("opened above");
+    let fd = file.as_raw_fd();
+    lock_until(fd, deadline)?;
+    let map = &mut kept.map;
+    let result = (|| {
+        if map.is_none() {
+            *map = map_file(file)?;
+            if map.is_some() {
+                KEPT_MAPS.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let Some(mapped) = map.as_ref() else {
+            return Ok(());
+        };
+        match walk_kept(mapped, visit)? {
+            KeptWalk::Done => Ok(()),
+            KeptWalk::Unguarded => walk_mapped(file, map, visit),
+            KeptWalk::Grew => {
+                // Writers grow a file by doubling it: map it again, at the
+                // size read under the lock.
+                *map = None;
+                KEPT_MAPS.fetch_sub(1, Ordering::Relaxed);
+                *map = map_file(file)?;
+                if map.is_some() {
+                    KEPT_MAPS.fetch_add(1, Ordering::Relaxed);
+                }
+                walk_mapped(file, map, visit)
+            }
+        }
+    })();
+    let _ = flock(fd, libc::LOCK_UN);
+    if result.is_ok()
+        && seam == Liveness::Leases
+        && (kept.writers == Writers::Unknown || scrape >= kept.probed + PROBE_EVERY)
+    {
+        kept.writers = liveness::probe(file);
+        kept.probed = scrape;
+    }
+    result
+}
+
+/// Whether a failed `mmap` ran out of the process's map entries.
+fn is_out_of_maps(failure: &FileFailure) -> bool {
+    failure
+        .error
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::raw_os_error)
+        == Some(libc::ENOMEM)
+}
+
+/// Walks a kept mapping, guarded against the file shrinking, unless its
+/// `used` is past the mapping (the file grew).
+fn walk_kept(map: &memmap2::Mmap, visit: &mut impl FnMut(Entry<'_>)) -> FileResult<KeptWalk> {
+    let walked = mapguard::read_guarded(map, |map| {
+        let used = i32::from_le_bytes(map[..4].try_into().expect("4 bytes"));
+        if used > 0 && used as u64 > map.len() as u64 {
+            return Ok(KeptWalk::Grew);
+        }
+        walk(map, visit).map(|()| KeptWalk::Done)
+    });
+    match walked {
+        Ok(Ok(walk)) => Ok(walk),
+        Ok(Err(e)) => Err(FileFailure::new(FileSkip::Corrupt, e)),
+        Err(mapguard::Unguarded::Faulted) => Err(FileFailure::new(
+            FileSkip::Corrupt,
+            anyhow!("the file shrank while it was read"),
+        )),
+        Err(mapguard::Unguarded::Unavailable) => Ok(KeptWalk::Unguarded),
     }
 }
 
@@ -579,11 +846,11 @@ struct RawKeys {
     /// not read before is hinted by the one read just before it, as processes
     /// running the same code often write the same keys in the same order.
     /// Hints are only guesses: every key is compared in full.
-    files: AHashMap<PathBuf, Vec<usize>>,
+    files: AHashMap<u32, Vec<usize>>,
     /// `files` of this scrape: files gone from the store drop out of it.
-    next_files: AHashMap<PathBuf, Vec<usize>>,
+    next_files: AHashMap<u32, Vec<usize>>,
     /// The file read last in this scrape (its ids are in `next_files`).
-    last_read: Option<PathBuf>,
+    last_read: Option<u32>,
     hint: Vec<usize>,
     this_file: Vec<usize>,
 }
@@ -603,10 +870,10 @@ fn hash_raw_key(key: &[u8]) -> u64 {
 }
 
 impl RawKeys {
-    fn start_file(&mut self, path: &Path) {
+    fn start_file(&mut self, slot: u32) {
         // The hint's buffer becomes this file's list: a warm scrape moves id
         // lists between files and scrapes instead of copying them.
-        let spare = match self.files.remove(path) {
+        let spare = match self.files.remove(&slot) {
             Some(own) => std::mem::replace(&mut self.hint, own),
             None => {
                 let last = self.last_read.as_ref().and_then(|p| self.next_files.get(p));
@@ -620,10 +887,10 @@ impl RawKeys {
         self.this_file.clear();
     }
 
-    fn end_file(&mut self, path: &Path) {
+    fn end_file(&mut self, slot: u32) {
         let ids = std::mem::take(&mut self.this_file);
-        self.next_files.insert(path.to_path_buf(), ids);
-        self.last_read = Some(path.to_path_buf());
+        self.next_files.insert(slot, ids);
+        self.last_read = Some(slot);
     }
 
     fn end_scrape(&mut self) {
@@ -1059,6 +1326,8 @@ fn histogram_value<'t>(
 struct MetricState {
     catalogue: Catalogue,
     scrape: Scrape,
+    /// Where the re-probing of exited files goes on (`Liveness::Leases`).
+    reprobe: usize,
 }
 
 /// With `prerender`, a catalogue holding more than this many times the series
@@ -1074,6 +1343,8 @@ struct ExportSeams {
     read: FileRead,
     decode: KeyDecode,
     keep: Keep,
+    listing: Listing,
+    liveness: Liveness,
 }
 
 impl ExportSeams {
@@ -1088,12 +1359,15 @@ impl ExportSeams {
         } else {
             Keep::Nothing
         };
+        let (read, listing) = match (s.contains(Strategy::SingleRead), keep) {
+            (false, _) => (FileRead::EntryByEntry, Listing::PerMetric),
+            (true, Keep::Nothing) => (FileRead::Mapped, Listing::OncePerScrape),
+            (true, Keep::Catalogue) => (FileRead::KeptMapped, Listing::Watched),
+        };
         ExportSeams {
-            read: match (s.contains(Strategy::SingleRead), keep) {
-                (false, _) => FileRead::EntryByEntry,
-                (true, Keep::Nothing) => FileRead::Mapped,
-                (true, Keep::Catalogue) => FileRead::KeptMapped,
-            },
+            read,
+            listing,
+            liveness: Liveness::AssumeLive,
             decode: if s.contains(Strategy::DecodeOnce) {
                 KeyDecode::OncePerRawKey(unescape)
             } else {
@@ -1181,6 +1455,7 @@ pub struct Exporter {
     dir: PathBuf,
     registry: Registry,
     seams: ExportSeams,
+    files: FileSet,
     reader: FileReader,
     metrics: Vec<MetricState>,
     catalogue_floor: usize,
@@ -1199,13 +1474,16 @@ impl Exporter {
             .map(|def| MetricState {
                 catalogue: seams.new_catalogue(def.kind),
                 scrape: Scrape::default(),
+                reprobe: 0,
             })
             .collect();
+        let names: Vec<String> = registry.metrics.iter().map(|m| m.name.clone()).collect();
         Exporter {
             dir: dir.to_path_buf(),
+            files: FileSet::new(dir, &names, seams.listing),
             registry,
             seams,
-            reader: FileReader::new(seams.read),
+            reader: FileReader::new(seams.read, seams.liveness),
             metrics,
             catalogue_floor: 1024,
             budget: None,
@@ -1231,7 +1509,7 @@ impl Exporter {
 
     #[doc(hidden)]
     pub fn with_kept_limit(mut self, limit: usize) -> Exporter {
-        self.reader.kept_limit = limit;
+        self.reader.fd_limit = limit;
         self
     }
 
@@ -1248,6 +1526,7 @@ impl Exporter {
     pub fn values(&mut self, def_index: usize) -> Result<MetricValues<'_>> {
         self.report.clear();
         let deadline = self.deadline();
+        let _fold_lock = self.begin_scrape()?;
         self.scrape(def_index, deadline)?;
         let state = &self.metrics[def_index];
         Ok(metric_values(
@@ -1282,8 +1561,17 @@ impl Exporter {
             state.catalogue = self.seams.new_catalogue(def.kind);
             state.scrape = Scrape::default();
         }
-        let MetricState { catalogue, scrape } = state;
-        let files = metric_files(&self.dir, &def.name)?;
+        let MetricState {
+            catalogue,
+            scrape,
+            reprobe,
+        } = state;
+        self.files.list(def_index)?;
+        for slot in self.files.take_released() {
+            self.reader.forget(slot);
+        }
+        let (files, excluded) = self.files.view(def_index);
+        let dir = &self.dir;
         // Per file: failed tries so far; two mean it is left out.
         let mut failures = vec![0u8; files.len()];
         let report = &mut self.report;
@@ -1291,23 +1579,28 @@ impl Exporter {
             scrape.start();
             let entries_skipped_before = report.entries.clone();
             let details_before = report.entry_details.len();
-            for (i, path) in files.iter().enumerate() {
+            for (i, file) in files.iter().enumerate() {
                 if failures[i] >= 2 {
+                    continue;
+                }
+                if !excluded.is_empty() && excluded.get(&*file.name) == Some(&file.ino) {
+                    // Folded by a batch that committed and is not finished.
                     continue;
                 }
                 if Instant::now() >= deadline {
                     failures[i] = 2;
                     report.files.push(SkippedFile {
-                        path: path.clone(),
+                        path: file.path(dir),
                         reason: FileSkip::Deadline,
                         error: "the scrape's time budget ran out".to_owned(),
                     });
                     continue;
                 }
-                catalogue.raw.start_file(path);
+                catalogue.raw.start_file(file.slot);
                 let mut counted = 0usize;
                 let read = self.reader.read(
-                    path,
+                    dir,
+                    file,
                     deadline.min(Instant::now() + LOCK_WAIT),
                     &mut |entry| match catalogue.lookup(&entry) {
                         Ok(series) => {
@@ -1318,7 +1611,7 @@ impl Exporter {
                             *report.entries.entry(bad.reason).or_default() += 1;
                             if report.entry_details.len() < ENTRY_DETAILS_KEPT {
                                 report.entry_details.push((
-                                    path.clone(),
+                                    file.path(dir),
                                     format!("entry at offset {}: {}", entry.offset(), bad.detail),
                                 ));
                             }
@@ -1326,14 +1619,14 @@ impl Exporter {
                     },
                 );
                 match read {
-                    Ok(()) => catalogue.raw.end_file(path),
+                    Ok(()) => catalogue.raw.end_file(file.slot),
                     Err(failure) => {
                         failures[i] += 1;
                         let retry = failure.reason == FileSkip::Corrupt && failures[i] < 2;
                         if !retry {
                             failures[i] = 2;
                             report.files.push(SkippedFile {
-                                path: path.clone(),
+                                path: file.path(dir),
                                 reason: failure.reason,
                                 error: format!("{:#}", failure.error),
                             });
@@ -1349,6 +1642,7 @@ impl Exporter {
             }
             break;
         }
+        self.reader.reprobe_exited(dir, files, reprobe);
         catalogue.raw.end_scrape();
         scrape.group(catalogue);
         Ok(())
@@ -1364,15 +1658,29 @@ impl Exporter {
         out.clear();
         self.report.clear();
         let deadline = self.deadline();
-        self.reader.start_scrape();
+        let _fold_lock = self.begin_scrape()?;
         for i in 0..self.registry.metrics.len() {
             self.scrape(i, deadline)?;
             let (def, state) = (&self.registry.metrics[i], &self.metrics[i]);
             let values = metric_values(def, &state.catalogue, &state.scrape);
             render::write_family(out, def, &values);
         }
-        self.reader.end_scrape();
         Ok(())
+    }
+
+    /// Brings the file set up to date; the reader forgets files gone or
+    /// replaced. Holds the fold lock (shared) for the scrape, if the store
+    /// was folded.
+    fn begin_scrape(&mut self) -> Result<Option<crate::fold::SharedLock>> {
+        self.reader.start_scrape();
+        let lock = self.files.begin_scrape()?;
+        for slot in self.files.take_released() {
+            self.reader.forget(slot);
+        }
+        for slot in self.files.take_writer_closed() {
+            self.reader.writer_closed(slot);
+        }
+        Ok(lock)
     }
 }
 

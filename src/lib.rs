@@ -22,6 +22,7 @@
 
 pub mod compare;
 pub mod export;
+mod fileset;
 pub mod fold;
 pub mod formenc;
 #[doc(hidden)]

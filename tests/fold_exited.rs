@@ -181,10 +181,11 @@ proptest! {
             }
         }
         prop_assert!(files_after.len() <= files_before.len());
-        // Folded again: nothing left to do, nothing changes.
-        let again = fold_store(dir.path(), &registry, &config).unwrap();
-        prop_assert_eq!(again.files_folded, 0, "{:?}", again);
+        // Folded again (a run cut where a sum did not associate may fold
+        // further once its neighbours are folded): nothing changes.
+        fold_store(dir.path(), &registry, &config).unwrap();
         prop_assert!(export_all(dir.path(), &registry) == after);
+        prop_assert!(files(dir.path()).len() <= files_after.len());
         // Nothing of the fold's own is left behind.
         let fold_dir = dir.path().join(promlab::fold::FOLD_DIR);
         let leftovers: Vec<_> = std::fs::read_dir(&fold_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
