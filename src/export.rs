@@ -183,8 +183,8 @@ struct FileReader {
     liveness: Liveness,
     /// The baseline's key buffer; `Mapped`'s read buffer.
     key: Vec<u8>,
-    /// `KeptMapped`: per listed file's slot, the file kept mapped.
-    kept: Vec<Option<KeptFile>>,
+    /// `KeptMapped`: per metric, per listed file's slot, the file kept mapped.
+    kept: Vec<Vec<Option<KeptFile>>>,
     /// Descriptors kept open (of files with a writer, for their lock) at most.
     fd_limit: usize,
     fds: usize,
@@ -294,6 +294,7 @@ impl FileReader {
     fn read(
         &mut self,
         dir: &Path,
+        metric: usize,
         file: &Listed,
         deadline: Instant,
         visit: &mut impl FnMut(Entry<'_>),
@@ -305,7 +306,7 @@ impl FileReader {
                     read_entry_by_entry(f, key, visit)
                 })
             }
-            FileRead::KeptMapped => self.read_kept(dir, file, deadline, visit),
+            FileRead::KeptMapped => self.read_kept(dir, metric, file, deadline, visit),
             FileRead::Mapped => self.read_once(&file.path(dir), deadline, visit),
         }
     }
@@ -325,15 +326,14 @@ impl FileReader {
         read_locked(path, deadline, |file| {
             use std::os::unix::fs::FileExt;
             buf.resize(SMALL, 0);
-            let mut n = 0;
-            while n < SMALL {
-                match file.read_at(&mut buf[n..], n as u64) {
-                    Ok(0) => break,
-                    Ok(read) => n += read,
+            // A regular file reads short only at its end.
+            let n = loop {
+                match file.read_at(buf, 0) {
+                    Ok(n) => break n,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(FileFailure::new(FileSkip::Unreadable, e)),
                 }
-            }
+            };
             if n < 4 {
                 // Shorter than a header: being created; empty, as in Ruby.
                 return Ok(());
@@ -351,18 +351,25 @@ impl FileReader {
     }
 
     /// Forgets a file the listing no longer has at that slot (deleted or replaced).
-    fn forget(&mut self, slot: u32) {
-        if let Some(kept) = self.kept.get_mut(slot as usize).and_then(Option::take) {
-            if kept.fd.is_some() {
-                self.fds -= 1;
-            }
+    fn forget(&mut self, metric: usize, slot: u32) {
+        let kept = self
+            .kept
+            .get_mut(metric)
+            .and_then(|files| files.get_mut(slot as usize))
+            .and_then(Option::take);
+        if kept.is_some_and(|kept| kept.fd.is_some()) {
+            self.fds -= 1;
         }
     }
 
     /// A watched store saw the writer of the file at `slot` close it: probe
     /// it at its next read.
-    fn writer_closed(&mut self, slot: u32) {
-        if let Some(Some(kept)) = self.kept.get_mut(slot as usize) {
+    fn writer_closed(&mut self, metric: usize, slot: u32) {
+        let kept = self
+            .kept
+            .get_mut(metric)
+            .and_then(|files| files.get_mut(slot as usize));
+        if let Some(Some(kept)) = kept {
             if kept.writers != Writers::None {
                 kept.writers = Writers::Unknown;
             }
@@ -372,14 +379,18 @@ impl FileReader {
     /// `Leases`: a few exited files are probed again each scrape, in turn;
     /// one found with a writer (a new process given the dead one's pid
     /// reopened it) is read under its lock again.
-    fn reprobe_exited(&mut self, dir: &Path, files: &[Listed], cursor: &mut usize) {
+    fn reprobe_exited(&mut self, dir: &Path, metric: usize, files: &[Listed], cursor: &mut usize) {
         if self.liveness != Liveness::Leases || files.is_empty() {
             return;
         }
         for _ in 0..REPROBES_PER_SCRAPE.min(files.len()) {
             *cursor = (*cursor + 1) % files.len();
             let listed = &files[*cursor];
-            let Some(Some(kept)) = self.kept.get_mut(listed.slot as usize) else {
+            let kept = self
+                .kept
+                .get_mut(metric)
+                .and_then(|files| files.get_mut(listed.slot as usize));
+            let Some(Some(kept)) = kept else {
                 continue;
             };
             if kept.writers != Writers::None || kept.ino != listed.ino {
@@ -396,19 +407,23 @@ impl FileReader {
     fn read_kept(
         &mut self,
         dir: &Path,
+        metric: usize,
         listed: &Listed,
         deadline: Instant,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
         let slot = listed.slot as usize;
-        if self.kept.len() <= slot {
-            self.kept.resize_with(slot + 1, || None);
+        if self.kept.len() <= metric {
+            self.kept.resize_with(metric + 1, Vec::new);
         }
-        let known = self.kept[slot]
+        if self.kept[metric].len() <= slot {
+            self.kept[metric].resize_with(slot + 1, || None);
+        }
+        let known = self.kept[metric][slot]
             .as_ref()
             .is_some_and(|kept| kept.ino == listed.ino);
         if !known {
-            self.forget(listed.slot);
+            self.forget(metric, listed.slot);
             let path = listed.path(dir);
             if KEPT_MAPS.load(Ordering::Relaxed) >= map_limit() {
                 // No map entries to keep one more: read it as `Mapped` does.
@@ -427,7 +442,7 @@ impl FileReader {
                 KEPT_MAPS.fetch_add(1, Ordering::Relaxed);
             }
             self.fds += 1;
-            self.kept[slot] = Some(KeptFile {
+            self.kept[metric][slot] = Some(KeptFile {
                 ino: listed.ino,
                 map,
                 fd: Some(file),
@@ -435,7 +450,7 @@ impl FileReader {
                 probed: 0,
             });
         }
-        let kept = self.kept[slot].as_mut().expect("kept above");
+        let kept = self.kept[metric][slot].as_mut().expect("kept above");
         let mut result = Ok(());
         let mut locked = true;
         if self.liveness == Liveness::Leases && kept.writers == Writers::None {
@@ -467,12 +482,12 @@ impl FileReader {
         }
         if result.is_err() {
             // Read it afresh next time (a faulted mapping holds zero pages).
-            self.forget(listed.slot);
+            self.forget(metric, listed.slot);
             return result;
         }
         // Keep the descriptor only while its lock will be taken again, and
         // within the budget.
-        let kept = self.kept[slot].as_mut().expect("kept above");
+        let kept = self.kept[metric][slot].as_mut().expect("kept above");
         let wanted = match self.liveness {
             Liveness::AssumeLive => true,
             Liveness::Leases => kept.writers != Writers::None,
@@ -846,10 +861,8 @@ struct RawKeys {
     /// not read before is hinted by the one read just before it, as processes
     /// running the same code often write the same keys in the same order.
     /// Hints are only guesses: every key is compared in full.
-    files: AHashMap<u32, Vec<usize>>,
-    /// `files` of this scrape: files gone from the store drop out of it.
-    next_files: AHashMap<u32, Vec<usize>>,
-    /// The file read last in this scrape (its ids are in `next_files`).
+    files: Vec<Vec<usize>>,
+    /// The file read last in this scrape.
     last_read: Option<u32>,
     hint: Vec<usize>,
     this_file: Vec<usize>,
@@ -871,17 +884,23 @@ fn hash_raw_key(key: &[u8]) -> u64 {
 
 impl RawKeys {
     fn start_file(&mut self, slot: u32) {
-        // The hint's buffer becomes this file's list: a warm scrape moves id
-        // lists between files and scrapes instead of copying them.
-        let spare = match self.files.remove(&slot) {
-            Some(own) => std::mem::replace(&mut self.hint, own),
-            None => {
-                let last = self.last_read.as_ref().and_then(|p| self.next_files.get(p));
-                let mut hint = std::mem::take(&mut self.this_file);
-                hint.clear();
-                hint.extend_from_slice(last.map_or(&[][..], Vec::as_slice));
-                std::mem::replace(&mut self.hint, hint)
+        let slot = slot as usize;
+        if self.files.len() <= slot {
+            self.files.resize_with(slot + 1, Vec::new);
+        }
+        // The file's own list of the last read is its hint, and its buffer
+        // takes this read's ids: a warm scrape moves id lists, not copies.
+        let own = std::mem::take(&mut self.files[slot]);
+        let spare = if own.is_empty() {
+            // Not read before (or empty): hinted by the file read just before.
+            let mut hint = std::mem::take(&mut self.this_file);
+            hint.clear();
+            if let Some(last) = self.last_read {
+                hint.extend_from_slice(&self.files[last as usize]);
             }
+            std::mem::replace(&mut self.hint, hint)
+        } else {
+            std::mem::replace(&mut self.hint, own)
         };
         self.this_file = spare;
         self.this_file.clear();
@@ -889,12 +908,18 @@ impl RawKeys {
 
     fn end_file(&mut self, slot: u32) {
         let ids = std::mem::take(&mut self.this_file);
-        self.next_files.insert(slot, ids);
+        self.files[slot as usize] = ids;
         self.last_read = Some(slot);
     }
 
+    /// A file's slot was released: its hints go.
+    fn forget(&mut self, slot: u32) {
+        if let Some(ids) = self.files.get_mut(slot as usize) {
+            *ids = Vec::new();
+        }
+    }
+
     fn end_scrape(&mut self) {
-        self.files = std::mem::take(&mut self.next_files);
         self.last_read = None;
     }
 
@@ -1491,6 +1516,33 @@ impl Exporter {
         }
     }
 
+    /// An exporter for one scrape: nothing is kept for a next one, so files
+    /// are read as `single-read` reads them per scrape (no mapping kept, no
+    /// watch), whatever else the strategies keep.
+    fn one_shot(mut self) -> Exporter {
+        if self.seams.read == FileRead::KeptMapped {
+            self.seams.read = FileRead::Mapped;
+            self.seams.listing = Listing::OncePerScrape;
+            self.reader = FileReader::new(self.seams.read, self.seams.liveness);
+            let names: Vec<String> = self
+                .registry
+                .metrics
+                .iter()
+                .map(|m| m.name.clone())
+                .collect();
+            self.files = FileSet::new(&self.dir, &names, self.seams.listing);
+        }
+        self
+    }
+
+    /// Until `fold-exited` is a strategy: exited files read unlocked.
+    #[doc(hidden)]
+    pub fn with_leases(mut self) -> Exporter {
+        self.seams.liveness = Liveness::Leases;
+        self.reader.liveness = Liveness::Leases;
+        self
+    }
+
     /// Sets the catalogue size under which nothing is dropped (tests use a
     /// small one to drop often).
     #[doc(hidden)]
@@ -1567,8 +1619,9 @@ impl Exporter {
             reprobe,
         } = state;
         self.files.list(def_index)?;
-        for slot in self.files.take_released() {
-            self.reader.forget(slot);
+        for (metric, slot) in self.files.take_released() {
+            self.reader.forget(metric, slot);
+            catalogue.raw.forget(slot);
         }
         let (files, excluded) = self.files.view(def_index);
         let dir = &self.dir;
@@ -1587,7 +1640,8 @@ impl Exporter {
                     // Folded by a batch that committed and is not finished.
                     continue;
                 }
-                if Instant::now() >= deadline {
+                let now = Instant::now();
+                if now >= deadline {
                     failures[i] = 2;
                     report.files.push(SkippedFile {
                         path: file.path(dir),
@@ -1600,8 +1654,9 @@ impl Exporter {
                 let mut counted = 0usize;
                 let read = self.reader.read(
                     dir,
+                    def_index,
                     file,
-                    deadline.min(Instant::now() + LOCK_WAIT),
+                    deadline.min(now + LOCK_WAIT),
                     &mut |entry| match catalogue.lookup(&entry) {
                         Ok(series) => {
                             scrape.add(series, mode, &entry);
@@ -1642,7 +1697,7 @@ impl Exporter {
             }
             break;
         }
-        self.reader.reprobe_exited(dir, files, reprobe);
+        self.reader.reprobe_exited(dir, def_index, files, reprobe);
         catalogue.raw.end_scrape();
         scrape.group(catalogue);
         Ok(())
@@ -1674,11 +1729,12 @@ impl Exporter {
     fn begin_scrape(&mut self) -> Result<Option<crate::fold::SharedLock>> {
         self.reader.start_scrape();
         let lock = self.files.begin_scrape()?;
-        for slot in self.files.take_released() {
-            self.reader.forget(slot);
+        for (metric, slot) in self.files.take_released() {
+            self.reader.forget(metric, slot);
+            self.metrics[metric].catalogue.raw.forget(slot);
         }
-        for slot in self.files.take_writer_closed() {
-            self.reader.writer_closed(slot);
+        for (metric, slot) in self.files.take_writer_closed() {
+            self.reader.writer_closed(metric, slot);
         }
         Ok(lock)
     }
@@ -1697,7 +1753,7 @@ pub fn export_with_report(
     strategies: StrategySet,
 ) -> Result<(Vec<u8>, ScrapeReport)> {
     let mut out = Vec::new();
-    let mut exporter = Exporter::new(dir, registry.clone(), strategies);
+    let mut exporter = Exporter::new(dir, registry.clone(), strategies).one_shot();
     exporter.export_into(&mut out)?;
     Ok((out, *exporter.report))
 }

@@ -6,10 +6,10 @@
 //! | `OncePerScrape` | `single-read` | the directory listed once per scrape, each name parsed once and handed to its metric |
 //! | `Watched` | `single-read` × `prerender` (a long-lived exporter) | listed once, then kept up to date from inotify events (created, deleted, renamed, a writer's close); a full listing again when the event queue overflows, the watch is lost, every five minutes, and always on network filesystems, where inotify does not see other hosts' changes |
 //!
-//! A listed file has a *slot*: a small number that stays the same while the
-//! same inode sits at the same name, so the reader keeps its mapping and
-//! the decoder its hints by slot, not by path (no path hashed or allocated
-//! per file per scrape). A name whose inode changed (the file was replaced)
+//! A listed file has a *slot*: a small number, dense within its metric, that
+//! stays the same while the same inode sits at the same name, so the reader
+//! keeps its mapping and the decoder its hints in vectors indexed by slot,
+//! not in maps by path (no path hashed or allocated per file per scrape). A name whose inode changed (the file was replaced)
 //! gets a new slot; the old one is *released*, and whoever keeps something by
 //! slot forgets it ([`FileSet::take_released`]).
 //!
@@ -64,11 +64,13 @@ pub(crate) struct FileSet {
     files: Vec<Vec<Listed>>,
     /// Name → (slot, inode) of every listed file.
     slots: HashMap<Box<[u8]>, (u32, u64)>,
-    free: Vec<u32>,
-    next_slot: u32,
-    released: Vec<u32>,
-    /// Slots whose writer closed the file since the last scrape (watched).
-    writer_closed: Vec<u32>,
+    /// Per metric: slots free for reuse, and the next new one.
+    free: Vec<Vec<u32>>,
+    next_slot: Vec<u32>,
+    /// (metric, slot) released since the last call.
+    released: Vec<(usize, u32)>,
+    /// (metric, slot) whose writer closed the file since the last scrape (watched).
+    writer_closed: Vec<(usize, u32)>,
     watch: Option<Watch>,
     /// When the watch last failed (it is tried again a minute later).
     watch_failed: Option<Instant>,
@@ -91,8 +93,8 @@ impl FileSet {
             names: metric_names.to_vec(),
             files: vec![Vec::new(); metric_names.len()],
             slots: HashMap::new(),
-            free: Vec::new(),
-            next_slot: 0,
+            free: vec![Vec::new(); metric_names.len()],
+            next_slot: vec![0; metric_names.len()],
             released: Vec::new(),
             writer_closed: Vec::new(),
             watch: None,
@@ -139,14 +141,14 @@ impl FileSet {
         (&self.files[index], &self.excluded)
     }
 
-    /// Slots released since the last call (files gone or replaced).
-    pub(crate) fn take_released(&mut self) -> std::vec::Drain<'_, u32> {
+    /// (metric, slot) released since the last call (files gone or replaced).
+    pub(crate) fn take_released(&mut self) -> std::vec::Drain<'_, (usize, u32)> {
         self.released.drain(..)
     }
 
-    /// Slots whose writer closed the file since the last call (a watched
-    /// store only): their writer may have exited.
-    pub(crate) fn take_writer_closed(&mut self) -> std::vec::Drain<'_, u32> {
+    /// (metric, slot) whose writer closed the file since the last call (a
+    /// watched store only): their writer may have exited.
+    pub(crate) fn take_writer_closed(&mut self) -> std::vec::Drain<'_, (usize, u32)> {
         self.writer_closed.drain(..)
     }
 
@@ -209,46 +211,51 @@ impl FileSet {
         let mut gone = old.into_iter().peekable();
         for (name, ino) in found {
             while let Some(old) = gone.next_if(|old| old.name < name) {
-                self.release(&old.name);
+                self.release(index, &old.name);
             }
             // A name listed again keeps its slot if its inode is the same.
             let _ = gone.next_if(|old| old.name == name);
-            let slot = self.slot_for(&name, ino);
+            let slot = self.slot_for(index, &name, ino);
             next.push(Listed { name, ino, slot });
         }
         for old in gone {
-            self.release(&old.name);
+            self.release(index, &old.name);
         }
         self.files[index] = next;
     }
 
-    fn slot_for(&mut self, name: &[u8], ino: u64) -> u32 {
+    fn slot_for(&mut self, index: usize, name: &[u8], ino: u64) -> u32 {
         if let Some(&(slot, known)) = self.slots.get(name) {
             if known == ino {
                 return slot;
             }
-            self.released.push(slot);
-            self.free.push(slot);
+            self.released.push((index, slot));
+            self.free[index].push(slot);
         }
-        let slot = self.free.pop().unwrap_or_else(|| {
-            self.next_slot += 1;
-            self.next_slot - 1
+        let next = &mut self.next_slot[index];
+        let slot = self.free[index].pop().unwrap_or_else(|| {
+            *next += 1;
+            *next - 1
         });
         self.slots.insert(name.into(), (slot, ino));
         slot
     }
 
-    fn release(&mut self, name: &[u8]) {
+    fn release(&mut self, index: usize, name: &[u8]) {
         if let Some((slot, _)) = self.slots.remove(name) {
-            self.released.push(slot);
-            self.free.push(slot);
+            self.released.push((index, slot));
+            self.free[index].push(slot);
         }
     }
 
     /// A watched store: events since the last scrape, or a full listing.
     fn follow(&mut self) -> Result<()> {
         let stale = self.listed_at.is_none_or(|at| at.elapsed() >= RESCAN_EVERY);
-        if self.watch.is_none() && self.watch_failed.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+        if self.watch.is_none()
+            && self
+                .watch_failed
+                .is_none_or(|at| at.elapsed() >= Duration::from_secs(60))
+        {
             // Watch first, then list: nothing done between is missed (events
             // for files the listing already has are applied again, harmlessly).
             match Watch::new(&self.dir) {
@@ -299,7 +306,7 @@ impl FileSet {
                     return;
                 };
                 use std::os::unix::fs::MetadataExt;
-                let slot = self.slot_for(&name, meta.ino());
+                let slot = self.slot_for(index, &name, meta.ino());
                 let files = &mut self.files[index];
                 let listed = Listed {
                     name,
@@ -322,12 +329,14 @@ impl FileSet {
                 let files = &mut self.files[index];
                 if let Ok(at) = files.binary_search_by(|f| f.name.cmp(&name)) {
                     files.remove(at);
-                    self.release(&name);
+                    self.release(index, &name);
                 }
             }
             Change::WriterClosed(name) => {
-                if let Some(&(slot, _)) = self.slots.get(&name) {
-                    self.writer_closed.push(slot);
+                if let (Some(index), Some(&(slot, _))) =
+                    (self.metric_of(&name), self.slots.get(&name))
+                {
+                    self.writer_closed.push((index, slot));
                 }
             }
         }
@@ -353,7 +362,9 @@ impl Watch {
     fn new(dir: &Path) -> std::io::Result<Watch> {
         use std::os::fd::FromRawFd;
         if on_network_filesystem(dir) {
-            return Err(std::io::Error::other("inotify does not see other hosts' changes"));
+            return Err(std::io::Error::other(
+                "inotify does not see other hosts' changes",
+            ));
         }
         // SAFETY: plain syscalls; the descriptor is owned from here on.
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
@@ -414,12 +425,14 @@ impl Watch {
                     unsafe { std::ptr::read_unaligned(self.buf[at..].as_ptr().cast()) };
                 let name_len = event.len as usize;
                 let raw = &self.buf[at + header..(at + header + name_len).min(n)];
-                let name: Box<[u8]> = raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())].into();
+                let name: Box<[u8]> =
+                    raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())].into();
                 at += header + name_len;
                 let mask = event.mask;
                 if mask & libc::IN_Q_OVERFLOW != 0 {
                     relist = true;
-                } else if mask & (libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0 {
+                } else if mask & (libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0
+                {
                     self.lost = true;
                     relist = true;
                 } else if mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
@@ -446,14 +459,14 @@ fn on_network_filesystem(dir: &Path) -> bool {
         return true;
     }
     const NETWORK: [i64; 8] = [
-        0x6969,             // NFS
-        0x517B,             // SMB
+        0x6969,                // NFS
+        0x517B,                // SMB
         0xFF53_4D42u32 as i64, // CIFS
         0xFE53_4D42u32 as i64, // SMB2
-        0x00C3_6400,        // Ceph
-        0x6573_5546,        // FUSE
-        0x0102_1997,        // 9p
-        0x0BD0_0BD0,        // Lustre
+        0x00C3_6400,           // Ceph
+        0x6573_5546,           // FUSE
+        0x0102_1997,           // 9p
+        0x0BD0_0BD0,           // Lustre
     ];
     NETWORK.contains(&(stat.f_type as i64))
 }
