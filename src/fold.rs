@@ -235,21 +235,40 @@ pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Resul
                 _ => {}
             }
         }
-        let plan = plan_metric(&snapshot, def.aggregation(), config.max_batch);
+        let mode = def.aggregation();
+        let plan = plan_metric(&snapshot, mode, config.max_batch);
         report.files_left += plan.left as u64;
-        for batch in &plan.batches {
-            match fold_dir.commit(&def.name, &snapshot, batch, config, &mut killer) {
-                Ok(true) => {
-                    report.files_folded += batch.files.len() as u64;
-                    report.fold_files_written += u64::from(batch.entries.is_some());
+        'runs: for run in &plan.runs {
+            // A long run commits batch by batch; each batch's fold file holds
+            // the run's aggregate so far and replaces the one before it (the
+            // same name), so the store between batches is exact too.
+            let mut start = run.files.start;
+            while start < run.files.end {
+                let end = (start + config.max_batch).min(run.files.end);
+                let batch = Batch {
+                    members: start..end,
+                    name: run.name.clone(),
+                    entries: run_entries(&snapshot, run.files.start..end, mode),
+                };
+                match fold_dir.commit(&def.name, &snapshot, &batch, config, &mut killer) {
+                    Ok(true) => {
+                        report.files_folded += (end - start) as u64;
+                        if end == run.files.end {
+                            report.fold_files_written += u64::from(batch.entries.is_some());
+                        }
+                    }
+                    Ok(false) => {
+                        report.batches_abandoned += 1;
+                        continue 'runs;
+                    }
+                    Err(err) => {
+                        report
+                            .metrics_skipped
+                            .push(format!("{}: {err:#}", def.name));
+                        break 'runs;
+                    }
                 }
-                Ok(false) => report.batches_abandoned += 1,
-                Err(err) => {
-                    report
-                        .metrics_skipped
-                        .push(format!("{}: {err:#}", def.name));
-                    break;
-                }
+                start = end;
             }
         }
     }
@@ -477,21 +496,53 @@ fn exportable_labels(raw: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 // ---------------------------------------------------------------------------
 // The plan: which files fold into which fold file, checked exact.
 
-/// One fold file to write and the files it replaces.
+/// A run of exited files to fold, and its fold file's name.
 #[derive(Debug)]
-struct Batch {
+struct RunPlan {
     /// Indices of the files folded (consecutive in name order).
     files: std::ops::Range<usize>,
     /// The fold file's name, placed where the run was.
     name: Vec<u8>,
-    /// Its entries: per series, the first raw key met (file, key span), the
-    /// aggregate value and timestamp; `None` when the run holds no entry
-    /// (its files are only removed).
+}
+
+/// One commit of a run: some of its files, and the fold file that then holds
+/// the run's aggregate from its first file to the batch's last.
+#[derive(Debug)]
+struct Batch {
+    /// Indices of the files this batch moves out.
+    members: std::ops::Range<usize>,
+    name: Vec<u8>,
+    /// Per series: the first raw key met (file, key span), the aggregate
+    /// value and timestamp; `None` when there is no entry (the files are only
+    /// removed).
     entries: Option<Vec<((usize, (usize, usize)), f64, f64)>>,
 }
 
+/// A run's own aggregate over `files`, series in order of first appearance.
+#[allow(clippy::type_complexity)]
+fn run_entries(
+    files: &[FileSnapshot],
+    range: std::ops::Range<usize>,
+    mode: ProcessAggregation,
+) -> Option<Vec<((usize, (usize, usize)), f64, f64)>> {
+    let mut run = Run {
+        start: range.start,
+        series: Vec::new(),
+        place: HashMap::new(),
+    };
+    for i in range {
+        add_to_run(&mut run, i, &files[i], &[], mode);
+    }
+    (!run.series.is_empty()).then(|| {
+        run.series
+            .iter()
+            .map(|&(_, _, agg, key)| (key, agg.value, agg.timestamp))
+            .collect()
+    })
+}
+
 struct Plan {
-    batches: Vec<Batch>,
+    runs: Vec<RunPlan>,
     /// Exited files that stay (no exact fold, no name, odd bytes).
     left: usize,
 }
@@ -510,13 +561,13 @@ struct Run {
 /// series' aggregate as an exporter would; a run of exited files grows file
 /// by file while, for every series the new file touches, the aggregate
 /// before the run folded with the run's own aggregate is bit for bit the
-/// aggregate after it. Otherwise (and at `max_batch` files, a live or odd
-/// file, or the end) the run closes, and becomes a batch if it has two
-/// files or more and a name fits between its neighbours.
+/// aggregate after it. Otherwise (and at a live or odd file, or the end) the
+/// run closes, and is folded if it has two files or more and a name fits
+/// between its neighbours (and before its second batch, `max_batch` files in).
 fn plan_metric(files: &[FileSnapshot], mode: ProcessAggregation, max_batch: usize) -> Plan {
     let mut state: Vec<Option<Aggregate>> = Vec::new();
     let mut plan = Plan {
-        batches: Vec::new(),
+        runs: Vec::new(),
         left: 0,
     };
     let mut run: Option<Run> = None;
@@ -526,10 +577,9 @@ fn plan_metric(files: &[FileSnapshot], mode: ProcessAggregation, max_batch: usiz
     for (i, file) in files.iter().enumerate() {
         let foldable = file.state == FileState::Exited;
         if let Some(open) = &run {
-            let full = i - open.start >= max_batch;
-            if !foldable || full || !extends_exactly(open, file, &state, mode) {
+            if !foldable || !extends_exactly(open, file, &state, mode) {
                 let closed = run.take().expect("open");
-                close_run(closed, i, files, &mut plan, &mut prev_name);
+                close_run(closed, i, files, max_batch, &mut plan, &mut prev_name);
             }
         }
         if foldable && run.is_none() {
@@ -564,7 +614,14 @@ fn plan_metric(files: &[FileSnapshot], mode: ProcessAggregation, max_batch: usiz
         }
     }
     if let Some(closed) = run {
-        close_run(closed, files.len(), files, &mut plan, &mut prev_name);
+        close_run(
+            closed,
+            files.len(),
+            files,
+            max_batch,
+            &mut plan,
+            &mut prev_name,
+        );
     }
     plan
 }
@@ -658,42 +715,39 @@ fn add_to_run(
     }
 }
 
-/// Turns a closed run (files `run.start..end`) into a batch when it has two
-/// files or more and a fold file's name fits between its neighbours.
+/// Plans a closed run (files `run.start..end`) when it has two files or
+/// more and a fold file's name fits between its neighbours.
 fn close_run(
     run: Run,
     end: usize,
     files: &[FileSnapshot],
+    max_batch: usize,
     plan: &mut Plan,
     prev_name: &mut Option<Vec<u8>>,
 ) {
     let members = &files[run.start..end];
-    let next_name = files.get(end).map(|f| f.name.as_slice());
+    // The fold file sorts before the files of the run's later batches, which
+    // are still there while the first batch is its only part folded.
+    let next_name = files
+        .get(end.min(run.start + max_batch.max(1)))
+        .map(|f| f.name.as_slice());
+    let first_batch = &members[..members.len().min(max_batch.max(1))];
     let name = if members.len() >= 2 {
-        fold_file_name(members, prev_name.as_deref(), next_name)
+        fold_file_name(first_batch, prev_name.as_deref(), next_name)
     } else {
         None
     };
     match name {
         Some(name) => {
-            let entries = (!run.series.is_empty()).then(|| {
-                run.series
-                    .iter()
-                    .map(|&(_, _, agg, key)| (key, agg.value, agg.timestamp))
-                    .collect()
-            });
             *prev_name = Some(name.clone());
-            plan.batches.push(Batch {
+            plan.runs.push(RunPlan {
                 files: run.start..end,
                 name,
-                entries,
             });
         }
         None => {
-            // A lone exited file is no worse than it was; more are left.
-            if members.len() >= 2 {
-                plan.left += members.len();
-            }
+            // A lone exited file stays (no fold file would be fewer files).
+            plan.left += members.len();
             *prev_name = members.last().map(|f| f.name.clone());
         }
     }
@@ -821,7 +875,7 @@ impl FoldDir {
                 unsafe { libc::raise(libc::SIGKILL) };
             }
         };
-        let members = &files[batch.files.clone()];
+        let members = &files[batch.members.clone()];
         let name = String::from_utf8(batch.name.clone()).context("fold file name")?;
         // 1. Sources reopened, leased and read again: exactly as planned.
         let mut opened = Vec::with_capacity(members.len());
@@ -849,7 +903,9 @@ impl FoldDir {
         let new_path = self.new_path(metric);
         let prev_path = self.prev_path(metric);
         let _ = std::fs::remove_file(&prev_path);
-        let replaces = members.iter().any(|m| m.name == batch.name);
+        // The name holds a fold file already: one of the run's (its first
+        // batch), or the run's own from its batch before.
+        let replaces = self.store.join(&name).exists();
         let new_ino = match &batch.entries {
             Some(entries) => {
                 let bytes = storefile::file_bytes_with_timestamps(entries.iter().map(
@@ -872,7 +928,7 @@ impl FoldDir {
             had_prev: replaces,
             sources: members
                 .iter()
-                .filter(|m| !(replaces && m.name == batch.name))
+                .filter(|m| m.name != batch.name)
                 .map(|m| {
                     Ok(JournalSource {
                         name: String::from_utf8(m.name.clone())?,

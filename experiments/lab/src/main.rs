@@ -35,6 +35,8 @@ enum Command {
     Report(promlab_lab::cli::ReportArgs),
     /// Profile a scenario's runs under one strategy set and write an SVG flamegraph.
     Flamegraph(promlab_lab::cli::FlamegraphArgs),
+    /// Fold the files of exited processes in a store directory, once (fold-exited).
+    Fold(promlab_lab::cli::FoldArgs),
     /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
     Serve(promlab_lab::cli::ServeArgs),
     /// Check the whole pipeline end to end under every strategy set against the naive references.
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
         Some(Command::Ablate(args)) => promlab_lab::cli::ablate(args),
         Some(Command::Report(args)) => promlab_lab::cli::report(args),
         Some(Command::Flamegraph(args)) => promlab_lab::cli::flamegraph(args),
+        Some(Command::Fold(args)) => promlab_lab::cli::fold(args),
         Some(Command::Serve(args)) => promlab_lab::cli::serve(args),
         Some(Command::Verify(args)) => promlab_lab::verify::run(args),
         Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),

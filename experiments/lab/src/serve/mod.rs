@@ -4,6 +4,7 @@
 //! client can hold: connections, time to send headers, time per request, and
 //! time to shut down.
 
+pub mod fold;
 pub mod metrics;
 pub mod receiver;
 

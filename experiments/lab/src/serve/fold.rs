@@ -1,0 +1,129 @@
+//! `promlab serve --store DIR --fold-exited`: the sidecar folds the files of
+//! exited processes (`fold-exited`, `promlab::fold`) every `--fold-every`
+//! seconds, on a thread of its own, beside the scrapes (a batch commits under
+//! the store's fold lock, which a scrape holds shared). Interrupted folds are
+//! finished or undone before the first scrape. What it did is counted at
+//! `/metrics/promlab`.
+
+use promlab::fold::{fold_store, FoldConfig, FoldReport};
+use promlab::registry::Registry;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the fold loop did, for `/metrics/promlab`.
+#[derive(Default)]
+pub struct FoldStats {
+    runs_ok: AtomicU64,
+    runs_failed: AtomicU64,
+    files_folded: AtomicU64,
+    fold_files_written: AtomicU64,
+    batches_abandoned: AtomicU64,
+    recovered: AtomicU64,
+    /// Of the last fold: files with a live writer, with no lease to tell,
+    /// and exited files left as they are.
+    live_files: AtomicU64,
+    unknown_files: AtomicU64,
+    files_left: AtomicU64,
+}
+
+impl FoldStats {
+    fn add(&self, report: &FoldReport) {
+        let add = |counter: &AtomicU64, n: u64| counter.fetch_add(n, Ordering::Relaxed);
+        add(&self.runs_ok, 1);
+        add(&self.files_folded, report.files_folded);
+        add(&self.fold_files_written, report.fold_files_written);
+        add(&self.batches_abandoned, report.batches_abandoned);
+        add(&self.recovered, report.recovered);
+        self.live_files.store(report.live_files, Ordering::Relaxed);
+        self.unknown_files
+            .store(report.unknown_files, Ordering::Relaxed);
+        self.files_left.store(report.files_left, Ordering::Relaxed);
+    }
+
+    /// The counters, in the text format.
+    pub fn render(&self, out: &mut String) {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let mut family = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
+            let _ = writeln!(out, "# TYPE {name} {kind}\n# HELP {name} {help}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        family(
+            "promlab_fold_runs_total",
+            "counter",
+            "Folds of exited processes' files, by result.",
+            &[
+                ("{result=\"ok\"}", get(&self.runs_ok)),
+                ("{result=\"failed\"}", get(&self.runs_failed)),
+            ],
+        );
+        family(
+            "promlab_fold_files_folded_total",
+            "counter",
+            "Files of exited processes (and earlier fold files) folded away.",
+            &[("", get(&self.files_folded))],
+        );
+        family(
+            "promlab_fold_files_written_total",
+            "counter",
+            "Fold files written.",
+            &[("", get(&self.fold_files_written))],
+        );
+        family(
+            "promlab_fold_batches_abandoned_total",
+            "counter",
+            "Fold batches given up because a source changed or got a writer (rolled back when committed).",
+            &[("", get(&self.batches_abandoned))],
+        );
+        family(
+            "promlab_fold_recovered_total",
+            "counter",
+            "Interrupted fold batches finished or undone.",
+            &[("", get(&self.recovered))],
+        );
+        family(
+            "promlab_fold_store_files",
+            "gauge",
+            "Store files as the last fold found them: with a live writer, with no lease to tell (treated as live), exited but left as they are.",
+            &[
+                ("{state=\"live\"}", get(&self.live_files)),
+                ("{state=\"unknown\"}", get(&self.unknown_files)),
+                ("{state=\"left\"}", get(&self.files_left)),
+            ],
+        );
+    }
+}
+
+/// Finishes interrupted folds now, then folds every `every` on a thread of
+/// its own, for as long as the process lives.
+pub fn start(dir: PathBuf, registry: Registry, every: Duration) -> anyhow::Result<Arc<FoldStats>> {
+    let stats = Arc::new(FoldStats::default());
+    let recovered = promlab::fold::recover(&dir)?;
+    stats.recovered.fetch_add(recovered, Ordering::Relaxed);
+    if recovered > 0 {
+        eprintln!("promlab: finished or undid {recovered} interrupted fold batches");
+    }
+    let thread_stats = stats.clone();
+    std::thread::Builder::new()
+        .name("fold".into())
+        .spawn(move || loop {
+            match fold_store(&dir, &registry, &FoldConfig::default()) {
+                Ok(report) => {
+                    for skipped in &report.metrics_skipped {
+                        eprintln!("promlab: fold left a metric for next time: {skipped}");
+                    }
+                    thread_stats.add(&report);
+                }
+                Err(err) => {
+                    thread_stats.runs_failed.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("promlab: fold failed: {err:#}");
+                }
+            }
+            std::thread::sleep(every);
+        })?;
+    Ok(stats)
+}
