@@ -12,23 +12,9 @@
 //!
 //! # Seams
 //!
-//! [`Exporter::new`] resolves the [`StrategySet`] once into `ExportSeams`;
+//! [`Exporter::new`] takes its [`ExportSeams`] from [`Seams::resolve`] (the
+//! table of seams, and why two are combined, is in [`crate::seams`]);
 //! nothing below it asks which strategies are on.
-//!
-//! | seam | strategy | baseline | with the strategy |
-//! |---|---|---|---|
-//! | `FileRead` | [`Strategy::SingleRead`] | `EntryByEntry`: two buffered passes of per-entry reads per file (positions, then values, as `FileMappedDict` does) | `Mapped`: the file mapped, its used region walked once |
-//! | `KeyDecode` | [`Strategy::DecodeOnce`] | `EveryEntry`: every entry's key decoded | `OncePerRawKey`: each distinct raw key decoded once, component by component through a cache (raw keys of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so series are still found by their decoded labels) |
-//! | [`Unescape`] (carried by `KeyDecode`) | [`Strategy::FastUnescape`] | `Reference`: [`formenc::decode_key_reference`] | `Fast`: the table-driven, borrowing [`formenc::decode_key_fast`] |
-//! | `Keep` | [`Strategy::Prerender`] (the render strategy, applied to a long-lived exporter) | `Nothing`: every scrape starts from nothing | `Catalogue`: each metric's decoded, grouped label sets kept across scrapes with their label pairs rendered once, so a scrape of known keys compares raw key bytes and copies rendered bytes |
-//!
-//! Combined variants, and why they exist:
-//! - `FileRead::KeptMapped` (`single-read` × `prerender`): files kept open
-//!   and mapped between scrapes. Only a long-lived exporter has a next scrape
-//!   to keep a mapping for, and only a mapping is worth keeping.
-//! - `KeyDecode::OncePerRawKey(Unescape)` (`decode-once` × `fast-unescape`):
-//!   not a branch of its own: the unescape seam is a value the decode seam
-//!   carries, and the component cache decodes each component with it.
 //!
 //! Bad input never fails a scrape (issue #12): a file that vanished, is not
 //! a regular file, stays locked, is corrupt, shrinks while mapped (see
@@ -42,14 +28,16 @@
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
 //! recomputed every scrape, so output never depends on history.
 
-use crate::fileset::{FileSet, Listed, Listing};
-use crate::formenc::{self, Unescape};
+use crate::fileset::{FileSet, Listed};
+use crate::formenc;
 use crate::liveness::{self, Writers};
 use crate::mapguard;
+use crate::probe::probe;
 use crate::registry::{is_label_name, MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::render;
+use crate::seams::{ExportSeams, FileRead, Keep, KeyDecode, Listing, Liveness, Seams};
 use crate::storefile::{check_used, entries, flock, strip_padding, Entry, EntryError, HEADER_SIZE};
-use crate::strategy::{Strategy, StrategySet};
+use crate::strategy::StrategySet;
 use crate::text;
 use crate::values::{DecodedLabels, Group, HistogramValue, MetricValues, SummaryValue};
 use ahash::AHashMap;
@@ -64,19 +52,6 @@ use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
 // The read seam: how one file's entries are read.
-
-/// The read seam ([`Strategy::SingleRead`], and [`Strategy::Prerender`] with it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FileRead {
-    /// Baseline: two buffered passes of per-entry reads (`FileMappedDict`).
-    EntryByEntry,
-    /// `single-read`: map the file, walk its used region once.
-    Mapped,
-    /// `single-read` × `prerender`: as `Mapped`, through files kept open and
-    /// mapped between scrapes. Combined because only a long-lived exporter
-    /// (what `prerender` is about) has a next scrape to keep a mapping for.
-    KeptMapped,
-}
 
 /// Why a store file was left out of a scrape (the `reason` of
 /// `promlab_store_files_skipped_total`).
@@ -163,19 +138,6 @@ impl FileFailure {
 }
 
 type FileResult<T> = std::result::Result<T, FileFailure>;
-
-/// The writers seam ([`Strategy::FoldExited`]): whether the exporter knows
-/// which files' writers have exited.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Liveness {
-    /// Baseline: every file may have a live writer, so every read takes its
-    /// `flock` (client_ruby's protocol).
-    AssumeLive,
-    /// `fold-exited`: a kept file whose writer has exited
-    /// ([`crate::liveness`]) cannot change, so it is read in place without
-    /// its lock; files with a live writer keep client_ruby's protocol.
-    Leases,
-}
 
 /// Reads store files: the read seam, and what it keeps between files and scrapes.
 struct FileReader {
@@ -311,36 +273,44 @@ impl FileReader {
         }
     }
 
-    /// `Mapped`: opened, locked, read and closed. A file whose used region
-    /// fits the read buffer is read with one `pread` (a mapping costs an
-    /// `mmap`, page faults and an `munmap`: more than copying a few KiB); a
-    /// larger one is mapped.
+    /// `Mapped`: opened, locked, read and closed. A file is read with one
+    /// `pread` of its first page, and a second for the rest of its used
+    /// region when that is longer, up to 64 KiB (a mapping costs an `mmap`,
+    /// page faults and an `munmap`: more than copying a few KiB); a larger
+    /// one is mapped. client_ruby's files are 1 MiB from the start, mostly
+    /// unused: only `used` bytes are read.
     fn read_once(
         &mut self,
         path: &Path,
         deadline: Instant,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
+        const FIRST: usize = 4096;
         const SMALL: usize = 64 * 1024;
         let buf = &mut self.key;
         read_locked(path, deadline, |file| {
-            use std::os::unix::fs::FileExt;
-            buf.resize(SMALL, 0);
-            // A regular file reads short only at its end.
-            let n = loop {
-                match file.read_at(buf, 0) {
-                    Ok(n) => break n,
+            let pread = |buf: &mut [u8], at: usize| loop {
+                use std::os::unix::fs::FileExt;
+                match file.read_at(buf, at as u64) {
+                    Ok(n) => return Ok(n),
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(FileFailure::new(FileSkip::Unreadable, e)),
                 }
             };
+            buf.resize(FIRST, 0);
+            // A regular file reads short only at its end.
+            let mut n = pread(buf, 0)?;
             if n < 4 {
                 // Shorter than a header: being created; empty, as in Ruby.
                 return Ok(());
             }
             let used = i32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
-            if n == SMALL && used as usize > SMALL {
-                return walk_mapped(file, &map_file(file)?, visit);
+            if n == FIRST && used as usize > FIRST {
+                if used as usize > SMALL {
+                    return walk_mapped(file, &map_file(file)?, visit);
+                }
+                buf.resize(used as usize, 0);
+                n += pread(&mut buf[FIRST..], FIRST)?;
             }
             walk(&buf[..n], visit).map_err(|e| FileFailure::new(FileSkip::Corrupt, e))
         })
@@ -968,27 +938,6 @@ impl RawKeys {
     }
 }
 
-/// The decode seam ([`Strategy::DecodeOnce`]), each variant carrying the
-/// unescape seam ([`Strategy::FastUnescape`]) its decoder runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum KeyDecode {
-    /// Baseline: every entry's key decoded whole.
-    EveryEntry(Unescape),
-    /// `decode-once`: each distinct raw key decoded once, component by
-    /// component through a cache of decoded components.
-    OncePerRawKey(Unescape),
-}
-
-/// The keep seam ([`Strategy::Prerender`] applied to a long-lived exporter).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Keep {
-    /// Baseline: every scrape starts from nothing.
-    Nothing,
-    /// `prerender`: each metric's catalogue is kept across scrapes, with
-    /// every group's label pairs rendered once.
-    Catalogue,
-}
-
 /// Every label set of one metric met so far, decoded once and grouped. A
 /// one-shot export fills it once; with `prerender`, a long-lived exporter
 /// keeps it across scrapes, so a scrape of known keys decodes and escapes
@@ -1011,7 +960,7 @@ struct Catalogue {
 }
 
 impl Catalogue {
-    fn new(kind: MetricType, decode: KeyDecode, keep: Keep) -> Self {
+    fn new(kind: MetricType, seams: ExportSeams) -> Self {
         Catalogue {
             group_label: match kind {
                 MetricType::Histogram => Some(b"le"),
@@ -1025,8 +974,8 @@ impl Catalogue {
             raw: RawKeys::default(),
             components: formenc::ComponentCache::default(),
             hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
-            decode,
-            keep,
+            decode: seams.key_decode,
+            keep: seams.keep,
         }
     }
 
@@ -1034,6 +983,7 @@ impl Catalogue {
     fn lookup(&mut self, entry: &Entry<'_>) -> Result<usize, BadEntry> {
         match self.decode {
             KeyDecode::EveryEntry(unescape) => {
+                probe!("export.key_decoded");
                 let raw = entry.key();
                 self.find_or_insert(raw, unescape.decode_key(raw))
             }
@@ -1041,6 +991,7 @@ impl Catalogue {
                 if let Some(series) = self.raw.find(entry) {
                     return Ok(series);
                 }
+                probe!("export.key_decoded");
                 let raw = entry.key();
                 let decoded = formenc::decode_key_cached(raw, unescape, &mut self.components);
                 let series = self.find_or_insert(raw, decoded)?;
@@ -1110,6 +1061,7 @@ impl Catalogue {
                 .find(|&g| same_labels(&self.groups[g].labels, base.iter().copied()))
         });
         let group = found.unwrap_or_else(|| {
+            probe!("export.group_created");
             let rendered = match self.keep {
                 Keep::Nothing => None,
                 Keep::Catalogue => {
@@ -1361,52 +1313,6 @@ struct MetricState {
 /// sets no longer written) are dropped in one go.
 const CATALOGUE_SLACK: usize = 2;
 
-/// The export stage's seams, resolved once from a [`StrategySet`] (the table
-/// in the module doc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ExportSeams {
-    read: FileRead,
-    decode: KeyDecode,
-    keep: Keep,
-    listing: Listing,
-    liveness: Liveness,
-}
-
-impl ExportSeams {
-    fn resolve(s: StrategySet) -> ExportSeams {
-        let unescape = if s.contains(Strategy::FastUnescape) {
-            Unescape::Fast
-        } else {
-            Unescape::Reference
-        };
-        let keep = if s.contains(Strategy::Prerender) {
-            Keep::Catalogue
-        } else {
-            Keep::Nothing
-        };
-        let (read, listing) = match (s.contains(Strategy::SingleRead), keep) {
-            (false, _) => (FileRead::EntryByEntry, Listing::PerMetric),
-            (true, Keep::Nothing) => (FileRead::Mapped, Listing::OncePerScrape),
-            (true, Keep::Catalogue) => (FileRead::KeptMapped, Listing::Watched),
-        };
-        ExportSeams {
-            read,
-            listing,
-            liveness: Liveness::AssumeLive,
-            decode: if s.contains(Strategy::DecodeOnce) {
-                KeyDecode::OncePerRawKey(unescape)
-            } else {
-                KeyDecode::EveryEntry(unescape)
-            },
-            keep,
-        }
-    }
-
-    fn new_catalogue(self, kind: MetricType) -> Catalogue {
-        Catalogue::new(kind, self.decode, self.keep)
-    }
-}
-
 /// What one scrape left out, for the log and the exporter's own metrics.
 #[derive(Clone, Debug, Default)]
 pub struct ScrapeReport {
@@ -1492,12 +1398,12 @@ pub struct Exporter {
 
 impl Exporter {
     pub fn new(dir: &Path, registry: Registry, strategies: StrategySet) -> Exporter {
-        let seams = ExportSeams::resolve(strategies);
+        let seams = Seams::resolve(strategies).export;
         let metrics = registry
             .metrics
             .iter()
             .map(|def| MetricState {
-                catalogue: seams.new_catalogue(def.kind),
+                catalogue: Catalogue::new(def.kind, seams),
                 scrape: Scrape::default(),
                 reprobe: 0,
             })
@@ -1508,7 +1414,7 @@ impl Exporter {
             files: FileSet::new(dir, &names, seams.listing),
             registry,
             seams,
-            reader: FileReader::new(seams.read, seams.liveness),
+            reader: FileReader::new(seams.file_read, seams.liveness),
             metrics,
             catalogue_floor: 1024,
             budget: None,
@@ -1520,10 +1426,10 @@ impl Exporter {
     /// are read as `single-read` reads them per scrape (no mapping kept, no
     /// watch), whatever else the strategies keep.
     fn one_shot(mut self) -> Exporter {
-        if self.seams.read == FileRead::KeptMapped {
-            self.seams.read = FileRead::Mapped;
+        if self.seams.file_read == FileRead::KeptMapped {
+            self.seams.file_read = FileRead::Mapped;
             self.seams.listing = Listing::OncePerScrape;
-            self.reader = FileReader::new(self.seams.read, self.seams.liveness);
+            self.reader = FileReader::new(self.seams.file_read, self.seams.liveness);
             let names: Vec<String> = self
                 .registry
                 .metrics
@@ -1610,7 +1516,7 @@ impl Exporter {
             }
         };
         if start_afresh {
-            state.catalogue = self.seams.new_catalogue(def.kind);
+            state.catalogue = Catalogue::new(def.kind, self.seams);
             state.scrape = Scrape::default();
         }
         let MetricState {
@@ -1761,38 +1667,134 @@ pub fn export_with_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formenc::Dialect;
+    use crate::probe::{counted, Counts, ThreadIo};
+    use crate::store::{Client, ClientConfig};
+    use crate::strategy::{Stage, Strategy};
 
-    /// Every export combination resolves to its own seam values; the kept
-    /// mappings only with both `single-read` and `prerender`.
-    #[test]
-    fn seams_resolve_once_per_combination() {
-        for s in StrategySet::combinations(crate::strategy::Stage::Export) {
-            let seams = ExportSeams::resolve(s);
-            let unescape = if s.contains(Strategy::FastUnescape) {
-                Unescape::Fast
-            } else {
-                Unescape::Reference
+    const LABEL_SETS: usize = 200;
+
+    /// A store of two processes that wrote the same `LABEL_SETS` label sets
+    /// of one counter (with the baseline: no mapping of its own), and the
+    /// bytes their files use.
+    fn two_processes() -> (tempfile::TempDir, Registry, u64) {
+        let registry = Registry::from_json(
+            r#"{"metrics": [{"name": "c_total", "type": "counter", "help": "h", "labels": ["l"]}]}"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut used = 0;
+        for pid in [1, 2] {
+            let config = ClientConfig {
+                dialect: Dialect::Uri,
+                strategies: StrategySet::NONE,
+                pid_override: Some(pid),
             };
-            let kept = s.contains(Strategy::Prerender);
-            assert_eq!(seams.keep == Keep::Catalogue, kept, "{s}");
+            let mut client = Client::new(dir.path(), &registry, config).unwrap();
+            let id = client.metric("c_total").unwrap();
+            for i in 0..LABEL_SETS {
+                let value = format!("set {i} / {}", "x".repeat(100));
+                client.increment(id, &[("l", &value)], 1.0).unwrap();
+            }
+            let path = crate::storefile::file_path(dir.path(), "c_total", pid);
+            let header = std::fs::read(path).unwrap();
+            used += u64::from(u32::from_le_bytes(header[..4].try_into().unwrap()));
+        }
+        (dir, registry, used)
+    }
+
+    /// One scrape: the events it counted and this thread's I/O.
+    fn scrape(exporter: &mut Exporter) -> (Counts, ThreadIo) {
+        let mut out = Vec::new();
+        let ((result, counts), io) = ThreadIo::of(|| counted(|| exporter.export_into(&mut out)));
+        result.unwrap();
+        assert!(exporter.last_report().is_clean());
+        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 2 + LABEL_SETS);
+        (counts, io)
+    }
+
+    /// How many of this process's mappings are of files in `dir`.
+    fn mappings_of(dir: &Path) -> usize {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let dir = dir.to_str().unwrap();
+        maps.lines().filter(|l| l.contains(dir)).count()
+    }
+
+    /// Each export strategy has its effect, counted, under every combination
+    /// of the others: how often files are read, which mappings outlive a
+    /// scrape, how many keys are decoded and by which decoder, and what a
+    /// second scrape builds again.
+    #[test]
+    fn each_export_strategy_has_its_effect() {
+        let (dir, registry, used) = two_processes();
+        let entries = 2 * LABEL_SETS as u64;
+        for s in StrategySet::combinations(Stage::Export) {
+            let mut exporter = Exporter::new(dir.path(), registry.clone(), s);
+            let (first, first_io) = scrape(&mut exporter);
+            let kept_mappings = mappings_of(dir.path());
+            let (second, _) = scrape(&mut exporter);
+
+            // single-read: each file's used region read once (mapped, or
+            // pread once per scrape), not twice through read(2).
+            if s.contains(Strategy::SingleRead) {
+                assert!(
+                    first_io.rchar < 2 * used,
+                    "{s}: {first_io:?}, {used} bytes used"
+                );
+            } else {
+                assert!(
+                    first_io.rchar >= 2 * used,
+                    "{s}: {first_io:?}, {used} bytes used"
+                );
+            }
+
+            // single-read with prerender: the mappings kept for the next scrape.
+            let kept = s.contains(Strategy::SingleRead) && s.contains(Strategy::Prerender);
+            assert_eq!(kept_mappings, if kept { 2 } else { 0 }, "{s}");
+
+            // decode-once: each distinct raw key decoded once, not each entry;
+            // with prerender, not again in the next scrape.
+            let once = s.contains(Strategy::DecodeOnce);
+            let decoded = if once { LABEL_SETS as u64 } else { entries };
+            assert_eq!(first.get("export.key_decoded"), decoded, "{s}: {first:?}");
+            let decoded_again = match (once, s.contains(Strategy::Prerender)) {
+                (true, true) => 0,
+                (true, false) => LABEL_SETS as u64,
+                (false, _) => entries,
+            };
             assert_eq!(
-                seams.read,
-                match (s.contains(Strategy::SingleRead), kept) {
-                    (false, _) => FileRead::EntryByEntry,
-                    (true, false) => FileRead::Mapped,
-                    (true, true) => FileRead::KeptMapped,
-                },
-                "{s}"
+                second.get("export.key_decoded"),
+                decoded_again,
+                "{s}: {second:?}"
             );
+
+            // fast-unescape: the fast decoder, and only it, decodes.
+            let (fast, reference) = (
+                first.get("export.unescape.fast"),
+                first.get("export.unescape.reference"),
+            );
+            if s.contains(Strategy::FastUnescape) {
+                assert!(fast > 0 && reference == 0, "{s}: {first:?}");
+            } else {
+                assert!(fast == 0 && reference > 0, "{s}: {first:?}");
+            }
+
+            // prerender: the catalogue (label sets grouped, their pairs
+            // rendered) built once, kept for the next scrape.
+            assert_eq!(first.get("export.group_created"), LABEL_SETS as u64, "{s}");
+            let rebuilt = if s.contains(Strategy::Prerender) {
+                0
+            } else {
+                LABEL_SETS as u64
+            };
             assert_eq!(
-                seams.decode,
-                if s.contains(Strategy::DecodeOnce) {
-                    KeyDecode::OncePerRawKey(unescape)
-                } else {
-                    KeyDecode::EveryEntry(unescape)
-                },
-                "{s}"
+                second.get("export.group_created"),
+                rebuilt,
+                "{s}: {second:?}"
             );
+
+            drop(exporter);
+            assert_eq!(mappings_of(dir.path()), 0, "{s}: dropped with the exporter");
         }
     }
 }

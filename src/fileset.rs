@@ -18,6 +18,7 @@
 //! unfinished batch are left out ([`FileSet::excluded`]).
 
 use crate::fold;
+use crate::seams::Listing;
 use crate::storefile::parse_file_name;
 use anyhow::{Context, Result};
 use std::collections::HashMap;
@@ -25,14 +26,6 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-/// The listing seam (see the module doc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Listing {
-    PerMetric,
-    OncePerScrape,
-    Watched,
-}
 
 /// One store file of a metric, as listed.
 #[derive(Clone, Debug)]

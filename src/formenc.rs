@@ -16,6 +16,8 @@
 //! component that holds no escape. A property test checks they agree on every
 //! input, errors included.
 
+use crate::probe::probe;
+use crate::seams::Unescape;
 use std::borrow::Cow;
 use std::fmt;
 
@@ -212,23 +214,20 @@ fn nth_piece_offset(raw: &[u8], n: usize) -> usize {
         .map_or(0, |(i, _)| i + 1)
 }
 
-/// The unescape seam ([`crate::strategy::Strategy::FastUnescape`]): which
-/// decoder turns a key, or one component of it, into bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unescape {
-    /// [`decode_key_reference`]: every byte looked at, every component owned.
-    Reference,
-    /// [`decode_key_fast`]: table-driven, borrowing components without escapes.
-    Fast,
-}
-
+/// The unescape seam ([`crate::seams::Unescape`]): what each decoder is.
 impl Unescape {
     /// Decodes a whole raw key with this decoder.
     #[inline]
     pub fn decode_key(self, raw: &[u8]) -> Result<Vec<Label<'_>>, KeyError> {
         match self {
-            Unescape::Reference => decode_key_reference(raw),
-            Unescape::Fast => decode_key_fast(raw),
+            Unescape::Reference => {
+                probe!("export.unescape.reference");
+                decode_key_reference(raw)
+            }
+            Unescape::Fast => {
+                probe!("export.unescape.fast");
+                decode_key_fast(raw)
+            }
         }
     }
 }
@@ -250,11 +249,17 @@ impl ComponentCache {
             return Ok(decoded.clone());
         }
         let decoded = match unescape {
-            Unescape::Fast => match memchr::memchr2(b'%', b'+', s) {
-                None => s.to_vec(),
-                Some(first) => unescape_from(s, first, offset)?,
-            },
-            Unescape::Reference => unescape_reference(s, offset)?,
+            Unescape::Fast => {
+                probe!("export.unescape.fast");
+                match memchr::memchr2(b'%', b'+', s) {
+                    None => s.to_vec(),
+                    Some(first) => unescape_from(s, first, offset)?,
+                }
+            }
+            Unescape::Reference => {
+                probe!("export.unescape.reference");
+                unescape_reference(s, offset)?
+            }
         };
         self.decoded.insert(s.into(), decoded.clone());
         Ok(decoded)

@@ -8,12 +8,13 @@
 //! is exactly what was fuzzed.
 
 use crate::export::{export, Exporter};
-use crate::formenc::{self, ComponentCache, Dialect, Unescape};
+use crate::formenc::{self, ComponentCache, Dialect};
 use crate::ingest::pipeline::{IngestError, Ingester};
 use crate::ingest::plan::Plan;
 use crate::ingest::query::QuantileParams;
 use crate::ingest::wire;
 use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
+use crate::seams::Unescape;
 use crate::strategy::{Stage, StrategySet};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};

@@ -13,8 +13,9 @@
 //! an export hands the renderer; [`text`], the exposition encoder every writer
 //! of the text format uses; [`formenc`], the form encoding of store keys.
 //!
-//! [`strategy`] is the switchboard that decides which strategies run; each
-//! stage resolves it once, at construction, into its seam values.
+//! [`strategy`] is the switchboard that decides which strategies run;
+//! [`seams`] is the one place a strategy set becomes every stage's seam values,
+//! which each stage takes once, at construction.
 //!
 //! [`reference`] holds the naive references every strategy combination is
 //! checked against; [`scrape`] turns an exposition into remote-write requests,
@@ -31,11 +32,13 @@ pub mod ingest;
 pub mod liveness;
 pub mod mapguard;
 pub mod ops;
+mod probe;
 pub mod reference;
 pub mod registry;
 pub mod render;
 pub mod rubyfloat;
 pub mod scrape;
+pub mod seams;
 pub mod store;
 pub mod storefile;
 pub mod strategy;

@@ -3,7 +3,7 @@
 //!
 //! - [`parse`]: each sample line's metric name, labels and value (comments and
 //!   blank lines skipped; label values unescape `\\`, `\"`, `\n`; values parse
-//!   as Go's `ParseFloat` does, `Infinity`/`NaN` included);
+//!   as Go's `ParseFloat` does, `Infinity`/`NaN` included); [`parse_line`]: one line;
 //! - [`requests`]: every sample of a sequence of scrapes stamped with its
 //!   scrape's timestamp and given the target labels (`job`, `instance`; an
 //!   exposed label of the same name becomes `exported_<name>`), as one
@@ -41,7 +41,9 @@ pub fn parse(exposition: &[u8]) -> Result<Vec<ScrapedSample>> {
     Ok(samples)
 }
 
-fn parse_line(line: &str) -> Result<ScrapedSample> {
+/// One sample line (not a comment, not blank), as Prometheus's text parser
+/// reads it; an error says what it would reject.
+pub fn parse_line(line: &str) -> Result<ScrapedSample> {
     let bytes = line.as_bytes();
     let mut i = 0;
     while i < bytes.len() && is_name_byte(bytes[i], i == 0) {

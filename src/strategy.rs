@@ -137,9 +137,14 @@ impl FromStr for Strategy {
     }
 }
 
-/// A set of strategies: what a run actually uses.
+/// A set of strategies: what a run actually uses (one bit per strategy).
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StrategySet(u16);
+pub struct StrategySet(u32);
+
+const _: () = assert!(
+    Strategy::ALL.len() <= u32::BITS as usize,
+    "widen StrategySet"
+);
 
 impl StrategySet {
     /// The baseline: no strategy at all.
@@ -166,15 +171,15 @@ impl StrategySet {
     }
 
     pub fn contains(self, s: Strategy) -> bool {
-        self.0 & (1 << s as u8) != 0
+        self.0 & (1 << s as u32) != 0
     }
 
     pub fn with(self, s: Strategy) -> StrategySet {
-        StrategySet(self.0 | (1 << s as u8))
+        StrategySet(self.0 | (1 << s as u32))
     }
 
     pub fn without(self, s: Strategy) -> StrategySet {
-        StrategySet(self.0 & !(1 << s as u8))
+        StrategySet(self.0 & !(1 << s as u32))
     }
 
     pub fn is_empty(self) -> bool {

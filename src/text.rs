@@ -1,7 +1,8 @@
 //! The Prometheus text format (0.0.4) as client_ruby prints it: escaping, and
 //! the one exposition encoder every writer of the format uses (the store
 //! renderer [`crate::render`], the live registries [`crate::render::live`],
-//! and the lab receiver's own `/metrics`).
+//! and the lab servers' own metrics: the receiver's `/metrics`, the store
+//! sidecar's `/metrics/promlab`).
 //!
 //! The encoder is a chain of small types writing bytes into a `Vec<u8>`, in
 //! the style of prometheus/client_rust: [`FamilyEncoder`] writes `# TYPE` and

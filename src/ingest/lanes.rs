@@ -337,7 +337,7 @@ fn merged_open(lanes: &[MutexGuard<'_, Ingester>], a: usize, window: Option<i64>
     let mut merged = Accumulator::new(
         plan.aggregations[a].clone(),
         plan.keep_windows,
-        home.seams().sketch,
+        home.seams().sketch_update,
     );
     let (mut next, mut budget, mut stats) = (0, Budget::new(Capacity::UNBOUNDED), Stats::default());
     for lane in lanes {

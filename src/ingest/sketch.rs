@@ -14,7 +14,7 @@
 //! values first, then zeros (`|v| <= min_value`), then positive; `q = 0` and
 //! `q = 1` give the exact min and max.
 
-use super::seams::SketchUpdate;
+use crate::seams::SketchUpdate;
 use sketches_ddsketch::{Config, DDSketch};
 
 /// A pane's sketch: the crate's (reference) or ours (`bulk-sketch`).

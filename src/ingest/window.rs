@@ -9,8 +9,8 @@
 //! closed windows of each aggregation are kept for queries.
 
 use super::plan::Aggregation;
-use super::seams::SketchUpdate;
 use super::sketch::PaneSketch;
+use crate::seams::SketchUpdate;
 use crate::text::{write_escaped, Escape};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;

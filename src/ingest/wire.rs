@@ -11,7 +11,7 @@
 //!   checked later, at canonicalization, where the series cache can skip it for
 //!   bytes it has already validated.
 
-use super::seams::Decode;
+use crate::seams::WireDecode;
 use std::ops::Range;
 
 /// `prometheus.WriteRequest` (only the fields remote write 1.0 uses; others are skipped).
@@ -214,7 +214,7 @@ pub fn decode_owned_into<'a>(
     Ok(())
 }
 
-impl Decode {
+impl WireDecode {
     /// The decode seam: `raw` into a (cleared) batch whose buffers are reused;
     /// `holder` keeps the owned decoder's strings.
     pub fn decode_into<'a>(
@@ -224,9 +224,9 @@ impl Decode {
         batch: &mut Batch<'a>,
     ) -> Result<(), WireError> {
         match self {
-            Decode::Owned => decode_owned_into(raw, holder, batch),
-            Decode::Borrowed => decode_borrowed_into(raw, batch),
-            Decode::BorrowedDeferred => decode_borrowed_deferred_into(raw, batch),
+            WireDecode::Owned => decode_owned_into(raw, holder, batch),
+            WireDecode::Borrowed => decode_borrowed_into(raw, batch),
+            WireDecode::BorrowedDeferred => decode_borrowed_deferred_into(raw, batch),
         }
     }
 }

@@ -10,7 +10,8 @@
 //! # The `prerender` seam
 //!
 //! Only one thing differs between strategies: how each series' line prefix
-//! `name{k="v",...} ` reaches the scrape buffer ([`LinePrefixes`]).
+//! `name{k="v",...} ` reaches the scrape buffer ([`LinePrefixes`], resolved
+//! in [`crate::seams`]).
 //! - Baseline (RabbitMQ before "Pre-render prometheus labels"): on every scrape,
 //!   walk the series' label pairs, escape each value byte by byte, build the
 //!   line in a fresh buffer, then copy it out.
@@ -21,8 +22,10 @@
 //! Both write the same bytes; `tests/render_live.rs` proves it by proptest over
 //! awkward names and values.
 
+use crate::probe::probe;
 use crate::registry::{self, MetricType};
-use crate::strategy::{Strategy, StrategySet};
+use crate::seams::{LinePrefixes, Seams};
+use crate::strategy::StrategySet;
 use crate::text::{FamilyEncoder, SampleEncoder};
 use anyhow::{bail, Context, Result};
 use hashbrown::HashTable;
@@ -48,16 +51,9 @@ pub struct SeriesId {
 /// Families of counters and gauges, rendered in registration order.
 pub struct LiveRegistry {
     families: Vec<Family>,
-    /// The seam, resolved once: every family gets this kind of [`LinePrefixes`].
-    prefixes: PrefixKind,
+    /// The seam, resolved once: every family keeps its prefixes this way.
+    prefixes: LinePrefixes,
     hasher: ahash::RandomState,
-}
-
-/// Which [`LinePrefixes`] a family gets ([`Strategy::Prerender`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PrefixKind {
-    PerScrape,
-    Prerendered,
 }
 
 struct Family {
@@ -72,11 +68,11 @@ struct Family {
     values: Vec<f64>,
     /// Series indices, hashed by label values (get-or-create).
     index: HashTable<u32>,
-    prefixes: LinePrefixes,
+    prefixes: FamilyPrefixes,
 }
 
-/// The seam: how each series' `name{labels} ` prefix gets into a scrape.
-enum LinePrefixes {
+/// A family's prefixes, as its [`LinePrefixes`] seam keeps them.
+enum FamilyPrefixes {
     /// Baseline: nothing kept; every scrape renders each prefix afresh.
     PerScrape,
     /// `prerender`: every prefix rendered once at series creation, back to back.
@@ -88,11 +84,7 @@ impl LiveRegistry {
     pub fn new(strategies: StrategySet) -> LiveRegistry {
         LiveRegistry {
             families: Vec::new(),
-            prefixes: if strategies.contains(Strategy::Prerender) {
-                PrefixKind::Prerendered
-            } else {
-                PrefixKind::PerScrape
-            },
+            prefixes: Seams::resolve(strategies).render.line_prefixes,
             // Fixed keys: the table only holds our own series, and runs stay reproducible.
             hasher: ahash::RandomState::with_seeds(0x9e37, 0x79b9, 0x7f4a, 0x7c15),
         }
@@ -136,8 +128,8 @@ impl LiveRegistry {
             values: Vec::new(),
             index: HashTable::new(),
             prefixes: match self.prefixes {
-                PrefixKind::PerScrape => LinePrefixes::PerScrape,
-                PrefixKind::Prerendered => LinePrefixes::Prerendered {
+                LinePrefixes::PerScrape => FamilyPrefixes::PerScrape,
+                LinePrefixes::Prerendered => FamilyPrefixes::Prerendered {
                     bytes: Vec::new(),
                     ends: Vec::new(),
                 },
@@ -181,7 +173,7 @@ impl LiveRegistry {
             fam.value_ends.push(end);
         }
         fam.values.push(0.0);
-        if let LinePrefixes::Prerendered { bytes, ends } = &mut fam.prefixes {
+        if let FamilyPrefixes::Prerendered { bytes, ends } = &mut fam.prefixes {
             write_prefix_once(bytes, &fam.name, &fam.label_names, label_values);
             ends.push(u32::try_from(bytes.len()).context("pre-rendered prefixes exceed 4 GiB")?);
         }
@@ -298,8 +290,8 @@ impl Family {
     fn write(&self, out: &mut Vec<u8>) {
         let mut family = FamilyEncoder::new(out, &self.name, self.kind.name(), &self.help);
         match &self.prefixes {
-            LinePrefixes::PerScrape => self.write_lines_per_scrape(&mut family),
-            LinePrefixes::Prerendered { bytes, ends } => {
+            FamilyPrefixes::PerScrape => self.write_lines_per_scrape(&mut family),
+            FamilyPrefixes::Prerendered { bytes, ends } => {
                 let mut start = 0;
                 for (&end, &value) in ends.iter().zip(&self.values) {
                     family
@@ -315,6 +307,7 @@ impl Family {
     /// escaping byte by byte, then copied into the body.
     fn write_lines_per_scrape(&self, family: &mut FamilyEncoder<'_>) {
         for (series, &value) in self.values.iter().enumerate() {
+            probe!("render.prefix_encoded");
             let mut line = Vec::new();
             let pairs = self.label_names.iter().map(|n| &n[..]);
             SampleEncoder::new(&mut line, &self.name, b"")
@@ -333,6 +326,7 @@ fn write_prefix_once(
     label_names: &[Box<[u8]>],
     label_values: &[&[u8]],
 ) {
+    probe!("render.prefix_encoded");
     let names = label_names.iter().map(|n| &n[..]);
     SampleEncoder::new(out, name, b"")
         .labels(names.zip(label_values.iter().copied()))
@@ -371,6 +365,33 @@ fn hash_values<'a>(hasher: &ahash::RandomState, values: impl Iterator<Item = &'a
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::counted;
+    use crate::strategy::Strategy;
+
+    /// `prerender`: each series' prefix encoded once, when it is created;
+    /// without it, once per series per scrape.
+    #[test]
+    fn prerender_encodes_each_prefix_once() {
+        for set in StrategySet::combinations(crate::strategy::Stage::Render) {
+            let mut reg = LiveRegistry::new(set);
+            let (_, created) = counted(|| {
+                let f = reg.register("f", MetricType::Gauge, "", &["a"]).unwrap();
+                for i in 0..10 {
+                    reg.series(f, &[format!("v{i}").as_bytes()]).unwrap();
+                }
+            });
+            let mut out = Vec::new();
+            let (_, scrapes) = counted(|| (0..3).for_each(|_| reg.render_into(&mut out)));
+            let prerender = set.contains(Strategy::Prerender);
+            let (at_creation, per_scrape) = if prerender { (10, 0) } else { (0, 10) };
+            assert_eq!(created.get("render.prefix_encoded"), at_creation, "{set}");
+            assert_eq!(
+                scrapes.get("render.prefix_encoded"),
+                3 * per_scrape,
+                "{set}"
+            );
+        }
+    }
 
     fn both(build: impl Fn(&mut LiveRegistry)) -> Vec<u8> {
         let mut outs = Vec::new();

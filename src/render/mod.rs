@@ -14,12 +14,14 @@
 //!
 //! # Seams
 //!
-//! | seam | where | strategy | baseline | with the strategy |
-//! |---|---|---|---|---|
-//! | `LinePrefixes` | [`live`], resolved in [`live::LiveRegistry::new`] | [`Prerender`](crate::strategy::Strategy::Prerender) | `PerScrape`: each line built from its label pairs in a fresh buffer, escaped byte by byte | `Prerendered`: each series' `name{labels} ` encoded once at creation, copied on every scrape |
-//! | [`Group::rendered`] | store exposition (here), filled by the exporter's `Keep` seam | [`Prerender`](crate::strategy::Strategy::Prerender) | `None`: label pairs encoded on every scrape | `Some`: label pairs encoded once per label set, copied |
+//! [`live`] has one seam, [`LinePrefixes`](crate::seams::LinePrefixes), taken
+//! from [`Seams::resolve`](crate::seams::Seams::resolve) in
+//! [`live::LiveRegistry::new`]; the store exposition here copies a group's
+//! label pairs when the exporter's [`Keep`](crate::seams::Keep) seam rendered
+//! them ([`Group::rendered`]). Both are `prerender`'s; the table is in
+//! [`crate::seams`].
 //!
-//! No combined variant. [`live`] renders in-memory registries at scale;
+//! [`live`] renders in-memory registries at scale;
 //! [`rabbitmq`] builds RabbitMQ's per-object families on one.
 
 use crate::registry::MetricDef;

@@ -31,7 +31,8 @@
 use anyhow::{bail, Context, Result};
 use promlab::ingest::sketch::BulkSketch;
 use promlab::ingest::wire;
-use promlab::store::{StoreFile, StoreIo};
+use promlab::seams::StoreIo;
+use promlab::store::StoreFile;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::path::Path;

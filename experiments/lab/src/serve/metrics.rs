@@ -35,6 +35,7 @@ use axum::Router;
 use promlab::export::{EntrySkip, Exporter, FileSkip};
 use promlab::render::rabbitmq::RabbitMqNode;
 use promlab::strategy::StrategySet;
+use promlab::text::FamilyEncoder;
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -81,31 +82,44 @@ impl Counters {
         self.scrapes[result as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    fn render(&self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::new();
-        out.push_str("# TYPE promlab_store_files_skipped_total counter\n# HELP promlab_store_files_skipped_total Store files left out of a scrape, by reason.\n");
-        for (i, reason) in FileSkip::ALL.iter().enumerate() {
-            let n = self.files_skipped[i].load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "promlab_store_files_skipped_total{{reason=\"{}\"}} {n}",
-                reason.name()
-            );
-        }
-        out.push_str("# TYPE promlab_store_entries_skipped_total counter\n# HELP promlab_store_entries_skipped_total Store entries left out of a scrape, by reason.\n");
-        for (i, reason) in EntrySkip::ALL.iter().enumerate() {
-            let n = self.entries_skipped[i].load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "promlab_store_entries_skipped_total{{reason=\"{}\"}} {n}",
-                reason.name()
-            );
-        }
-        out.push_str("# TYPE promlab_store_scrapes_total counter\n# HELP promlab_store_scrapes_total /metrics requests, by result.\n");
-        for (result, name) in SCRAPE_RESULTS {
-            let n = self.scrapes[result as usize].load(Ordering::Relaxed);
-            let _ = writeln!(out, "promlab_store_scrapes_total{{result=\"{name}\"}} {n}");
+    /// The exposition of these counters, through the library's one encoder.
+    fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let files = FileSkip::ALL.iter().map(|r| r.name());
+        let entries = EntrySkip::ALL.iter().map(|r| r.name());
+        let results = SCRAPE_RESULTS.iter().map(|(_, name)| *name);
+        for (name, help, label, values, counts) in [
+            (
+                "promlab_store_files_skipped_total",
+                "Store files left out of a scrape, by reason.",
+                "reason",
+                files.collect::<Vec<_>>(),
+                &self.files_skipped[..],
+            ),
+            (
+                "promlab_store_entries_skipped_total",
+                "Store entries left out of a scrape, by reason.",
+                "reason",
+                entries.collect(),
+                &self.entries_skipped[..],
+            ),
+            (
+                "promlab_store_scrapes_total",
+                "/metrics requests, by result.",
+                "result",
+                results.collect(),
+                &self.scrapes[..],
+            ),
+        ] {
+            let mut family =
+                FamilyEncoder::new(&mut out, name.as_bytes(), "counter", help.as_bytes());
+            for (value, count) in values.iter().zip(counts) {
+                family
+                    .sample(b"")
+                    .label(label.as_bytes(), value.as_bytes())
+                    .value()
+                    .integer(count.load(Ordering::Relaxed));
+            }
         }
         out
     }
@@ -468,6 +482,48 @@ fn percent_decode(s: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sidecar's own counters, byte for byte as before they went through
+    /// the library's encoder, and readable by the library's parser.
+    #[test]
+    fn own_counters_exposition() {
+        let counters = Counters::default();
+        counters.files_skipped[2].fetch_add(3, Ordering::Relaxed);
+        counters.scrape(ScrapeResult::Partial);
+        let out = counters.render();
+        let text = String::from_utf8(out.clone()).unwrap();
+        let mut expected = String::from(
+            "# TYPE promlab_store_files_skipped_total counter\n\
+             # HELP promlab_store_files_skipped_total Store files left out of a scrape, by reason.\n",
+        );
+        for (i, reason) in FileSkip::ALL.iter().enumerate() {
+            let n = if i == 2 { 3 } else { 0 };
+            expected += &format!(
+                "promlab_store_files_skipped_total{{reason=\"{}\"}} {n}\n",
+                reason.name()
+            );
+        }
+        expected += "# TYPE promlab_store_entries_skipped_total counter\n\
+             # HELP promlab_store_entries_skipped_total Store entries left out of a scrape, by reason.\n";
+        for reason in EntrySkip::ALL {
+            expected += &format!(
+                "promlab_store_entries_skipped_total{{reason=\"{}\"}} 0\n",
+                reason.name()
+            );
+        }
+        expected += "# TYPE promlab_store_scrapes_total counter\n\
+             # HELP promlab_store_scrapes_total /metrics requests, by result.\n\
+             promlab_store_scrapes_total{result=\"ok\"} 0\n\
+             promlab_store_scrapes_total{result=\"partial\"} 1\n\
+             promlab_store_scrapes_total{result=\"failed\"} 0\n\
+             promlab_store_scrapes_total{result=\"busy\"} 0\n";
+        assert_eq!(text, expected);
+        let samples = promlab::scrape::parse(&out).unwrap();
+        assert_eq!(
+            samples.len(),
+            FileSkip::ALL.len() + EntrySkip::ALL.len() + SCRAPE_RESULTS.len()
+        );
+    }
 
     #[test]
     fn gzip_negotiation() {

@@ -1,0 +1,347 @@
+//! The receiver's hostile clients: malformed, mislabelled, oversized and
+//! far-future requests (each with the statuses a correct receiver answers), a
+//! cardinality flood of fresh groups, and a crowd of slow clients holding
+//! connections open while a probe checks the receiver still answers.
+
+use super::feeder::{now_ms, samples_body, FeedClock, CARDINALITY, PROBE, REMOTE_WRITE};
+use super::server::Server;
+use super::tally::{timed, Outcome, Tallies};
+use super::{Run, CARDINALITY_BATCH, CARDINALITY_CAP, REQUEST_TIMEOUT, SLOW_CLIENTS};
+use crate::http_client::Client;
+use promlab::ingest::feed::splitmix64;
+use promlab::ingest::wire;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One hostile request: what it sends and the statuses a correct receiver answers.
+pub(super) struct HostileCase {
+    pub(super) name: &'static str,
+    method: &'static str,
+    path: String,
+    headers: Vec<(&'static str, &'static str)>,
+    body: Vec<u8>,
+    /// Valid samples in the body (counted as sent when answered 2xx).
+    samples: u64,
+    /// When set, the body is one valid sample built at send time, its timestamp this
+    /// function of the feeder's current one (so a valid sample is never late by itself).
+    one_sample_at: Option<fn(i64) -> i64>,
+    pub(super) expected: &'static [u16],
+    /// Whether the connection closed while sending counts as refused: a server may
+    /// answer 413 and close before a body it will not take has been sent.
+    pub(super) closed_is_refusal: bool,
+    /// The fraction of the run it is sent in (the far-future cases go last: they
+    /// would make the rest of the run's samples late on a receiver without the fix).
+    window: (f64, f64),
+}
+
+pub(super) fn hostile_cases() -> Vec<HostileCase> {
+    let rw = || REMOTE_WRITE.to_vec();
+    let with_type = |t: &'static str| vec![("Content-Type", t), ("Content-Encoding", "snappy")];
+    let mut unsorted = Vec::new();
+    let mut labels = Vec::new();
+    wire::put_label(&mut labels, b"label_0", b"g0");
+    wire::put_label(&mut labels, b"__name__", b"data");
+    wire::put_series_one_sample(&mut unsorted, &labels, 1.0, now_ms());
+    let mut nameless = Vec::new();
+    let mut labels = Vec::new();
+    wire::put_label(&mut labels, b"label_0", b"g0");
+    wire::put_series_one_sample(&mut nameless, &labels, 1.0, now_ms());
+    let mut four_gb = Vec::new();
+    wire::put_varint(&mut four_gb, 4 << 30);
+    four_gb.extend_from_slice(&[0; 64]);
+    let garbage: Vec<u8> = (0..4096u64).map(|i| splitmix64(i) as u8).collect();
+    let all = (0.0, 1.0);
+    let case = |name, headers, body, samples, expected, window| HostileCase {
+        name,
+        method: "POST",
+        path: "/api/v1/write".into(),
+        headers,
+        body,
+        samples,
+        one_sample_at: None,
+        expected,
+        closed_is_refusal: false,
+        window,
+    };
+    let fresh = |name, headers, at: fn(i64) -> i64, expected, window| HostileCase {
+        one_sample_at: Some(at),
+        ..case(name, headers, Vec::new(), 1, expected, window)
+    };
+    vec![
+        case("malformed snappy", rw(), garbage.clone(), 0, &[400], all),
+        case(
+            "malformed protobuf",
+            rw(),
+            wire::compress(&garbage),
+            0,
+            &[400],
+            all,
+        ),
+        case(
+            "series without __name__",
+            rw(),
+            wire::compress(&nameless),
+            0,
+            &[400],
+            all,
+        ),
+        case(
+            "unsorted labels",
+            rw(),
+            wire::compress(&unsorted),
+            0,
+            &[400],
+            all,
+        ),
+        fresh(
+            "content type text/plain",
+            with_type("text/plain"),
+            |t| t,
+            &[415],
+            all,
+        ),
+        fresh(
+            "content type application/x-protobufXYZ",
+            with_type("application/x-protobufXYZ"),
+            |t| t,
+            &[415],
+            all,
+        ),
+        fresh(
+            "remote-write 2.0 content type",
+            with_type("application/x-protobuf;proto=io.prometheus.write.v2.Request"),
+            |t| t,
+            &[415],
+            all,
+        ),
+        fresh(
+            "content encoding gzip",
+            vec![
+                ("Content-Type", "application/x-protobuf"),
+                ("Content-Encoding", "gzip"),
+            ],
+            |t| t,
+            &[415],
+            all,
+        ),
+        HostileCase {
+            closed_is_refusal: true,
+            ..case("body of 33 MiB", rw(), vec![0; 33 << 20], 0, &[413], all)
+        },
+        case("snappy header of 4 GiB", rw(), four_gb, 0, &[413], all),
+        case(
+            "snappy bomb (40 MiB of zeros)",
+            rw(),
+            wire::compress(&vec![0; 40 << 20]),
+            0,
+            &[413],
+            all,
+        ),
+        // A correct receiver takes these (204, the sample counted too far ahead) or refuses
+        // them (400/422); the harm they do is checked by the late-samples check.
+        fresh(
+            "timestamp in year 2100",
+            rw(),
+            |_| 4_102_444_800_000,
+            &[204, 400, 422],
+            (0.8, 1.0),
+        ),
+        fresh(
+            "timestamp in ns sent as ms",
+            rw(),
+            |t| t.saturating_mul(1_000_000),
+            &[204, 400, 422],
+            (0.8, 1.0),
+        ),
+        HostileCase {
+            name: "quantiles query with a bad window",
+            method: "GET",
+            path: "/api/v1/quantiles?agg=data&window=%ZZ".into(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            samples: 0,
+            one_sample_at: None,
+            expected: &[400],
+            closed_is_refusal: false,
+            window: all,
+        },
+        HostileCase {
+            name: "quantiles query of an unknown aggregation",
+            method: "GET",
+            path: "/api/v1/quantiles?agg=nope".into(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            samples: 0,
+            one_sample_at: None,
+            expected: &[404],
+            closed_is_refusal: false,
+            window: all,
+        },
+    ]
+}
+
+/// Sends the hostile cases in turn, one every 100 ms, pausing while the slow clients hold
+/// the receiver's connections (the probe measures that window).
+pub(super) fn hostile(
+    run: &Run,
+    rx: &Server,
+    tallies: &Tallies,
+    slow: &SlowState,
+    clock: &FeedClock,
+) {
+    let cases = hostile_cases();
+    let client = Client::new(Some(REQUEST_TIMEOUT), 1);
+    for case in cases.iter().cycle() {
+        if run.over() {
+            break;
+        }
+        if !run.within(case.window.0, case.window.1) || slow.active.load(Ordering::Relaxed) {
+            if slow.active.load(Ordering::Relaxed) {
+                run.sleep(Duration::from_millis(100));
+            }
+            continue;
+        }
+        let body = match case.one_sample_at {
+            Some(at) => samples_body(std::iter::once("g0".to_string()), at(clock.now())).0,
+            None => case.body.clone(),
+        };
+        let (result, elapsed) =
+            timed(|| client.request(case.method, &rx.url(&case.path), &case.headers, &body));
+        tallies.record(case.name, &Outcome::of(&result), elapsed, case.samples);
+        run.sleep(Duration::from_millis(100));
+    }
+}
+
+/// Fresh groups, 10,000 a request, until [`CARDINALITY_CAP`], the receiver's RSS budget,
+/// or 50 % of the run. Returns why it stopped.
+pub(super) fn cardinality(
+    run: &Run,
+    rx: &Server,
+    tallies: &Tallies,
+    budget_mib: u64,
+    groups: &AtomicU64,
+    clock: &FeedClock,
+) -> String {
+    run.sleep(run.length.mul_f64(0.1));
+    let client = Client::new(Some(REQUEST_TIMEOUT), 1);
+    let mut next = 0u64;
+    loop {
+        if run.over() || Instant::now() >= run.at(0.5) {
+            return "stopped at 50 % of the run".into();
+        }
+        if next >= CARDINALITY_CAP {
+            return format!("stopped at its cap of {CARDINALITY_CAP} groups");
+        }
+        if let Some(rss) = rx.rss_kib() {
+            if rss > budget_mib * 1024 {
+                return format!(
+                    "stopped: receiver RSS {} MiB over the budget of {budget_mib} MiB",
+                    rss / 1024
+                );
+            }
+        }
+        let (body, n) = samples_body(
+            (next..next + CARDINALITY_BATCH).map(|g| format!("c{g}")),
+            clock.now(),
+        );
+        let (result, elapsed) =
+            timed(|| client.post(&rx.url("/api/v1/write"), &REMOTE_WRITE, &body));
+        tallies.record(CARDINALITY, &Outcome::of(&result), elapsed, n);
+        next += CARDINALITY_BATCH;
+        groups.store(next, Ordering::Relaxed);
+    }
+}
+
+#[derive(Default)]
+pub(super) struct SlowState {
+    active: AtomicBool,
+    opened: AtomicU64,
+    refused: AtomicU64,
+    /// Slow connections the receiver closed (a header-read timeout or a connection cap).
+    closed_by_server: AtomicU64,
+    held_secs: Mutex<f64>,
+}
+
+impl SlowState {
+    pub(super) fn summary(&self) -> String {
+        format!(
+            "{} slow connections opened ({} refused), held {:.0} s sending a byte a second; the receiver closed {} of them",
+            self.opened.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+            self.held_secs.lock().unwrap(),
+            self.closed_by_server.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// From 50 % to 80 % of the run: [`SLOW_CLIENTS`] connections that send a request
+/// header one byte a second, while a probe on fresh connections checks the receiver
+/// still answers.
+pub(super) fn slow_clients(run: &Run, rx: &Server, tallies: &Tallies, slow: &SlowState) {
+    run.sleep(run.at(0.5).saturating_duration_since(Instant::now()));
+    if run.over() {
+        return;
+    }
+    let began = Instant::now();
+    slow.active.store(true, Ordering::Relaxed);
+    let window_end = run.at(0.8);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while Instant::now() < window_end && !run.over() {
+                // A fresh connection every time: what a new legitimate client gets.
+                let client = Client::new(Some(REQUEST_TIMEOUT), 1);
+                let (result, elapsed) = timed(|| client.get(&rx.url("/metrics"), &[]));
+                tallies.record(PROBE, &Outcome::of(&result), elapsed, 0);
+                run.sleep(Duration::from_millis(500));
+            }
+        });
+        hold_slow_connections(run, rx, slow, window_end);
+    });
+    *slow.held_secs.lock().unwrap() = began.elapsed().as_secs_f64();
+    slow.active.store(false, Ordering::Relaxed);
+}
+
+/// Opens the slow connections and sends each a byte a second until `until`.
+fn hold_slow_connections(run: &Run, rx: &Server, slow: &SlowState, until: Instant) {
+    let addr: Option<SocketAddr> = rx
+        .url("")
+        .strip_prefix("http://")
+        .and_then(|a| a.parse().ok());
+    let mut conns: Vec<Option<TcpStream>> = Vec::new();
+    if let Some(addr) = addr {
+        for _ in 0..SLOW_CLIENTS {
+            if Instant::now() >= until || run.over() {
+                break;
+            }
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                Ok(mut s) => {
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+                    let _ = s.write_all(b"POST /api/v1/write HTTP/1.1\r\nHost: soak\r\n");
+                    slow.opened.fetch_add(1, Ordering::Relaxed);
+                    conns.push(Some(s));
+                }
+                Err(_) => {
+                    slow.refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    let mut next_byte = Instant::now();
+    while Instant::now() < until && !run.over() {
+        if Instant::now() >= next_byte {
+            for conn in conns.iter_mut() {
+                if let Some(s) = conn {
+                    if s.write_all(b"X").is_err() {
+                        slow.closed_by_server.fetch_add(1, Ordering::Relaxed);
+                        *conn = None;
+                    }
+                }
+            }
+            next_byte += Duration::from_secs(1);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

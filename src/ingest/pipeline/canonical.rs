@@ -1,0 +1,297 @@
+//! The canonicalize seam: every series of a request validated and given its
+//! canonical form and destinations, before anything is applied. Two
+//! canonicalizers: per request ([`BaselineSeries`], upstream's shape), and
+//! through the [`SeriesCache`] (`series-cache`), once per series. Either
+//! hands the routers a [`Resolved`].
+
+use super::series_cache::SeriesCache;
+use super::{invalid, IngestError, Ingester};
+use crate::ingest::plan::Plan;
+use crate::ingest::window::write_group_key;
+use crate::ingest::wire::{self, Batch};
+use crate::seams::Canonicalize;
+use crate::text::{write_escaped, Escape};
+use std::collections::{BTreeMap, HashMap};
+
+impl Ingester {
+    /// Canonicalize seam: every series of the request, validated, before anything is applied.
+    #[inline(never)] // one call per request; kept apart so profiles show the seam
+    pub(super) fn resolve(&mut self, batch: &Batch<'_>) -> Result<Resolved, IngestError> {
+        if self.seams.canonicalize == Canonicalize::PerRequest {
+            let series = batch
+                .series
+                .iter()
+                .map(|s| BaselineSeries::canonicalize(batch.series_labels(s), &self.plan.plan))
+                .collect::<Result<_, _>>()?;
+            return Ok(Resolved::PerRequest(series));
+        }
+        self.cache.check_generation(self.plan.generation);
+        let mut ids = std::mem::take(&mut self.spare_ids);
+        ids.clear();
+        let mut key = Vec::new();
+        let mut deferred = Vec::new();
+        for span in &batch.series {
+            let mut labels = batch.series_labels(span);
+            let raw = match span.raw_labels {
+                Some(raw) => raw,
+                None => {
+                    key.clear();
+                    for (n, v) in labels {
+                        wire::put_label(&mut key, n, v);
+                    }
+                    &key[..]
+                }
+            };
+            let id = match self.cache.lookup(raw) {
+                Some(id) => id,
+                None => {
+                    if let (true, Some(span_raw)) = (span.labels_deferred, span.raw_labels) {
+                        deferred.clear();
+                        wire::parse_label_fields(span_raw, &mut deferred)?;
+                        labels = &deferred;
+                    }
+                    let series = BaselineSeries::canonicalize(labels, &self.plan.plan)?;
+                    let mut dests = Vec::with_capacity(series.aggs.len());
+                    for &agg in &series.aggs {
+                        let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
+                        let group_key = series.group_key(group_by);
+                        let (_, dest) = self.intern(agg, group_key.as_bytes());
+                        dests.push((dest, agg, group_key.into_boxed_str()));
+                    }
+                    self.cache
+                        .insert(raw, series.series_key.into_boxed_str(), dests)
+                }
+            };
+            ids.push(id);
+        }
+        Ok(Resolved::Cached(ids))
+    }
+}
+
+/// What the canonicalize seam produced for a request's series, read by either
+/// router: the per-sample one through [`Resolved::for_each_routed_key`], the
+/// batched one through the series' destination ids.
+pub(super) enum Resolved {
+    /// Reference: per series, computed for this request.
+    PerRequest(Vec<BaselineSeries>),
+    /// `series-cache`: per series, an entry id in the cache.
+    Cached(Vec<u32>),
+}
+
+impl Resolved {
+    /// Series `i`'s (aggregation, group key, series key) per destination, built
+    /// as upstream builds them for every routed sample.
+    #[inline(always)]
+    pub(super) fn for_each_routed_key(
+        &self,
+        i: usize,
+        plan: &Plan,
+        cache: &SeriesCache,
+        mut f: impl FnMut(u16, String, String),
+    ) {
+        match self {
+            Resolved::PerRequest(all) => {
+                let s = &all[i];
+                for &agg in &s.aggs {
+                    let group_by = &plan.aggregations[agg as usize].group_by;
+                    let labels = parse_series_key(&s.series_key);
+                    f(
+                        agg,
+                        group_key_of(&labels, group_by),
+                        s.series_key.to_string(),
+                    );
+                }
+            }
+            Resolved::Cached(ids) => {
+                let entry = &cache.entries[ids[i] as usize];
+                for (agg, group_key) in cache.dest_keys(entry) {
+                    f(*agg, group_key.to_string(), entry.series_key.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// The reference canonical form of a series, rebuilt for every request.
+pub struct BaselineSeries {
+    /// `name{k="v",…}`, values escaped, labels sorted.
+    pub series_key: String,
+    /// Indexes of the aggregations this series feeds.
+    pub aggs: Vec<u16>,
+    /// `k=v;` joined — upstream's attribute fingerprint. Nothing here reads it;
+    /// it is built because upstream builds it per series per request.
+    pub fingerprint: String,
+    /// The label set as a JSON object — upstream's population key (same note).
+    pub population: String,
+}
+
+impl BaselineSeries {
+    /// Validates a series and computes its canonical form, upstream-style.
+    pub fn canonicalize(
+        labels: &[(&[u8], &[u8])],
+        plan: &Plan,
+    ) -> Result<BaselineSeries, IngestError> {
+        let mut map: HashMap<String, String> = HashMap::new();
+        let mut previous: Option<&[u8]> = None;
+        for &(name, value) in labels {
+            let name_str =
+                std::str::from_utf8(name).map_err(|_| invalid("a label name is not UTF-8"))?;
+            let value_str = std::str::from_utf8(value)
+                .map_err(|_| invalid(format!("the value of label `{name_str}` is not UTF-8")))?;
+            if !crate::registry::is_label_name(name) {
+                return Err(invalid(format!(
+                    "invalid label name `{}`",
+                    name_str.escape_debug()
+                )));
+            }
+            if let Some(prev) = previous {
+                if prev == name {
+                    return Err(invalid(format!("duplicate label name `{name_str}`")));
+                }
+                if prev > name {
+                    return Err(invalid(format!(
+                        "label names are not sorted: `{name_str}` after `{}`",
+                        String::from_utf8_lossy(prev)
+                    )));
+                }
+            }
+            previous = Some(name);
+            map.insert(name_str.to_owned(), value_str.to_owned());
+        }
+        let metric = match map.get("__name__") {
+            Some(n) if !n.is_empty() => n.clone(),
+            _ => return Err(invalid("a series has no `__name__` label")),
+        };
+        let mut sorted: Vec<(String, String)> = map.clone().into_iter().collect();
+        sorted.sort();
+        let mut series_key = metric.clone();
+        series_key.push('{');
+        let mut first = true;
+        for (k, v) in sorted.iter().filter(|(k, _)| k != "__name__") {
+            if !first {
+                series_key.push(',');
+            }
+            first = false;
+            series_key.push_str(&format!("{k}=\"{}\"", escape_value(v)));
+        }
+        series_key.push('}');
+        let fingerprint: String = sorted.iter().map(|(k, v)| format!("{k}={v};")).collect();
+        let population_map: BTreeMap<&str, &str> = sorted
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let population =
+            serde_json::to_string(&population_map).expect("a map of strings serializes");
+        let aggs = plan
+            .aggregations
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| {
+                a.metric == metric
+                    && a.matchers
+                        .iter()
+                        .all(|(k, v)| map.get(k).map_or("", String::as_str) == v)
+            })
+            .map(|(i, _)| i as u16)
+            .collect();
+        Ok(BaselineSeries {
+            series_key,
+            aggs,
+            fingerprint: std::hint::black_box(fingerprint),
+            population: std::hint::black_box(population),
+        })
+    }
+
+    /// The group key for one aggregation (re-parsing the series key, upstream-style).
+    pub fn group_key(&self, group_by: &[String]) -> String {
+        group_key_of(&parse_series_key(&self.series_key), group_by)
+    }
+}
+
+fn escape_value(v: &str) -> String {
+    let mut out = Vec::with_capacity(v.len());
+    write_escaped(&mut out, v.as_bytes(), Escape::LabelValue);
+    String::from_utf8(out).expect("escaping keeps UTF-8")
+}
+
+/// Parses `name{k="v",…}` back into a map (with `__name__`), unescaping values.
+pub(super) fn parse_series_key(key: &str) -> HashMap<String, String> {
+    let mut map = HashMap::new();
+    let (name, rest) = key.split_once('{').unwrap_or((key, "}"));
+    map.insert("__name__".to_string(), name.to_string());
+    let mut chars = rest.chars().peekable();
+    loop {
+        let label: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        if label.is_empty() || label == "}" {
+            break;
+        }
+        chars.next(); // opening quote
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(other) => value.push(other),
+                    None => break,
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        map.insert(label, value);
+        if chars.next() != Some(',') {
+            break;
+        }
+    }
+    map
+}
+
+/// The group key (see [`write_group_key`]) from a label map, as a new `String`.
+pub(super) fn group_key_of(labels: &HashMap<String, String>, group_by: &[String]) -> String {
+    let mut out = Vec::new();
+    write_group_key(
+        &mut out,
+        group_by
+            .iter()
+            .map(|g| labels.get(g).map_or(&b""[..], |v| v.as_bytes())),
+    );
+    String::from_utf8(out).expect("group keys of UTF-8 values are UTF-8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_keys_round_trip() {
+        let labels: [(&[u8], &[u8]); 3] =
+            [(b"__name__", b"m"), (b"a", b"x\"y\\z\n,}"), (b"b", b"")];
+        let s = BaselineSeries::canonicalize(&labels, &Plan::default()).unwrap();
+        assert_eq!(s.series_key, "m{a=\"x\\\"y\\\\z\\n,}\",b=\"\"}");
+        let map = parse_series_key(&s.series_key);
+        assert_eq!(map["a"], "x\"y\\z\n,}");
+        assert_eq!(map["b"], "");
+        assert_eq!(map["__name__"], "m");
+        assert_eq!(s.population, r#"{"__name__":"m","a":"x\"y\\z\n,}","b":""}"#);
+    }
+
+    #[test]
+    fn validation() {
+        let plan = Plan::default();
+        let check =
+            |labels: &[(&[u8], &[u8])]| BaselineSeries::canonicalize(labels, &plan).map(|_| ());
+        assert!(check(&[(b"__name__", b"m")]).is_ok());
+        assert!(check(&[]).is_err());
+        assert!(check(&[(b"a", b"1")]).is_err());
+        assert!(check(&[(b"__name__", b"m"), (b"a", b"1"), (b"a", b"2")])
+            .unwrap_err()
+            .to_string()
+            .contains("duplicate"));
+        assert!(check(&[(b"__name__", b"m"), (b"b", b"1"), (b"a", b"2")])
+            .unwrap_err()
+            .to_string()
+            .contains("sorted"));
+        assert!(check(&[(b"__name__", b"m"), (b"a-b", b"1")]).is_err());
+        assert!(check(&[(b"__name__", b"m"), (b"a", b"\xff")]).is_err());
+    }
+}

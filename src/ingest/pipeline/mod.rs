@@ -1,0 +1,488 @@
+//! The ingester: one remote-write request in, windows and sketches updated.
+//!
+//! A request goes through four seams, each resolved once, when the ingester is
+//! built, from its [`StrategySet`] into an [`IngestSeams`] value (the table of
+//! variants is in [`crate::seams`]):
+//!
+//! | seam | reference (the upstream per-sample shape) | strategy |
+//! | --- | --- | --- |
+//! | decode | prost into owned structs | `borrowed-decode`: walk the buffer, labels as slices |
+//! | canonicalize | per series per request: validate, `HashMap<String,String>`, sort, `format!` series key, fingerprint, JSON population key | `series-cache`: all of it once per series, keyed by its raw label bytes |
+//! | route | per sample and aggregation: re-parse the series key, group key `String`, `to_string()` the series key, push into `HashMap<(agg, group), Vec<…>>` | `batch-routing`: destinations once per series, a counting sort into one contiguous batch per destination |
+//! | sketch update | per sample: find the pane, `DDSketch::add` | `bulk-sketch`: one pane lookup and one slice add per run |
+//!
+//! A request is all or nothing: it is decoded and every series validated
+//! before any sample is applied, so a 400 (or a 413) changes no window. Past
+//! the ingester's [`Limits`], single samples are counted and dropped.
+//!
+//! Here: the ingester (construction, a request's way through the seams,
+//! windows, queries) and its limits. Its seams' code, one file each:
+//! - `canonical.rs`: the canonicalize seam, both canonicalizers (per request,
+//!   upstream's [`BaselineSeries`]; through the series cache) and what they
+//!   hand the routers;
+//! - `route.rs`: the route seam, both routers (per sample; batched);
+//! - `series_cache.rs`: the map of series the `series-cache` canonicalizer
+//!   keeps across requests.
+//!
+//! The decode seam is [`super::wire`]'s, the sketch-update seam
+//! [`super::window`]'s and [`super::sketch`]'s.
+
+mod canonical;
+mod route;
+mod series_cache;
+
+pub use canonical::BaselineSeries;
+use canonical::Resolved;
+use route::RouteScratch;
+use series_cache::SeriesCache;
+
+use super::plan::{Plan, PlanGeneration};
+use super::window::{Accumulator, Budget, Capacity, Held, PaneReport, QueryResult, Stats};
+use super::wire::{self, Batch, WireError, WriteRequest};
+use crate::seams::{IngestSeams, Route, Seams};
+use crate::strategy::StrategySet;
+use std::collections::HashMap;
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IngestError {
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("invalid series: {0}")]
+    Invalid(String),
+    #[error("{samples} samples (or series) in one request exceed the limit of {limit}")]
+    TooManySamples { samples: usize, limit: usize },
+}
+
+impl IngestError {
+    /// The HTTP status the receiver answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            IngestError::Wire(WireError::TooLarge { .. }) => 413,
+            IngestError::TooManySamples { .. } => 413,
+            _ => 400,
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> IngestError {
+    IngestError::Invalid(msg.into())
+}
+
+/// Series-cache counters (for `/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub entries: u64,
+    pub capacity: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Entries dropped because the cache was full.
+    pub evicted: u64,
+    /// Entries dropped because the plan changed.
+    pub invalidated: u64,
+}
+
+/// Default bound of the series cache (entries; about 200 bytes each).
+pub const DEFAULT_CACHE_CAPACITY: usize = 1 << 18;
+
+/// The bounds an ingester keeps, per instance (an ingester split across threads
+/// gives each part its own). [`Limits::UNBOUNDED`], the library's default, takes
+/// timestamps as they come, as a replay of recorded data must;
+/// [`Limits::serving`] is what `promlab serve` starts from.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// More samples, or more series, than this in one request: the request is
+    /// refused (413), nothing applied. What a request costs while it is applied
+    /// grows with both (the baseline canonicalizes every series anew).
+    pub max_samples_per_request: usize,
+    /// Groups, pane slots and sketch bins held: past them, samples that need more are
+    /// counted (`over_*_limit`) and dropped; the rest of the request is applied.
+    pub capacity: Capacity,
+    /// Bytes of the series cache (raw labels and keys); past them it is cleared, as when full.
+    pub max_cache_bytes: usize,
+    /// `Some(ms)`: a sample stamped later than `clock() + ms` is counted
+    /// (`too_far_ahead`) and dropped, and the watermark never passes
+    /// `clock() - lateness`, so no sender can close a window before its time.
+    pub max_ahead_ms: Option<i64>,
+    /// Now, in ms since the epoch (only read when `max_ahead_ms` is set).
+    pub clock: fn() -> i64,
+}
+
+/// The system clock in ms since the epoch.
+pub fn system_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Limits {
+    pub const UNBOUNDED: Limits = Limits {
+        max_samples_per_request: usize::MAX,
+        capacity: Capacity::UNBOUNDED,
+        max_cache_bytes: usize::MAX,
+        max_ahead_ms: None,
+        clock: system_clock_ms,
+    };
+
+    /// The receiver's defaults, chosen for a 1 GiB budget: under the cardinality
+    /// attack of `experiments/lab/tests/receiver_hostile.rs` the receiver peaks
+    /// at 744 MiB (baseline) and 412 MiB (every strategy); panes that exist may
+    /// grow to twice `bins` (see [`Capacity::bins`]).
+    pub fn serving() -> Limits {
+        Limits {
+            max_samples_per_request: 200_000,
+            capacity: Capacity {
+                groups: 200_000,
+                group_bytes: 64 << 20,
+                pane_slots: 4 << 20,
+                bins: 12 << 20,
+            },
+            max_cache_bytes: 128 << 20,
+            max_ahead_ms: Some(10 * 60 * 1000),
+            clock: system_clock_ms,
+        }
+    }
+}
+
+pub struct Ingester {
+    /// What it was built with: reported, never consulted (the seams are).
+    strategies: StrategySet,
+    seams: IngestSeams,
+    plan: PlanGeneration,
+    accumulators: Vec<Accumulator>,
+    /// Global destination id → (aggregation, group id).
+    dests: Vec<(u16, u32)>,
+    watermark: i64,
+    totals: Stats,
+    limits: Limits,
+    budget: Budget,
+    cache: SeriesCache,
+    max_decoded: usize,
+    decompressed: Vec<u8>,
+    scratch: RouteScratch,
+    /// A decoded request's buffers, kept between requests.
+    spare_batch: Batch<'static>,
+    spare_ids: Vec<u32>,
+}
+
+impl Ingester {
+    pub fn new(plan: Plan, strategies: StrategySet) -> Self {
+        let mut ingester = Ingester {
+            strategies,
+            seams: Seams::resolve(strategies).ingest,
+            plan: PlanGeneration {
+                plan: Plan {
+                    aggregations: vec![],
+                    ..plan.clone()
+                },
+                generation: 0,
+            },
+            accumulators: Vec::new(),
+            dests: Vec::new(),
+            watermark: i64::MIN,
+            totals: Stats::default(),
+            limits: Limits::UNBOUNDED,
+            budget: Budget::new(Capacity::UNBOUNDED),
+            cache: SeriesCache::new(DEFAULT_CACHE_CAPACITY),
+            max_decoded: 32 << 20,
+            decompressed: Vec::new(),
+            scratch: RouteScratch::default(),
+            spare_batch: Batch::default(),
+            spare_ids: Vec::new(),
+        };
+        ingester.set_plan(plan);
+        ingester
+    }
+
+    pub fn with_max_decoded(mut self, bytes: usize) -> Self {
+        self.max_decoded = bytes;
+        self
+    }
+
+    pub fn with_cache_capacity(mut self, entries: usize) -> Self {
+        self.cache.capacity = entries;
+        self
+    }
+
+    /// Bounds what this ingester takes and holds (see [`Limits`]).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self.budget.capacity = limits.capacity;
+        self.cache.max_bytes = limits.max_cache_bytes;
+        self
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// What the ingester holds of what its limits bound.
+    pub fn held(&self) -> Held {
+        self.budget.held
+    }
+
+    pub fn strategies(&self) -> StrategySet {
+        self.strategies
+    }
+
+    /// The seams the strategies resolved to.
+    pub fn seams(&self) -> IngestSeams {
+        self.seams
+    }
+
+    pub fn plan(&self) -> &PlanGeneration {
+        &self.plan
+    }
+
+    /// Installs a plan and bumps the generation. Aggregations whose definition
+    /// did not change keep their windows; the others start empty.
+    pub fn set_plan(&mut self, plan: Plan) {
+        let mut old: HashMap<String, Accumulator> = self
+            .accumulators
+            .drain(..)
+            .map(|a| (a.agg.id.clone(), a))
+            .collect();
+        let keep_all = plan.keep_windows == self.plan.plan.keep_windows;
+        self.accumulators = plan
+            .aggregations
+            .iter()
+            .map(|agg| match old.remove(&agg.id) {
+                Some(acc) if acc.agg == *agg && keep_all => acc,
+                _ => Accumulator::new(agg.clone(), plan.keep_windows, self.seams.sketch_update),
+            })
+            .collect();
+        self.budget.recount(&self.accumulators);
+        // Destination ids are renumbered from the surviving groups.
+        self.dests.clear();
+        let mut next = 0u32;
+        for (a, acc) in self.accumulators.iter_mut().enumerate() {
+            next = acc.renumber(a as u16, next, &mut self.dests);
+        }
+        self.plan = PlanGeneration {
+            plan,
+            generation: self.plan.generation + 1,
+        };
+    }
+
+    /// One request body as sent (snappy block): the receiver's and `promlab ingest`'s entry point.
+    pub fn handle(&mut self, body: &[u8]) -> Result<Stats, IngestError> {
+        let (stats, watermark) = self.handle_deferred(body)?;
+        self.advance_to(watermark);
+        Ok(stats)
+    }
+
+    /// One decompressed `WriteRequest`.
+    pub fn handle_decoded(&mut self, raw: &[u8]) -> Result<Stats, IngestError> {
+        let (stats, watermark) = self.handle_decoded_deferred(raw)?;
+        self.advance_to(watermark);
+        Ok(stats)
+    }
+
+    /// [`Ingester::handle`] with the watermark left where it is: also gives
+    /// the one the request advances it to (for [`Ingester::advance_to`], here
+    /// or, for a [lane](super::lanes), on every lane at once).
+    pub fn handle_deferred(&mut self, body: &[u8]) -> Result<(Stats, i64), IngestError> {
+        let mut buf = std::mem::take(&mut self.decompressed);
+        let result = match wire::decompress_reusing(body, self.max_decoded, &mut buf) {
+            Ok(raw) => self.handle_decoded_deferred(raw),
+            Err(e) => Err(e.into()),
+        };
+        self.decompressed = buf;
+        result
+    }
+
+    /// [`Ingester::handle_decoded`] with the watermark left where it is (see [`Ingester::handle_deferred`]).
+    pub fn handle_decoded_deferred(&mut self, raw: &[u8]) -> Result<(Stats, i64), IngestError> {
+        let mut holder = WriteRequest::default();
+        let mut batch = std::mem::take(&mut self.spare_batch).recycle();
+        let result = self.handle_batch(raw, &mut holder, &mut batch);
+        self.spare_batch = batch.recycle();
+        result
+    }
+
+    fn handle_batch<'a>(
+        &mut self,
+        raw: &'a [u8],
+        holder: &'a mut WriteRequest,
+        batch: &mut Batch<'a>,
+    ) -> Result<(Stats, i64), IngestError> {
+        self.seams.wire_decode.decode_into(raw, holder, batch)?;
+        let size = batch.samples.len().max(batch.series.len());
+        if size > self.limits.max_samples_per_request {
+            return Err(IngestError::TooManySamples {
+                samples: size,
+                limit: self.limits.max_samples_per_request,
+            });
+        }
+        let resolved = self.resolve(batch)?;
+        let mut stats = Stats {
+            requests: 1,
+            series: batch.series.len() as u64,
+            samples: batch.samples.len() as u64,
+            metadata: batch.metadata as u64,
+            ..Stats::default()
+        };
+        // Samples stamped after `latest` are too far ahead of the clock; the
+        // watermark stays `lateness` behind both the newest sample and the clock.
+        let now = self.limits.max_ahead_ms.map(|_| (self.limits.clock)());
+        let latest = match (now, self.limits.max_ahead_ms) {
+            (Some(now), Some(ahead)) => now.saturating_add(ahead),
+            _ => i64::MAX,
+        };
+        let newest = match self.seams.route {
+            Route::Batched => self.route_batched(batch, &resolved, latest, &mut stats),
+            Route::PerSample => self.route_per_sample(batch, &resolved, latest, &mut stats),
+        };
+        if let Resolved::Cached(ids) = resolved {
+            self.spare_ids = ids;
+            self.cache.evict_if_full();
+        }
+        let watermark = match newest {
+            Some(newest) => {
+                let lateness = self.plan.plan.lateness_ms();
+                let newest = now.map_or(newest, |now| newest.min(now));
+                newest.saturating_sub(lateness)
+            }
+            None => i64::MIN,
+        };
+        self.totals.merge(&stats);
+        Ok((stats, watermark))
+    }
+
+    /// Moves the watermark to `watermark` if that is later, closing the windows it passes.
+    pub fn advance_to(&mut self, watermark: i64) {
+        if watermark > self.watermark {
+            self.watermark = watermark;
+            for acc in &mut self.accumulators {
+                acc.close_through(watermark, &mut self.budget);
+            }
+        }
+    }
+
+    /// Lanes: moves this lane's panes of the windows `watermark` closes into
+    /// `home`'s (merged, group by group key), before either closes them.
+    /// Both hold the same plan. What `home`'s limits refuse is counted in its totals.
+    pub fn hand_over_closing(&mut self, home: &mut Ingester, watermark: i64) {
+        debug_assert_eq!(self.plan.generation, home.plan.generation);
+        let mut stats = Stats::default();
+        for a in 0..self.accumulators.len() {
+            let taken = self.accumulators[a].take_closing(watermark, &mut self.budget);
+            for window in taken {
+                for (key, pane) in &window.panes {
+                    let (gid, _) = home.intern(a as u16, key);
+                    home.accumulators[a].absorb(
+                        window.start,
+                        gid,
+                        pane,
+                        &mut stats,
+                        &mut home.budget,
+                    );
+                }
+            }
+        }
+        home.totals.merge(&stats);
+    }
+
+    /// The accumulators, in plan order (for a [lane](super::lanes)'s merged view).
+    pub(super) fn accumulators(&self) -> &[Accumulator] {
+        &self.accumulators
+    }
+
+    /// Closes every open window, as if the stream had ended.
+    pub fn flush(&mut self) {
+        self.advance_to(i64::MAX);
+    }
+
+    pub fn watermark(&self) -> Option<i64> {
+        (self.watermark != i64::MIN).then_some(self.watermark)
+    }
+
+    pub fn totals(&self) -> Stats {
+        self.totals
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        CacheStats {
+            entries: self.cache.entries.len() as u64,
+            capacity: self.cache.capacity as u64,
+            hits: self.cache.hits,
+            misses: self.cache.misses,
+            evicted: self.cache.evicted,
+            invalidated: self.cache.invalidated,
+        }
+    }
+
+    /// Panes and bins held (open + closed).
+    pub fn footprint(&self) -> (usize, usize) {
+        self.accumulators
+            .iter()
+            .map(Accumulator::footprint)
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// One aggregation's quantiles for its last closed window (or `window`).
+    pub fn query(&self, aggregation: &str, window: Option<i64>) -> Option<QueryResult> {
+        self.accumulators
+            .iter()
+            .find(|a| a.agg.id == aggregation)
+            .map(|a| a.query(window))
+    }
+
+    /// [`Ingester::query`]'s answer as JSON (the bytes `serde_json` makes of
+    /// it), appended to `out`; `false` when there is no such aggregation. A
+    /// closed window's answer is encoded on its first query and kept.
+    pub fn query_json(&self, aggregation: &str, window: Option<i64>, out: &mut Vec<u8>) -> bool {
+        self.accumulator(aggregation)
+            .map(|a| a.query_json(window, out))
+            .is_some()
+    }
+
+    /// [`Ingester::query_json`] without the kept answers: encoded afresh.
+    pub fn encode_query(&self, aggregation: &str, window: Option<i64>, out: &mut Vec<u8>) -> bool {
+        self.accumulator(aggregation)
+            .map(|a| a.encode_query(window, out))
+            .is_some()
+    }
+
+    /// The quantile scan alone, every pane of the window (the query's floor);
+    /// the number of panes, or `None` when there is no such aggregation.
+    pub fn quantile_scan(
+        &self,
+        aggregation: &str,
+        window: Option<i64>,
+        out: &mut Vec<f64>,
+    ) -> Option<usize> {
+        self.accumulator(aggregation)
+            .map(|a| a.quantile_scan(window, out))
+    }
+
+    fn accumulator(&self, aggregation: &str) -> Option<&Accumulator> {
+        self.accumulators.iter().find(|a| a.agg.id == aggregation)
+    }
+
+    /// Every aggregation's last closed window, in plan order.
+    pub fn query_all(&self) -> Vec<QueryResult> {
+        self.accumulators.iter().map(|a| a.query(None)).collect()
+    }
+
+    /// Every pane (open and closed) of every aggregation, sorted: the exact outcome.
+    pub fn snapshot(&self) -> Vec<PaneReport> {
+        let mut panes: Vec<PaneReport> = self
+            .accumulators
+            .iter()
+            .flat_map(Accumulator::panes)
+            .collect();
+        panes.sort();
+        panes
+    }
+
+    fn intern(&mut self, agg: u16, group_key: &[u8]) -> (u32, u32) {
+        let mut next = self.dests.len() as u32;
+        let acc = &mut self.accumulators[agg as usize];
+        let gid = acc.intern(group_key, &mut next, &mut self.budget);
+        if next as usize > self.dests.len() {
+            self.dests.push((agg, gid));
+        }
+        (gid, acc.dest_of(gid))
+    }
+}

@@ -1,0 +1,309 @@
+//! The route seam: a request's samples to their destinations. Two routers:
+//! per sample, string keys into a `HashMap` of vectors (upstream's shape), and
+//! batched (`batch-routing`), destinations once per series and a counting
+//! sort. Both read the canonicalize seam's [`Resolved`].
+
+use super::canonical::{group_key_of, parse_series_key, Resolved};
+use super::Ingester;
+use crate::ingest::window::{Accumulator, Budget, Stats, STALE_NAN_BITS};
+use crate::ingest::wire::{Batch, Sample};
+use std::collections::HashMap;
+
+impl Ingester {
+    /// Reference route: per sample and aggregation, string keys into a `HashMap`
+    /// of per-destination vectors; then each vector goes to the sketch seam.
+    #[inline(never)] // one call per request; kept apart so profiles show the seam
+    pub(super) fn route_per_sample(
+        &mut self,
+        batch: &Batch<'_>,
+        resolved: &Resolved,
+        latest: i64,
+        stats: &mut Stats,
+    ) -> Option<i64> {
+        let mut routed: HashMap<(u16, String), Vec<RoutedSample>> = HashMap::new();
+        let mut newest: Option<i64> = None;
+        for (i, span) in batch.series.iter().enumerate() {
+            for sample in batch.series_samples(span) {
+                if !classify(sample, latest, stats) {
+                    continue;
+                }
+                let mut matched = false;
+                resolved.for_each_routed_key(
+                    i,
+                    &self.plan.plan,
+                    &self.cache,
+                    |agg, group, series| {
+                        matched = true;
+                        routed.entry((agg, group)).or_default().push(RoutedSample {
+                            series,
+                            timestamp: sample.timestamp,
+                            value: sample.value,
+                        });
+                    },
+                );
+                if matched {
+                    newest = newest.max(Some(sample.timestamp));
+                } else {
+                    stats.unrouted += 1;
+                }
+            }
+        }
+        let watermark = self.watermark;
+        let (mut ts, mut values) = (Vec::new(), Vec::new());
+        for ((agg, group), samples) in routed {
+            let (gid, _) = self.intern(agg, group.as_bytes());
+            ts.clear();
+            values.clear();
+            for s in &samples {
+                debug_assert!(!s.series.is_empty());
+                ts.push(s.timestamp);
+                values.push(s.value);
+            }
+            self.accumulators[agg as usize].add(
+                gid,
+                &ts,
+                &values,
+                watermark,
+                stats,
+                &mut self.budget,
+            );
+        }
+        newest
+    }
+
+    /// `batch-routing`: destinations once per series, then a stable counting sort
+    /// of the routed series' samples into one contiguous run per destination.
+    ///
+    /// Real senders put one sample per series in a request and most series feed
+    /// no aggregation, so the scatter walks only the series that were routed.
+    #[inline(never)] // one call per request; kept apart so profiles show the seam
+    pub(super) fn route_batched(
+        &mut self,
+        batch: &Batch<'_>,
+        resolved: &Resolved,
+        latest: i64,
+        stats: &mut Stats,
+    ) -> Option<i64> {
+        let mut sc = std::mem::take(&mut self.scratch);
+        // Per series its range of destination ids in `dest_ids`: a slice of the
+        // series cache, or (without it) ids re-derived once per series here.
+        let mut derived = std::mem::take(&mut sc.series_dests);
+        derived.clear();
+        sc.dest_ranges.clear();
+        let dest_ids: &[u32] = match resolved {
+            Resolved::PerRequest(all) => {
+                for s in all {
+                    let d0 = derived.len() as u32;
+                    if !s.aggs.is_empty() {
+                        let labels = parse_series_key(&s.series_key);
+                        for &agg in &s.aggs {
+                            let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
+                            let (_, dest) =
+                                self.intern(agg, group_key_of(&labels, group_by).as_bytes());
+                            derived.push(dest);
+                        }
+                    }
+                    sc.dest_ranges.push((d0, derived.len() as u32));
+                }
+                &derived
+            }
+            Resolved::Cached(ids) => {
+                sc.dest_ranges.extend(ids.iter().map(|&id| {
+                    let (first, n) = self.cache.entries[id as usize].dests;
+                    (first, first + n)
+                }));
+                &self.cache.dest_ids
+            }
+        };
+        // Classify every sample; count the valid ones per destination of routed series.
+        let mut newest: Option<i64> = None;
+        sc.routed.clear();
+        for (i, span) in batch.series.iter().enumerate() {
+            let (d0, d1) = sc.dest_ranges[i];
+            let samples = batch.series_samples(span);
+            if d0 == d1 {
+                for sample in samples {
+                    if classify(sample, latest, stats) {
+                        stats.unrouted += 1;
+                    }
+                }
+                continue;
+            }
+            let mut valid = 0u32;
+            for sample in samples {
+                if classify(sample, latest, stats) {
+                    valid += 1;
+                    newest = newest.max(Some(sample.timestamp));
+                }
+            }
+            if valid > 0 {
+                for &d in &dest_ids[d0 as usize..d1 as usize] {
+                    sc.count(d, valid);
+                }
+                sc.routed.push(i as u32);
+            }
+        }
+        let watermark = self.watermark;
+        sc.scatter_and_add(
+            batch,
+            dest_ids,
+            latest,
+            Groups {
+                dests: &self.dests,
+                accumulators: &mut self.accumulators,
+                budget: &mut self.budget,
+            },
+            watermark,
+            stats,
+        );
+        sc.reset();
+        sc.series_dests = derived;
+        self.scratch = sc;
+        newest
+    }
+}
+
+/// `false` for samples that go nowhere: stale markers (skipped), other NaN/±Inf
+/// (rejected), and samples stamped after `latest` (too far ahead).
+#[inline]
+fn classify(sample: &Sample, latest: i64, stats: &mut Stats) -> bool {
+    if takes(sample, latest) {
+        return true;
+    }
+    if !sample.value.is_finite() {
+        if sample.value.to_bits() == STALE_NAN_BITS {
+            stats.stale += 1;
+        } else {
+            stats.rejected += 1;
+        }
+    } else {
+        stats.too_far_ahead += 1;
+    }
+    false
+}
+
+/// What [`classify`] lets through, without counting.
+#[inline]
+fn takes(sample: &Sample, latest: i64) -> bool {
+    sample.value.is_finite() && sample.timestamp <= latest
+}
+
+/// A sample on its way to an accumulator, as upstream carries it.
+struct RoutedSample {
+    series: String,
+    timestamp: i64,
+    value: f64,
+}
+
+/// Where [`RouteScratch::scatter_and_add`] adds: an ingester's
+/// destinations, accumulators and budget.
+pub(super) struct Groups<'a> {
+    pub(super) dests: &'a [(u16, u32)],
+    pub(super) accumulators: &'a mut [Accumulator],
+    pub(super) budget: &'a mut Budget,
+}
+
+/// Scratch space of the batched router, reused across requests.
+#[derive(Default)]
+pub(super) struct RouteScratch {
+    /// Destination ids re-derived per request (without the series cache).
+    pub(super) series_dests: Vec<u32>,
+    /// Per series, its range of destination ids.
+    pub(super) dest_ranges: Vec<(u32, u32)>,
+    /// The series with a destination and a valid sample, in request order.
+    pub(super) routed: Vec<u32>,
+    pub(super) counts: Vec<u32>,
+    pub(super) start: Vec<u32>,
+    pub(super) cursor: Vec<u32>,
+    pub(super) touched: Vec<u32>,
+    pub(super) ts: Vec<i64>,
+    pub(super) values: Vec<f64>,
+}
+
+impl RouteScratch {
+    #[inline]
+    pub(super) fn count(&mut self, dest: u32, n: u32) {
+        let d = dest as usize;
+        if d >= self.counts.len() {
+            self.counts.resize(d + 1, 0);
+            self.start.resize(d + 1, 0);
+            self.cursor.resize(d + 1, 0);
+        }
+        if self.counts[d] == 0 {
+            self.touched.push(dest);
+        }
+        self.counts[d] += n;
+    }
+
+    /// Scatters the valid samples of the `routed` series (counted per
+    /// destination with [`count`](Self::count)) into one contiguous run per
+    /// destination, in first-touch order, and adds each run to its group.
+    #[inline]
+    pub(super) fn scatter_and_add(
+        &mut self,
+        batch: &Batch<'_>,
+        dest_ids: &[u32],
+        latest: i64,
+        into: Groups<'_>,
+        watermark: i64,
+        stats: &mut Stats,
+    ) {
+        if self.routed.is_empty() {
+            return;
+        }
+        let total = self.offsets_from_counts();
+        // Every slot below `total` is written by the scatter before it is
+        // read, so the arrays only grow (no zeroing per request).
+        if self.ts.len() < total {
+            self.ts.resize(total, 0);
+            self.values.resize(total, 0.0);
+        }
+        for &i in &self.routed {
+            let (d0, d1) = self.dest_ranges[i as usize];
+            let dests = &dest_ids[d0 as usize..d1 as usize];
+            for sample in batch.series_samples(&batch.series[i as usize]) {
+                if !takes(sample, latest) {
+                    continue;
+                }
+                for &d in dests {
+                    let at = self.cursor[d as usize] as usize;
+                    self.ts[at] = sample.timestamp;
+                    self.values[at] = sample.value;
+                    self.cursor[d as usize] += 1;
+                }
+            }
+        }
+        for &d in &self.touched {
+            let (agg, gid) = into.dests[d as usize];
+            let (a, b) = (
+                self.start[d as usize] as usize,
+                self.cursor[d as usize] as usize,
+            );
+            into.accumulators[agg as usize].add(
+                gid,
+                &self.ts[a..b],
+                &self.values[a..b],
+                watermark,
+                stats,
+                into.budget,
+            );
+        }
+    }
+
+    pub(super) fn offsets_from_counts(&mut self) -> usize {
+        let mut at = 0u32;
+        for &d in &self.touched {
+            self.start[d as usize] = at;
+            self.cursor[d as usize] = at;
+            at += self.counts[d as usize];
+        }
+        at as usize
+    }
+
+    pub(super) fn reset(&mut self) {
+        for &d in &self.touched {
+            self.counts[d as usize] = 0;
+        }
+        self.touched.clear();
+    }
+}

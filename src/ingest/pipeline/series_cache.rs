@@ -1,0 +1,150 @@
+//! The series cache (`series-cache`): a series' raw label bytes → its
+//! canonical key and destinations, kept across requests.
+
+/// `series-cache`: a series' raw label bytes → its canonical key and destinations.
+///
+/// Entries are numbered in insertion order. Senders repeat their series in the
+/// same order request after request, so the entry after the last one found is
+/// tried first (one sequential compare); the hash index is the fallback.
+pub(super) struct SeriesCache {
+    hasher: ahash::RandomState,
+    /// (hash of the raw label bytes, entry id).
+    index: hashbrown::HashTable<(u64, u32)>,
+    pub(super) entries: Vec<CacheEntry>,
+    /// The raw label bytes of every entry, back to back.
+    arena: Vec<u8>,
+    /// Destination ids of every entry, back to back (the hot part).
+    pub(super) dest_ids: Vec<u32>,
+    /// Per destination: its aggregation and group key (for the per-sample router).
+    dest_keys: Vec<(u16, Box<str>)>,
+    /// The entry tried first by the next lookup.
+    next_guess: u32,
+    pub(super) capacity: usize,
+    /// Bytes held by the entries (raw labels, keys), and their bound.
+    bytes: usize,
+    pub(super) max_bytes: usize,
+    generation: u64,
+    pub(super) hits: u64,
+    pub(super) misses: u64,
+    pub(super) evicted: u64,
+    pub(super) invalidated: u64,
+}
+
+/// Bytes of an entry besides its keys (the entry, its index slot, a destination).
+const CACHE_ENTRY_OVERHEAD: usize = 64;
+
+pub(super) struct CacheEntry {
+    raw: (u32, u32),
+    pub(super) dests: (u32, u32),
+    pub(super) series_key: Box<str>,
+}
+
+impl SeriesCache {
+    pub(super) fn new(capacity: usize) -> Self {
+        SeriesCache {
+            hasher: ahash::RandomState::with_seeds(0x5eed, 0x1e55, 0xcafe, 0xf00d),
+            index: hashbrown::HashTable::new(),
+            entries: Vec::new(),
+            arena: Vec::new(),
+            dest_ids: Vec::new(),
+            dest_keys: Vec::new(),
+            next_guess: 0,
+            capacity,
+            bytes: 0,
+            max_bytes: usize::MAX,
+            generation: 0,
+            hits: 0,
+            misses: 0,
+            evicted: 0,
+            invalidated: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.index.clear();
+        self.entries.clear();
+        self.arena.clear();
+        self.dest_ids.clear();
+        self.dest_keys.clear();
+        self.next_guess = 0;
+        self.bytes = 0;
+    }
+
+    pub(super) fn check_generation(&mut self, generation: u64) {
+        if self.generation != generation {
+            self.invalidated += self.entries.len() as u64;
+            self.clear();
+            self.generation = generation;
+        }
+    }
+
+    /// Dropping everything at once keeps the bound simple; it happens between
+    /// requests only, so entry ids stay valid while a request is routed.
+    pub(super) fn evict_if_full(&mut self) {
+        if self.entries.len() > self.capacity || self.bytes > self.max_bytes {
+            self.evicted += self.entries.len() as u64;
+            self.clear();
+        }
+    }
+
+    #[inline]
+    fn raw_of(&self, id: u32) -> &[u8] {
+        let (at, len) = self.entries[id as usize].raw;
+        &self.arena[at as usize..(at + len) as usize]
+    }
+
+    pub(super) fn dest_keys(&self, entry: &CacheEntry) -> &[(u16, Box<str>)] {
+        &self.dest_keys[entry.dests.0 as usize..(entry.dests.0 + entry.dests.1) as usize]
+    }
+
+    #[inline]
+    pub(super) fn lookup(&mut self, raw: &[u8]) -> Option<u32> {
+        let guess = self.next_guess;
+        let id = if (guess as usize) < self.entries.len() && self.raw_of(guess) == raw {
+            guess
+        } else {
+            self.find(raw)?
+        };
+        self.hits += 1;
+        self.next_guess = id + 1;
+        Some(id)
+    }
+
+    /// The hash index, for when the sender's order changed (out of line: the guess is the hot path).
+    #[inline(never)]
+    fn find(&self, raw: &[u8]) -> Option<u32> {
+        let hash = self.hasher.hash_one(raw);
+        let &(_, id) = self
+            .index
+            .find(hash, |&(h, id)| h == hash && self.raw_of(id) == raw)?;
+        Some(id)
+    }
+
+    pub(super) fn insert(
+        &mut self,
+        raw: &[u8],
+        series_key: Box<str>,
+        dests: Vec<(u32, u16, Box<str>)>,
+    ) -> u32 {
+        self.misses += 1;
+        let id = self.entries.len() as u32;
+        let at = self.arena.len() as u32;
+        self.arena.extend_from_slice(raw);
+        let first_dest = self.dest_ids.len() as u32;
+        self.bytes += CACHE_ENTRY_OVERHEAD + raw.len() + series_key.len();
+        for (dest, agg, group_key) in dests {
+            self.bytes += group_key.len() + 32;
+            self.dest_ids.push(dest);
+            self.dest_keys.push((agg, group_key));
+        }
+        self.entries.push(CacheEntry {
+            raw: (at, raw.len() as u32),
+            dests: (first_dest, self.dest_ids.len() as u32 - first_dest),
+            series_key,
+        });
+        let hash = self.hasher.hash_one(raw);
+        self.index.insert_unique(hash, (hash, id), |&(h, _)| h);
+        self.next_guess = id + 1;
+        id
+    }
+}
