@@ -596,7 +596,10 @@ fn lock_until(fd: std::os::fd::RawFd, deadline: Instant) -> FileResult<()> {
     let mut pause = Duration::from_micros(50);
     loop {
         match flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                probe!("export.file_locked");
+                return Ok(());
+            }
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
                 let now = Instant::now();
                 if now >= deadline {
@@ -1441,14 +1444,6 @@ impl Exporter {
         self
     }
 
-    /// Until `fold-exited` is a strategy: exited files read unlocked.
-    #[doc(hidden)]
-    pub fn with_leases(mut self) -> Exporter {
-        self.seams.liveness = Liveness::Leases;
-        self.reader.liveness = Liveness::Leases;
-        self
-    }
-
     /// Sets the catalogue size under which nothing is dropped (tests use a
     /// small one to drop often).
     #[doc(hidden)]
@@ -1748,9 +1743,28 @@ mod tests {
                 );
             }
 
-            // single-read with prerender: the mappings kept for the next scrape.
+            // single-read with prerender: the mappings kept for the next
+            // scrape, and the directory watched instead of listed again.
             let kept = s.contains(Strategy::SingleRead) && s.contains(Strategy::Prerender);
             assert_eq!(kept_mappings, if kept { 2 } else { 0 }, "{s}");
+            assert_eq!(first.get("export.dir_listed"), 1, "{s}: {first:?}");
+            let listed_again = if kept { 0 } else { 1 };
+            assert_eq!(
+                second.get("export.dir_listed"),
+                listed_again,
+                "{s}: {second:?}"
+            );
+
+            // fold-exited, with files kept: both processes have exited, so
+            // the next scrape reads their files without taking their locks.
+            assert_eq!(first.get("export.file_locked"), 2, "{s}: {first:?}");
+            let unlocked = kept && s.contains(Strategy::FoldExited);
+            let locked_again = if unlocked { 0 } else { 2 };
+            assert_eq!(
+                second.get("export.file_locked"),
+                locked_again,
+                "{s}: {second:?}"
+            );
 
             // decode-once: each distinct raw key decoded once, not each entry;
             // with prerender, not again in the next scrape.

@@ -146,6 +146,7 @@ impl FileSet {
     }
 
     fn read_dir(&self) -> Result<std::fs::ReadDir> {
+        crate::probe::probe!("export.dir_listed");
         std::fs::read_dir(&self.dir)
             .with_context(|| format!("cannot read store directory {}", self.dir.display()))
     }

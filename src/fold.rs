@@ -152,6 +152,10 @@ pub struct FoldConfig {
     pub lock_wait: Duration,
     /// Tests: SIGKILL this process when the first batch reaches this step.
     pub kill_at: Option<FoldStep>,
+    /// Whether each step is synced to disk before the next (`fsync`), so a
+    /// power loss, not only a crash, leaves a state the journal explains.
+    /// Scratch copies (tests, the harness, `promlab verify`) skip it.
+    pub durable: bool,
 }
 
 impl Default for FoldConfig {
@@ -161,6 +165,7 @@ impl Default for FoldConfig {
             max_batch: 1024,
             lock_wait: Duration::from_secs(2),
             kill_at: None,
+            durable: true,
         }
     }
 }
@@ -194,7 +199,7 @@ pub struct FoldReport {
 /// Folds the exited processes' files of every metric of `registry` in the
 /// store `dir`. Finishes interrupted folds first ([`recover`]).
 pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Result<FoldReport> {
-    let fold_dir = FoldDir::create(dir)?;
+    let fold_dir = FoldDir::create(dir, config.durable)?;
     let mut report = FoldReport {
         recovered: fold_dir.recover()?,
         ..FoldReport::default()
@@ -811,16 +816,18 @@ struct JournalSource {
 struct FoldDir {
     store: PathBuf,
     path: PathBuf,
+    durable: bool,
 }
 
 impl FoldDir {
-    fn create(store: &Path) -> Result<FoldDir> {
+    fn create(store: &Path, durable: bool) -> Result<FoldDir> {
         let path = store.join(FOLD_DIR);
         std::fs::create_dir_all(path.join(TRASH_DIR))
             .with_context(|| format!("cannot create {}", path.display()))?;
         Ok(FoldDir {
             store: store.to_path_buf(),
             path,
+            durable,
         })
     }
 
@@ -829,7 +836,15 @@ impl FoldDir {
         if !path.is_dir() {
             return Ok(None);
         }
-        FoldDir::create(store).map(Some)
+        FoldDir::create(store, true).map(Some)
+    }
+
+    /// `fsync` of a directory, when durable.
+    fn sync(&self, dir: &Path) -> Result<()> {
+        if self.durable {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     }
 
     /// The fold lock, taken exclusively.
@@ -913,7 +928,7 @@ impl FoldDir {
                         (&files[file].bytes[start..end], value, timestamp)
                     },
                 ));
-                write_synced(&new_path, &bytes)?
+                write_synced(&new_path, &bytes, self.durable)?
             }
             None => 0,
         };
@@ -939,9 +954,9 @@ impl FoldDir {
         };
         let journal_path = self.journal_path(metric);
         let tmp = journal_path.with_extension("journal-tmp");
-        write_synced(&tmp, &serde_json::to_vec(&journal)?)?;
+        write_synced(&tmp, &serde_json::to_vec(&journal)?, self.durable)?;
         std::fs::rename(&tmp, &journal_path)?;
-        sync_dir(&self.path)?;
+        self.sync(&self.path)?;
         step(FoldStep::JournalWritten);
         if !leases.iter().all(ReadLease::intact) {
             self.undo(metric, &journal)?;
@@ -955,7 +970,7 @@ impl FoldDir {
             } else if replaces {
                 std::fs::remove_file(self.store.join(&name))?;
             }
-            sync_dir(&self.store)?;
+            self.sync(&self.store)?;
             step(FoldStep::Committed);
             for (i, source) in journal.sources.iter().enumerate() {
                 std::fs::rename(self.store.join(&source.name), self.trash_path(&source.name))?;
@@ -963,7 +978,7 @@ impl FoldDir {
                     step(FoldStep::FirstTrashed);
                 }
             }
-            sync_dir(&self.store)?;
+            self.sync(&self.store)?;
         }
         step(FoldStep::Trashed);
         // 5. A writer on its way into a source's `open` shows up by now.
@@ -986,7 +1001,7 @@ impl FoldDir {
         remove_if_there(&prev_path)?;
         step(FoldStep::Cleaned);
         std::fs::remove_file(&journal_path)?;
-        sync_dir(&self.path)?;
+        self.sync(&self.path)?;
         Ok(true)
     }
 
@@ -995,7 +1010,7 @@ impl FoldDir {
         remove_if_there(&self.new_path(metric))?;
         remove_if_there(&self.prev_path(metric))?;
         remove_if_there(&self.journal_path(metric))?;
-        sync_dir(&self.path)
+        self.sync(&self.path)
     }
 
     /// Undoes a committed batch: sources back from `trash/` (never over a
@@ -1014,10 +1029,10 @@ impl FoldDir {
         } else if journal.new_ino != 0 && ino_of(&target) == Some(journal.new_ino) {
             std::fs::remove_file(&target)?;
         }
-        sync_dir(&self.store)?;
+        self.sync(&self.store)?;
         remove_if_there(&self.new_path(metric))?;
         remove_if_there(&self.journal_path(metric))?;
-        sync_dir(&self.path)
+        self.sync(&self.path)
     }
 
     /// Finishes or undoes every batch with a journal (see the module doc).
@@ -1071,14 +1086,14 @@ impl FoldDir {
                     std::fs::rename(&at, self.trash_path(&source.name))?;
                 }
             }
-            sync_dir(&self.store)?;
+            self.sync(&self.store)?;
             for source in &journal.sources {
                 remove_if_there(&self.trash_path(&source.name))?;
             }
             remove_if_there(&self.prev_path(metric))?;
             remove_if_there(&self.new_path(metric))?;
             std::fs::remove_file(&path)?;
-            sync_dir(&self.path)?;
+            self.sync(&self.path)?;
         }
         Ok(recovered)
     }
@@ -1148,9 +1163,9 @@ fn remove_if_there(path: &Path) -> Result<()> {
     }
 }
 
-/// Writes `bytes` to a new file at `path` (replacing one there), synced;
-/// returns its inode.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<u64> {
+/// Writes `bytes` to a new file at `path` (replacing one there), synced if
+/// `durable`; returns its inode.
+fn write_synced(path: &Path, bytes: &[u8], durable: bool) -> Result<u64> {
     use std::io::Write;
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -1158,13 +1173,10 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<u64> {
         .write(true)
         .open(path)?;
     file.write_all(bytes)?;
-    file.sync_all()?;
+    if durable {
+        file.sync_all()?;
+    }
     Ok(file.metadata()?.ino())
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)?.sync_all()?;
-    Ok(())
 }
 
 /// `rename` that fails rather than replace a file at `to`.

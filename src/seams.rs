@@ -40,11 +40,18 @@
 //! | [`KeyDecode`] | `decode-once` | `EveryEntry`: every entry's key decoded | `OncePerRawKey`: each distinct raw key decoded once, component by component through a cache (raw keys of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so series are still found by their decoded labels) |
 //! | [`Unescape`] (carried by `KeyDecode`) | `fast-unescape` | `Reference`: [`crate::formenc::decode_key_reference`] | `Fast`: the table-driven, borrowing [`crate::formenc::decode_key_fast`] |
 //! | [`Keep`] | `prerender` (the render strategy, applied to a long-lived exporter) | `Nothing`: every scrape starts from nothing | `Catalogue`: each metric's decoded, grouped label sets kept across scrapes with their label pairs rendered once, so a scrape of known keys compares raw key bytes and copies rendered bytes |
+//! | [`Listing`] | `single-read` | `PerMetric`: the directory listed once per metric (client_ruby's glob) | `OncePerScrape`: one listing, each name handed to its metric |
+//! | [`Liveness`] | `fold-exited` | `AssumeLive`: every file read under its `flock` | `Leases`: a kept file whose writer has exited ([`crate::liveness`]) read in place without its lock; the files of exited processes folded ([`crate::fold`]) where the runtime allows (`promlab serve --fold-exited`, `promlab fold`) |
 //!
 //! Combined variants, and why they exist:
 //! - `FileRead::KeptMapped` (`single-read` × `prerender`): files kept open
 //!   and mapped between scrapes. Only a long-lived exporter has a next scrape
 //!   to keep a mapping for, and only a mapping is worth keeping.
+//! - `Listing::Watched` (`single-read` × `prerender`): the file set kept
+//!   between scrapes, followed through inotify (a full listing when events
+//!   are lost), for the reason above: only a long-lived exporter has one.
+//! - `Liveness::Leases` takes effect on kept files (`KeptMapped`): reading a
+//!   file once per scrape, its lock costs what proving its writer gone costs.
 //! - `KeyDecode::OncePerRawKey(Unescape)` (`decode-once` × `fast-unescape`):
 //!   not a branch of its own: the unescape seam is a value the decode seam
 //!   carries, and the component cache decodes each component with it.
@@ -151,7 +158,11 @@ impl Seams {
                     (true, Keep::Nothing) => Listing::OncePerScrape,
                     (true, Keep::Catalogue) => Listing::Watched,
                 },
-                liveness: Liveness::AssumeLive,
+                liveness: if on(Strategy::FoldExited) {
+                    Liveness::Leases
+                } else {
+                    Liveness::AssumeLive
+                },
                 key_decode: if on(Strategy::DecodeOnce) {
                     KeyDecode::OncePerRawKey(unescape)
                 } else {

@@ -108,6 +108,7 @@ strategies! {
     SingleRead = "single-read", Export;
     DecodeOnce = "decode-once", Export;
     FastUnescape = "fast-unescape", Export;
+    FoldExited = "fold-exited", Export;
     Prerender = "prerender", Render;
     BorrowedDecode = "borrowed-decode", Ingest;
     SeriesCache = "series-cache", Ingest;
@@ -269,7 +270,7 @@ mod tests {
         assert!(!set.contains(Strategy::Prerender));
         assert_eq!(set.to_string().parse::<StrategySet>().unwrap(), set);
         assert_eq!("none".parse::<StrategySet>().unwrap(), StrategySet::NONE);
-        assert_eq!("all".parse::<StrategySet>().unwrap().iter().count(), 11);
+        assert_eq!("all".parse::<StrategySet>().unwrap().iter().count(), 12);
         assert!("key-cache,bogus"
             .parse::<StrategySet>()
             .unwrap_err()
@@ -279,7 +280,7 @@ mod tests {
     #[test]
     fn combinations_cover_each_stage() {
         assert_eq!(StrategySet::combinations(Stage::Write).len(), 8);
-        assert_eq!(StrategySet::combinations(Stage::Export).len(), 16);
+        assert_eq!(StrategySet::combinations(Stage::Export).len(), 32);
         assert_eq!(StrategySet::combinations(Stage::Render).len(), 2);
         assert_eq!(StrategySet::combinations(Stage::Ingest).len(), 16);
         assert_eq!(

@@ -166,7 +166,7 @@ proptest! {
         let before = export_all(dir.path(), &registry);
         let files_before = files(dir.path());
         // Small batches: long runs commit in several, each exact on its own.
-        let config = FoldConfig { grace: std::time::Duration::ZERO, max_batch, ..FoldConfig::default() };
+        let config = FoldConfig { grace: std::time::Duration::ZERO, max_batch, durable: false, ..FoldConfig::default() };
         let report = fold_store(dir.path(), &registry, &config).unwrap();
         prop_assert!(report.metrics_skipped.is_empty(), "{report:?}");
         let after = export_all(dir.path(), &registry);

@@ -22,12 +22,12 @@ fi
 # feature → the stage benches it changes (prerender: render, and export's long-lived exporter).
 declare -A STAGES=(
     [key-cache]="write" [increment-once]="write" [mmap-store]="write"
-    [single-read]="export" [decode-once]="export" [fast-unescape]="export"
+    [single-read]="export" [decode-once]="export" [fast-unescape]="export" [fold-exited]="export"
     [prerender]="render export"
     [borrowed-decode]="ingest" [series-cache]="ingest" [batch-routing]="ingest" [bulk-sketch]="ingest"
     [all]="write export render ingest"
 )
-ORDER=(key-cache increment-once mmap-store single-read decode-once fast-unescape prerender
+ORDER=(key-cache increment-once mmap-store single-read decode-once fast-unescape fold-exited prerender
        borrowed-decode series-cache batch-routing bulk-sketch all)
 
 features=("$@")

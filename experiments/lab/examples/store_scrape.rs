@@ -58,15 +58,8 @@ fn main() -> Result<()> {
         } else if let Some(set) = arm.strip_prefix("one-shot:") {
             Arm::OneShot(arm.clone(), set.parse().map_err(anyhow::Error::msg)?)
         } else {
-            let (set, leases) = match arm.strip_suffix("+leases") {
-                Some(set) => (set, true),
-                None => (arm.as_str(), false),
-            };
-            let strategies: StrategySet = set.parse().map_err(anyhow::Error::msg)?;
-            let mut exporter = Exporter::new(&store, registry.clone(), strategies);
-            if leases {
-                exporter = exporter.with_leases();
-            }
+            let strategies: StrategySet = arm.parse().map_err(anyhow::Error::msg)?;
+            let exporter = Exporter::new(&store, registry.clone(), strategies);
             Arm::Warm(arm.clone(), Box::new(exporter))
         });
     }

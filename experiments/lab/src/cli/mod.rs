@@ -411,6 +411,12 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         warn_unmatched_metrics(dir, &registry)?;
         raise_open_file_limit();
         let fold = if args.fold_exited {
+            if !args
+                .strategies
+                .contains(promlab::strategy::Strategy::FoldExited)
+            {
+                bail!("--fold-exited needs the fold-exited strategy in --strategies (`all` has it, and so does a build without strategy features)");
+            }
             let every = std::time::Duration::from_secs(args.fold_every);
             Some(crate::serve::fold::start(
                 dir.clone(),
@@ -420,10 +426,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         } else {
             None
         };
-        let mut exporter = promlab::export::Exporter::new(dir, registry, args.strategies);
-        if args.fold_exited {
-            exporter = exporter.with_leases();
-        }
+        let exporter = promlab::export::Exporter::new(dir, registry, args.strategies);
         return metrics::serve(
             listen(9394)?,
             Source::Store(exporter),

@@ -7,7 +7,7 @@
 
 use promlab::fold::{fold_store, FoldConfig, FoldReport};
 use promlab::registry::Registry;
-use std::fmt::Write as _;
+use promlab::text::FamilyEncoder;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -43,58 +43,64 @@ impl FoldStats {
         self.files_left.store(report.files_left, Ordering::Relaxed);
     }
 
-    /// The counters, in the text format.
-    pub fn render(&self, out: &mut String) {
+    /// The counters, in the text format, through the library's one encoder.
+    pub fn render(&self, out: &mut Vec<u8>) {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let mut family = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
-            let _ = writeln!(out, "# TYPE {name} {kind}\n# HELP {name} {help}");
-            for (labels, value) in samples {
-                let _ = writeln!(out, "{name}{labels} {value}");
+        let families: [(&str, &str, &str, Vec<(Option<(&str, &str)>, u64)>); 6] = [
+            (
+                "promlab_fold_runs_total",
+                "counter",
+                "Folds of exited processes' files, by result.",
+                vec![
+                    (Some(("result", "ok")), get(&self.runs_ok)),
+                    (Some(("result", "failed")), get(&self.runs_failed)),
+                ],
+            ),
+            (
+                "promlab_fold_files_folded_total",
+                "counter",
+                "Files of exited processes (and earlier fold files) folded away.",
+                vec![(None, get(&self.files_folded))],
+            ),
+            (
+                "promlab_fold_files_written_total",
+                "counter",
+                "Fold files written.",
+                vec![(None, get(&self.fold_files_written))],
+            ),
+            (
+                "promlab_fold_batches_abandoned_total",
+                "counter",
+                "Fold batches given up because a source changed or got a writer (rolled back when committed).",
+                vec![(None, get(&self.batches_abandoned))],
+            ),
+            (
+                "promlab_fold_recovered_total",
+                "counter",
+                "Interrupted fold batches finished or undone.",
+                vec![(None, get(&self.recovered))],
+            ),
+            (
+                "promlab_fold_store_files",
+                "gauge",
+                "Store files as the last fold found them: with a live writer, with no lease to tell (treated as live), exited but left as they are.",
+                vec![
+                    (Some(("state", "live")), get(&self.live_files)),
+                    (Some(("state", "unknown")), get(&self.unknown_files)),
+                    (Some(("state", "left")), get(&self.files_left)),
+                ],
+            ),
+        ];
+        for (name, kind, help, samples) in families {
+            let mut family = FamilyEncoder::new(out, name.as_bytes(), kind, help.as_bytes());
+            for (label, value) in samples {
+                let mut sample = family.sample(b"");
+                if let Some((name, value)) = label {
+                    sample = sample.label(name.as_bytes(), value.as_bytes());
+                }
+                sample.value().integer(value);
             }
-        };
-        family(
-            "promlab_fold_runs_total",
-            "counter",
-            "Folds of exited processes' files, by result.",
-            &[
-                ("{result=\"ok\"}", get(&self.runs_ok)),
-                ("{result=\"failed\"}", get(&self.runs_failed)),
-            ],
-        );
-        family(
-            "promlab_fold_files_folded_total",
-            "counter",
-            "Files of exited processes (and earlier fold files) folded away.",
-            &[("", get(&self.files_folded))],
-        );
-        family(
-            "promlab_fold_files_written_total",
-            "counter",
-            "Fold files written.",
-            &[("", get(&self.fold_files_written))],
-        );
-        family(
-            "promlab_fold_batches_abandoned_total",
-            "counter",
-            "Fold batches given up because a source changed or got a writer (rolled back when committed).",
-            &[("", get(&self.batches_abandoned))],
-        );
-        family(
-            "promlab_fold_recovered_total",
-            "counter",
-            "Interrupted fold batches finished or undone.",
-            &[("", get(&self.recovered))],
-        );
-        family(
-            "promlab_fold_store_files",
-            "gauge",
-            "Store files as the last fold found them: with a live writer, with no lease to tell (treated as live), exited but left as they are.",
-            &[
-                ("{state=\"live\"}", get(&self.live_files)),
-                ("{state=\"unknown\"}", get(&self.unknown_files)),
-                ("{state=\"left\"}", get(&self.files_left)),
-            ],
-        );
+        }
     }
 }
 
