@@ -13,7 +13,7 @@
 //! gets a new slot; the old one is *released*, and whoever keeps something by
 //! slot forgets it ([`FileSet::take_released`]).
 //!
-//! A store that was folded (`crate::fold`) has `.promlab-fold/`: then the
+//! A store that was folded (`crate::fold`) has `.fold/`: then the
 //! fold lock is held shared for the scrape and the sources of a committed but
 //! unfinished batch are left out ([`FileSet::excluded`]).
 
@@ -68,7 +68,7 @@ pub(crate) struct FileSet {
     /// When the watch last failed (it is tried again a minute later).
     watch_failed: Option<Instant>,
     listed_at: Option<Instant>,
-    /// Whether the store has `.promlab-fold/`.
+    /// Whether the store has `.fold/`.
     folded: bool,
     excluded: HashMap<Vec<u8>, u64>,
 }

@@ -36,11 +36,11 @@
 //! # Crash safety
 //!
 //! Everything the fold writes outside the store's own files lives in
-//! `.promlab-fold/` (client_ruby's glob `metric_<name>___*` never sees it).
+//! `.fold/` (client_ruby's glob `metric_<name>___*` never sees it).
 //! A batch (one run, or part of one) is:
 //! 1. sources reopened, read leases taken, bytes read again and compared with
 //!    what was planned;
-//! 2. the fold file written to `.promlab-fold/<metric>.new` and synced; the
+//! 2. the fold file written to `.fold/<metric>.new` and synced; the
 //!    fold file it replaces, if any, hard-linked to `<metric>.prev`;
 //! 3. the journal `<metric>.journal` written (via a temporary, synced);
 //! 4. under the store's fold lock (exclusive): the new file renamed into
@@ -75,7 +75,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The fold's own directory inside a store directory.
-pub const FOLD_DIR: &str = ".promlab-fold";
+pub const FOLD_DIR: &str = ".fold";
 /// The fold lock: exclusive while a batch commits, shared by promlab's
 /// exporters for a scrape.
 const LOCK_FILE: &str = "lock";
@@ -812,7 +812,7 @@ struct JournalSource {
     ino: u64,
 }
 
-/// `<store>/.promlab-fold/`.
+/// `<store>/.fold/`.
 struct FoldDir {
     store: PathBuf,
     path: PathBuf,
@@ -1139,7 +1139,7 @@ pub fn committed_sources(store: &Path) -> HashMap<Vec<u8>, u64> {
 
 /// The fold lock, held shared for a scrape by promlab's exporters, so a
 /// batch never commits in the middle of one. `None` when the store was never
-/// folded (no `.promlab-fold/`).
+/// folded (no `.fold/`).
 pub struct SharedLock {
     _file: File,
 }

@@ -220,7 +220,7 @@ pub struct ServeArgs {
     pub shutdown_timeout_secs: u64,
     /// Store: fold the files of exited processes (the `fold-exited` strategy
     /// must be in --strategies). This writes into the store directory: fold
-    /// files, and `.promlab-fold/` for its lock and journals. Off unless given;
+    /// files, and `.fold/` for its lock and journals. Off unless given;
     /// see strategies/fold-exited.md for what it assumes (a local filesystem,
     /// the store files' owner or CAP_LEASE, this sidecar as the directory's
     /// only exporter while it folds).
