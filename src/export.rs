@@ -211,8 +211,9 @@ const PROBE_EVERY: u64 = 64;
 const REPROBES_PER_SCRAPE: usize = 4;
 
 /// How many descriptors `KeptMapped` keeps open (files with a live writer,
-/// for their lock): a quarter of the descriptor limit, so the server keeps
-/// descriptors for connections; past it, such files are opened per scrape.
+/// for their lock): the descriptor limit less 2,048 (a server's connections
+/// are capped at 512, and per-scrape opens need some), and at least a quarter
+/// of it; past it, such files are opened per scrape.
 fn kept_limit() -> usize {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -224,7 +225,7 @@ fn kept_limit() -> usize {
     } else {
         1024
     };
-    (soft / 4).clamp(16, 1 << 20) as usize
+    soft.saturating_sub(2048).max(soft / 4).clamp(16, 1 << 20) as usize
 }
 
 /// What a walk of a kept mapping found.
@@ -483,8 +484,16 @@ fn read_kept_locked(
     visit: &mut impl FnMut(Entry<'_>),
 ) -> FileResult<()> {
     if kept.fd.is_none() {
-        // Opened for this read (the caller keeps it if it may).
-        kept.fd = Some(open_regular(&listed.path(dir))?);
+        // Opened for this read (the caller keeps it if it may). It was a
+        // regular file when first kept, and a file put in its place since has
+        // another inode, so the listing gave it another slot: no `fstat`.
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(listed.path(dir))
+            .map_err(open_failure)?;
+        kept.fd = Some(file);
         *fds += 1;
     }
     let file = kept.fd.as_ref().expect("opened above");
