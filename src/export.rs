@@ -39,15 +39,15 @@
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
 //! recomputed every scrape, so output never depends on history.
 
+use crate::fileset::{FileSet, Listed};
 use crate::formenc;
+use crate::liveness::{self, Writers};
 use crate::mapguard;
 use crate::probe::probe;
 use crate::registry::{is_label_name, MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::render;
-use crate::seams::{ExportSeams, FileRead, Keep, KeyDecode, Seams};
-use crate::storefile::{
-    check_used, entries, flock, metric_files, strip_padding, Entry, EntryError, HEADER_SIZE,
-};
+use crate::seams::{ExportSeams, FileRead, Keep, KeyDecode, Listing, Liveness, Seams};
+use crate::storefile::{check_used, entries, flock, strip_padding, Entry, EntryError, HEADER_SIZE};
 use crate::strategy::StrategySet;
 use crate::text;
 use crate::values::{DecodedLabels, Group, HistogramValue, MetricValues, SummaryValue};
@@ -58,6 +58,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
@@ -227,13 +228,15 @@ type FileResult<T> = std::result::Result<T, FileFailure>;
 /// Reads store files: the read seam, and what it keeps between files and scrapes.
 struct FileReader {
     read: FileRead,
-    /// The baseline's key buffer.
+    liveness: Liveness,
+    /// The baseline's key buffer; `Mapped`'s read buffer.
     key: Vec<u8>,
-    /// `KeptMapped`: files kept open and mapped, at most `kept_limit` of them
-    /// (the others are mapped per scrape, as `Mapped` does).
-    kept: AHashMap<PathBuf, KeptFile>,
-    kept_limit: usize,
-    /// Counts scrapes, to drop the files a scrape no longer found.
+    /// `KeptMapped`: per metric, per listed file's slot, the file kept mapped.
+    kept: Vec<Vec<Option<KeptFile>>>,
+    /// Descriptors kept open (of files with a writer, for their lock) at most.
+    fd_limit: usize,
+    fds: usize,
+    /// Counts scrapes.
     scrape: u64,
     /// The scrape's deadline, checked inside each walk.
     deadline: Instant,
@@ -241,16 +244,21 @@ struct FileReader {
     lock_waited: Duration,
 }
 
-/// A store file kept open and mapped between scrapes, so a scrape of it is a
-/// `stat` and two `flock`s, not an open, a map, page faults and an unmap.
-/// Holding it open keeps its inode from being reused: the same (device,
-/// inode) at its path is the same file.
+/// A store file kept mapped between scrapes, so a scrape of it is a walk of
+/// the mapping (plus, while its writer may be live, the `flock` pair), not an
+/// open, a map, page faults, an unmap and a close. The descriptor is closed
+/// once the file's writer is known to have exited: a mapping outlives its
+/// descriptor, so no descriptor limit bounds how many files are kept.
 struct KeptFile {
-    file: File,
+    /// The inode the listing gave for the slot.
+    ino: u64,
     /// `None` while the file is shorter than a header.
     map: Option<memmap2::Mmap>,
-    id: (u64, u64),
-    scrape: u64,
+    /// Kept while the file's writer may be live (its lock is taken every scrape).
+    fd: Option<File>,
+    writers: Writers,
+    /// The scrape of the last liveness probe.
+    probed: u64,
 }
 
 /// A deadline that never comes.
@@ -258,10 +266,49 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
 }
 
-/// How many files `KeptMapped` keeps open: a quarter of the descriptor limit,
-/// so the server keeps descriptors for connections and for files mapped per
-/// scrape, and a store of thousands of files degrades to per-scrape mapping
-/// instead of failing.
+impl Drop for KeptFile {
+    fn drop(&mut self) {
+        if self.map.is_some() {
+            KEPT_MAPS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Mappings kept by every exporter of this process. Each is one entry of the
+/// kernel's per-process map table (`vm.max_map_count`, 65,530 by default),
+/// shared with everything else the process maps: past [`map_limit`], files
+/// are mapped per scrape instead, and an `mmap` refused for lack of entries
+/// lowers the limit to what is kept.
+static KEPT_MAPS: AtomicUsize = AtomicUsize::new(0);
+static MAP_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// `vm.max_map_count` less 8,192 entries (or half of it, if larger) for the
+/// rest of the process: thread stacks, libraries, allocator arenas.
+fn map_limit() -> usize {
+    let limit = MAP_LIMIT.load(Ordering::Relaxed);
+    if limit != usize::MAX {
+        return limit;
+    }
+    let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(65_530);
+    let limit = max.saturating_sub(8192).max(max / 2);
+    MAP_LIMIT.store(limit, Ordering::Relaxed);
+    limit
+}
+
+/// How often (in scrapes) a kept file whose writer is live is probed again
+/// when no inotify event says its writer closed it.
+const PROBE_EVERY: u64 = 64;
+/// Exited files of a metric probed again per scrape, in turn, in case a new
+/// process was given the dead one's pid and opened its file.
+const REPROBES_PER_SCRAPE: usize = 4;
+
+/// How many descriptors `KeptMapped` keeps open (files with a live writer,
+/// for their lock): the descriptor limit less 2,048 (a server's connections
+/// are capped at 512, and per-scrape opens need some), and at least a quarter
+/// of it; past it, such files are opened per scrape.
 fn kept_limit() -> usize {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -273,29 +320,43 @@ fn kept_limit() -> usize {
     } else {
         1024
     };
-    (soft / 4).clamp(16, 4096) as usize
+    soft.saturating_sub(2048).max(soft / 4).clamp(16, 1 << 20) as usize
+}
+
+/// What a walk of a kept mapping found.
+enum KeptWalk {
+    Done,
+    /// `used` is past the mapping: the file grew (it has a writer); map it again.
+    Grew,
+    /// No guard slot was free: read it under its lock instead.
+    Unguarded,
 }
 
 impl FileReader {
-    fn new(read: FileRead) -> FileReader {
+    fn new(read: FileRead, liveness: Liveness) -> FileReader {
         FileReader {
             read,
+            liveness,
             key: Vec::new(),
-            kept: AHashMap::new(),
-            kept_limit: kept_limit(),
+            kept: Vec::new(),
+            fd_limit: kept_limit(),
+            fds: 0,
             scrape: 0,
             deadline: far_future(),
             lock_waited: Duration::ZERO,
         }
     }
 
-    /// Reads one store file under `flock` (waiting until `deadline` at most)
-    /// and hands each entry to `visit`, checking the scrape's deadline
+    /// Reads one store file under `flock` (waiting until `deadline` at most;
+    /// with `Leases`, a kept file whose writer has exited without it) and
+    /// hands each entry to `visit`, checking the scrape's deadline
     /// (`self.deadline`) as it walks. On failure, `visit` may have seen some
     /// of the file's entries.
     fn read(
         &mut self,
-        path: &Path,
+        dir: &Path,
+        metric: usize,
+        file: &Listed,
         deadline: Instant,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
@@ -303,86 +364,310 @@ impl FileReader {
         let result = match self.read {
             FileRead::EntryByEntry => {
                 let key = &mut self.key;
-                read_locked(path, &mut clock, |file, clock| {
-                    read_entry_by_entry(file, key, clock, visit)
+                read_locked(&file.path(dir), &mut clock, |f, clock| {
+                    read_entry_by_entry(f, key, clock, visit)
                 })
             }
-            FileRead::KeptMapped
-                if self.kept.contains_key(path) || self.kept.len() < self.kept_limit =>
-            {
-                self.read_kept(path, &mut clock, visit)
-            }
-            FileRead::Mapped | FileRead::KeptMapped => {
-                read_locked(path, &mut clock, |file, clock| {
-                    walk_mapped(file, &map_file(file)?, clock, visit)
-                })
-            }
+            FileRead::KeptMapped => self.read_kept(dir, metric, file, &mut clock, visit),
+            FileRead::Mapped => self.read_once(&file.path(dir), &mut clock, visit),
         };
         self.lock_waited += clock.lock_waited;
         result
+    }
+
+    /// `Mapped`: opened, locked, read and closed. A file is read with one
+    /// `pread` of its first page, and a second for the rest of its used
+    /// region when that is longer, up to 64 KiB (a mapping costs an `mmap`,
+    /// page faults and an `munmap`: more than copying a few KiB); a larger
+    /// one is mapped. client_ruby's files are 1 MiB from the start, mostly
+    /// unused: only `used` bytes are read.
+    fn read_once(
+        &mut self,
+        path: &Path,
+        clock: &mut ReadClock,
+        visit: &mut impl FnMut(Entry<'_>),
+    ) -> FileResult<()> {
+        const FIRST: usize = 4096;
+        const SMALL: usize = 64 * 1024;
+        let buf = &mut self.key;
+        read_locked(path, clock, |file, clock| {
+            let pread = |buf: &mut [u8], at: usize| loop {
+                use std::os::unix::fs::FileExt;
+                match file.read_at(buf, at as u64) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(FileFailure::new(FileSkip::Unreadable, e)),
+                }
+            };
+            buf.resize(FIRST, 0);
+            // A regular file reads short only at its end.
+            let mut n = pread(buf, 0)?;
+            if n < 4 {
+                // Shorter than a header: being created; empty, as in Ruby.
+                return Ok(());
+            }
+            let used = i32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
+            if n == FIRST && used as usize > FIRST {
+                if used as usize > SMALL {
+                    return walk_mapped(file, &map_file(file)?, clock, visit);
+                }
+                buf.resize(used as usize, 0);
+                n += pread(&mut buf[FIRST..], FIRST)?;
+            }
+            walk(&buf[..n], clock, visit)
+        })
     }
 
     fn start_scrape(&mut self) {
         self.scrape += 1;
     }
 
-    /// Closes the files this scrape did not find (deleted ones).
-    fn end_scrape(&mut self) {
-        let scrape = self.scrape;
-        self.kept.retain(|_, kept| kept.scrape == scrape);
+    /// Forgets a file the listing no longer has at that slot (deleted or replaced).
+    fn forget(&mut self, metric: usize, slot: u32) {
+        let kept = self
+            .kept
+            .get_mut(metric)
+            .and_then(|files| files.get_mut(slot as usize))
+            .and_then(Option::take);
+        if kept.is_some_and(|kept| kept.fd.is_some()) {
+            self.fds -= 1;
+        }
+    }
+
+    /// A watched store saw the writer of the file at `slot` close it: probe
+    /// it at its next read.
+    fn writer_closed(&mut self, metric: usize, slot: u32) {
+        let kept = self
+            .kept
+            .get_mut(metric)
+            .and_then(|files| files.get_mut(slot as usize));
+        if let Some(Some(kept)) = kept {
+            if kept.writers != Writers::None {
+                kept.writers = Writers::Unknown;
+            }
+        }
+    }
+
+    /// `Leases`: a few exited files are probed again each scrape, in turn;
+    /// one found with a writer (a new process given the dead one's pid
+    /// reopened it) is read under its lock again.
+    fn reprobe_exited(&mut self, dir: &Path, metric: usize, files: &[Listed], cursor: &mut usize) {
+        if self.liveness != Liveness::Leases || files.is_empty() {
+            return;
+        }
+        for _ in 0..REPROBES_PER_SCRAPE.min(files.len()) {
+            *cursor = (*cursor + 1) % files.len();
+            let listed = &files[*cursor];
+            let kept = self
+                .kept
+                .get_mut(metric)
+                .and_then(|files| files.get_mut(listed.slot as usize));
+            let Some(Some(kept)) = kept else {
+                continue;
+            };
+            if kept.writers != Writers::None || kept.ino != listed.ino {
+                continue;
+            }
+            if let Ok(file) = open_regular(&listed.path(dir)) {
+                kept.writers = liveness::probe(&file);
+                kept.probed = self.scrape;
+            }
+        }
     }
 
     /// [`FileReader::read`] through a [`KeptFile`].
     fn read_kept(
         &mut self,
-        path: &Path,
+        dir: &Path,
+        metric: usize,
+        listed: &Listed,
         clock: &mut ReadClock,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(path).map_err(open_failure)?;
-        if !meta.is_file() {
-            self.kept.remove(path);
-            return Err(FileFailure::new(
-                FileSkip::NotRegular,
-                anyhow!("not a regular file"),
-            ));
+        let slot = listed.slot as usize;
+        if self.kept.len() <= metric {
+            self.kept.resize_with(metric + 1, Vec::new);
         }
-        let id = (meta.dev(), meta.ino());
-        if self.kept.get(path).is_none_or(|kept| kept.id != id) {
-            let file = open_regular(path)?;
-            let kept = KeptFile {
-                file,
-                map: None,
-                id,
-                scrape: 0,
-            };
-            self.kept.insert(path.to_path_buf(), kept);
+        if self.kept[metric].len() <= slot {
+            self.kept[metric].resize_with(slot + 1, || None);
         }
-        let kept = self.kept.get_mut(path).expect("inserted above");
-        kept.scrape = self.scrape;
-        let fd = kept.file.as_raw_fd();
-        lock_until(fd, clock)?;
-        let result = (|| {
-            // Writers grow a file by doubling it; map it again when its size
-            // moved (a size read under the lock).
-            let len = kept
-                .file
-                .metadata()
-                .map_err(|e| FileFailure::new(FileSkip::Unreadable, e))?
-                .len();
-            if kept.map.as_ref().map_or(0, |m| m.len() as u64) != len {
-                kept.map = None;
-                kept.map = map_file(&kept.file)?;
+        let known = self.kept[metric][slot]
+            .as_ref()
+            .is_some_and(|kept| kept.ino == listed.ino);
+        if !known {
+            self.forget(metric, listed.slot);
+            let path = listed.path(dir);
+            if KEPT_MAPS.load(Ordering::Relaxed) >= map_limit() {
+                // No map entries to keep one more: read it as `Mapped` does.
+                return self.read_once(&path, clock, visit);
             }
-            walk_mapped(&kept.file, &kept.map, clock, visit)
-        })();
-        let _ = flock(fd, libc::LOCK_UN);
+            let file = open_regular(&path)?;
+            let map = match map_file(&file) {
+                Err(failure) if is_out_of_maps(&failure) => {
+                    MAP_LIMIT.store(KEPT_MAPS.load(Ordering::Relaxed), Ordering::Relaxed);
+                    drop(file);
+                    return self.read_once(&path, clock, visit);
+                }
+                map => map?,
+            };
+            if map.is_some() {
+                KEPT_MAPS.fetch_add(1, Ordering::Relaxed);
+            }
+            self.fds += 1;
+            self.kept[metric][slot] = Some(KeptFile {
+                ino: listed.ino,
+                map,
+                fd: Some(file),
+                writers: Writers::Unknown,
+                probed: 0,
+            });
+        }
+        let kept = self.kept[metric][slot].as_mut().expect("kept above");
+        let mut result = Ok(());
+        let mut locked = true;
+        if self.liveness == Liveness::Leases && kept.writers == Writers::None {
+            locked = false;
+            if let Some(map) = &kept.map {
+                match walk_kept(map, clock, visit) {
+                    Ok(KeptWalk::Done) => {}
+                    Ok(KeptWalk::Grew) => {
+                        kept.writers = Writers::Open;
+                        locked = true;
+                    }
+                    Ok(KeptWalk::Unguarded) => locked = true,
+                    Err(failure) => result = Err(failure),
+                }
+            }
+            // (No map: it exited before writing a header; nothing, for ever.)
+        }
+        if locked {
+            result = read_kept_locked(
+                kept,
+                dir,
+                listed,
+                clock,
+                self.liveness,
+                self.scrape,
+                &mut self.fds,
+                visit,
+            );
+        }
         if result.is_err() {
             // Read it afresh next time (a faulted mapping holds zero pages).
-            self.kept.remove(path);
+            self.forget(metric, listed.slot);
+            return result;
         }
-        result
+        // Keep the descriptor only while its lock will be taken again, and
+        // within the budget.
+        let kept = self.kept[metric][slot].as_mut().expect("kept above");
+        let wanted = match self.liveness {
+            Liveness::AssumeLive => true,
+            Liveness::Leases => kept.writers != Writers::None,
+        };
+        if kept.fd.is_some() && (!wanted || self.fds > self.fd_limit) {
+            kept.fd = None;
+            self.fds -= 1;
+        }
+        Ok(())
+    }
+}
+
+/// A kept file read under its lock (client_ruby's protocol), mapped again if
+/// it grew; with `Leases`, its writers probed when due.
+fn read_kept_locked(
+    kept: &mut KeptFile,
+    dir: &Path,
+    listed: &Listed,
+    clock: &mut ReadClock,
+    seam: Liveness,
+    scrape: u64,
+    fds: &mut usize,
+    visit: &mut impl FnMut(Entry<'_>),
+) -> FileResult<()> {
+    if kept.fd.is_none() {
+        // Opened for this read (the caller keeps it if it may). It was a
+        // regular file when first kept, and a file put in its place since has
+        // another inode, so the listing gave it another slot: no `fstat`.
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(listed.path(dir))
+            .map_err(open_failure)?;
+        kept.fd = Some(file);
+        *fds += 1;
+    }
+    let file = kept.fd.as_ref().expect("opened above");
+    let fd = file.as_raw_fd();
+    lock_until(fd, clock)?;
+    let map = &mut kept.map;
+    let result = (|| {
+        if map.is_none() {
+            *map = map_file(file)?;
+            if map.is_some() {
+                KEPT_MAPS.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let Some(mapped) = map.as_ref() else {
+            return Ok(());
+        };
+        match walk_kept(mapped, clock, visit)? {
+            KeptWalk::Done => Ok(()),
+            KeptWalk::Unguarded => walk_mapped(file, map, clock, visit),
+            KeptWalk::Grew => {
+                // Writers grow a file by doubling it: map it again, at the
+                // size read under the lock.
+                *map = None;
+                KEPT_MAPS.fetch_sub(1, Ordering::Relaxed);
+                *map = map_file(file)?;
+                if map.is_some() {
+                    KEPT_MAPS.fetch_add(1, Ordering::Relaxed);
+                }
+                walk_mapped(file, map, clock, visit)
+            }
+        }
+    })();
+    let _ = flock(fd, libc::LOCK_UN);
+    if result.is_ok()
+        && seam == Liveness::Leases
+        && (kept.writers == Writers::Unknown || scrape >= kept.probed + PROBE_EVERY)
+    {
+        kept.writers = liveness::probe(file);
+        kept.probed = scrape;
+    }
+    result
+}
+
+/// Whether a failed `mmap` ran out of the process's map entries.
+fn is_out_of_maps(failure: &FileFailure) -> bool {
+    failure
+        .error
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::raw_os_error)
+        == Some(libc::ENOMEM)
+}
+
+/// Walks a kept mapping, guarded against the file shrinking, unless its
+/// `used` is past the mapping (the file grew).
+fn walk_kept(
+    map: &memmap2::Mmap,
+    clock: &mut ReadClock,
+    visit: &mut impl FnMut(Entry<'_>),
+) -> FileResult<KeptWalk> {
+    let walked = mapguard::read_guarded(map, |map| {
+        let used = i32::from_le_bytes(map[..4].try_into().expect("4 bytes"));
+        if used > 0 && used as u64 > map.len() as u64 {
+            return Ok(KeptWalk::Grew);
+        }
+        walk(map, clock, visit).map(|()| KeptWalk::Done)
+    });
+    match walked {
+        Ok(walked) => walked,
+        Err(mapguard::Unguarded::Faulted) => Err(FileFailure::new(
+            FileSkip::Corrupt,
+            anyhow!("the file shrank while it was read"),
+        )),
+        Err(mapguard::Unguarded::Unavailable) => Ok(KeptWalk::Unguarded),
     }
 }
 
@@ -426,7 +711,10 @@ fn lock_until(fd: std::os::fd::RawFd, clock: &mut ReadClock) -> FileResult<()> {
     let mut since: Option<Instant> = None;
     let result = loop {
         match flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => break Ok(()),
+            Ok(()) => {
+                probe!("export.file_locked");
+                break Ok(());
+            }
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
                 let now = Instant::now();
                 since.get_or_insert(now);
@@ -631,15 +919,16 @@ fn read_entry_by_entry_inner(
 // ---------------------------------------------------------------------------
 // Series: decoded label sets, grouped, and one scrape's aggregated values.
 
-/// Values of one label set, folded as they arrive in file order.
+/// Values of one label set, folded as they arrive in file order (the fold,
+/// `crate::fold`, folds exited processes' files by the same rule).
 #[derive(Clone, Copy, Debug)]
-struct Aggregate {
-    value: f64,
-    timestamp: f64,
+pub(crate) struct Aggregate {
+    pub(crate) value: f64,
+    pub(crate) timestamp: f64,
 }
 
 impl Aggregate {
-    fn fold(&mut self, mode: ProcessAggregation, value: f64, timestamp: f64) {
+    pub(crate) fn fold(&mut self, mode: ProcessAggregation, value: f64, timestamp: f64) {
         match mode {
             ProcessAggregation::Sum => self.value += value,
             // Ruby keeps the first of equal values. NaN: Ruby's `Array#max`
@@ -694,11 +983,9 @@ struct RawKeys {
     /// not read before is hinted by the one read just before it, as processes
     /// running the same code often write the same keys in the same order.
     /// Hints are only guesses: every key is compared in full.
-    files: AHashMap<PathBuf, Vec<usize>>,
-    /// `files` of this scrape: files gone from the store drop out of it.
-    next_files: AHashMap<PathBuf, Vec<usize>>,
-    /// The file read last in this scrape (its ids are in `next_files`).
-    last_read: Option<PathBuf>,
+    files: Vec<Vec<usize>>,
+    /// The file read last in this scrape.
+    last_read: Option<u32>,
     hint: Vec<usize>,
     this_file: Vec<usize>,
 }
@@ -718,31 +1005,43 @@ fn hash_raw_key(key: &[u8]) -> u64 {
 }
 
 impl RawKeys {
-    fn start_file(&mut self, path: &Path) {
-        // The hint's buffer becomes this file's list: a warm scrape moves id
-        // lists between files and scrapes instead of copying them.
-        let spare = match self.files.remove(path) {
-            Some(own) => std::mem::replace(&mut self.hint, own),
-            None => {
-                let last = self.last_read.as_ref().and_then(|p| self.next_files.get(p));
-                let mut hint = std::mem::take(&mut self.this_file);
-                hint.clear();
-                hint.extend_from_slice(last.map_or(&[][..], Vec::as_slice));
-                std::mem::replace(&mut self.hint, hint)
+    fn start_file(&mut self, slot: u32) {
+        let slot = slot as usize;
+        if self.files.len() <= slot {
+            self.files.resize_with(slot + 1, Vec::new);
+        }
+        // The file's own list of the last read is its hint, and its buffer
+        // takes this read's ids: a warm scrape moves id lists, not copies.
+        let own = std::mem::take(&mut self.files[slot]);
+        let spare = if own.is_empty() {
+            // Not read before (or empty): hinted by the file read just before.
+            let mut hint = std::mem::take(&mut self.this_file);
+            hint.clear();
+            if let Some(last) = self.last_read {
+                hint.extend_from_slice(&self.files[last as usize]);
             }
+            std::mem::replace(&mut self.hint, hint)
+        } else {
+            std::mem::replace(&mut self.hint, own)
         };
         self.this_file = spare;
         self.this_file.clear();
     }
 
-    fn end_file(&mut self, path: &Path) {
+    fn end_file(&mut self, slot: u32) {
         let ids = std::mem::take(&mut self.this_file);
-        self.next_files.insert(path.to_path_buf(), ids);
-        self.last_read = Some(path.to_path_buf());
+        self.files[slot as usize] = ids;
+        self.last_read = Some(slot);
+    }
+
+    /// A file's slot was released: its hints go.
+    fn forget(&mut self, slot: u32) {
+        if let Some(ids) = self.files.get_mut(slot as usize) {
+            *ids = Vec::new();
+        }
     }
 
     fn end_scrape(&mut self) {
-        self.files = std::mem::take(&mut self.next_files);
         self.last_read = None;
     }
 
@@ -1199,6 +1498,8 @@ fn histogram_value<'t>(
 struct MetricState {
     catalogue: Catalogue,
     scrape: Scrape,
+    /// Where the re-probing of exited files goes on (`Liveness::Leases`).
+    reprobe: usize,
 }
 
 /// With `prerender`, a catalogue holding more than this many times the series
@@ -1280,6 +1581,7 @@ pub struct Exporter {
     dir: PathBuf,
     registry: Registry,
     seams: ExportSeams,
+    files: FileSet,
     reader: FileReader,
     metrics: Vec<MetricState>,
     catalogue_floor: usize,
@@ -1300,6 +1602,8 @@ type StagedEntry = (u32, [u8; 16]);
 /// staging area, with its lock wait taken from the scrape's budget and its
 /// skipped entries counted only if the whole file was read.
 struct FilePass<'a> {
+    dir: &'a Path,
+    metric: usize,
     reader: &'a mut FileReader,
     catalogue: &'a mut Catalogue,
     staged: &'a mut Vec<StagedEntry>,
@@ -1309,10 +1613,10 @@ struct FilePass<'a> {
 }
 
 impl FilePass<'_> {
-    /// Reads `path` into the staging area, waiting `wait` at most for its
+    /// Reads `file` into the staging area, waiting `wait` at most for its
     /// lock (less if the scrape's lock budget or time is short), and returns
     /// where its entries are staged. A corrupt file gets a second try.
-    fn read(&mut self, path: &Path, wait: Duration) -> FileResult<std::ops::Range<usize>> {
+    fn read(&mut self, file: &Listed, wait: Duration) -> FileResult<std::ops::Range<usize>> {
         if Instant::now() >= self.deadline {
             return Err(FileFailure::new(
                 FileSkip::Deadline,
@@ -1322,14 +1626,14 @@ impl FilePass<'_> {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.read_once(path, wait) {
+            match self.read_once(file, wait) {
                 Err(failure) if failure.reason == FileSkip::Corrupt && tries < 2 => continue,
                 result => return result,
             }
         }
     }
 
-    fn read_once(&mut self, path: &Path, wait: Duration) -> FileResult<std::ops::Range<usize>> {
+    fn read_once(&mut self, file: &Listed, wait: Duration) -> FileResult<std::ops::Range<usize>> {
         let start = self.staged.len();
         let lock_deadline = self
             .deadline
@@ -1339,9 +1643,11 @@ impl FilePass<'_> {
         let mut details: Vec<String> = Vec::new();
         let room = ENTRY_DETAILS_KEPT.saturating_sub(self.report.entry_details.len());
         let (catalogue, staged) = (&mut *self.catalogue, &mut *self.staged);
-        catalogue.raw.start_file(path);
+        catalogue.raw.start_file(file.slot);
         let read = self.reader.read(
-            path,
+            self.dir,
+            self.metric,
+            file,
             lock_deadline,
             &mut |entry| match catalogue.lookup(&entry) {
                 Ok(series) => staged.push((series as u32, *entry.value_bytes)),
@@ -1361,22 +1667,23 @@ impl FilePass<'_> {
             self.staged.truncate(start);
             return Err(failure);
         }
-        self.catalogue.raw.end_file(path);
+        self.catalogue.raw.end_file(file.slot);
         for (reason, n) in EntrySkip::ALL.into_iter().zip(skipped) {
             if n > 0 {
                 *self.report.entries.entry(reason).or_default() += n;
             }
         }
-        let path_of = |detail| (path.to_path_buf(), detail);
+        let path = file.path(self.dir);
+        let path_of = |detail| (path.clone(), detail);
         self.report
             .entry_details
             .extend(details.into_iter().map(path_of));
         Ok(start..self.staged.len())
     }
 
-    fn skip(&mut self, path: &Path, failure: FileFailure) {
+    fn skip(&mut self, file: &Listed, failure: FileFailure) {
         self.report.files.push(SkippedFile {
-            path: path.to_path_buf(),
+            path: file.path(self.dir),
             reason: failure.reason,
             error: format!("{:#}", failure.error),
         });
@@ -1392,13 +1699,16 @@ impl Exporter {
             .map(|def| MetricState {
                 catalogue: Catalogue::new(def.kind, seams),
                 scrape: Scrape::default(),
+                reprobe: 0,
             })
             .collect();
+        let names: Vec<String> = registry.metrics.iter().map(|m| m.name.clone()).collect();
         Exporter {
             dir: dir.to_path_buf(),
+            files: FileSet::new(dir, &names, seams.listing),
             registry,
             seams,
-            reader: FileReader::new(seams.file_read),
+            reader: FileReader::new(seams.file_read, seams.liveness),
             metrics,
             catalogue_floor: 1024,
             budget: None,
@@ -1406,6 +1716,25 @@ impl Exporter {
             staged: Vec::new(),
             report: Box::default(),
         }
+    }
+
+    /// An exporter for one scrape: nothing is kept for a next one, so files
+    /// are read as `single-read` reads them per scrape (no mapping kept, no
+    /// watch), whatever else the strategies keep.
+    fn one_shot(mut self) -> Exporter {
+        if self.seams.file_read == FileRead::KeptMapped {
+            self.seams.file_read = FileRead::Mapped;
+            self.seams.listing = Listing::OncePerScrape;
+            self.reader = FileReader::new(self.seams.file_read, self.seams.liveness);
+            let names: Vec<String> = self
+                .registry
+                .metrics
+                .iter()
+                .map(|m| m.name.clone())
+                .collect();
+            self.files = FileSet::new(&self.dir, &names, self.seams.listing);
+        }
+        self
     }
 
     /// Sets the catalogue size under which nothing is dropped (tests use a
@@ -1427,7 +1756,7 @@ impl Exporter {
 
     #[doc(hidden)]
     pub fn with_kept_limit(mut self, limit: usize) -> Exporter {
-        self.reader.kept_limit = limit;
+        self.reader.fd_limit = limit;
         self
     }
 
@@ -1444,6 +1773,7 @@ impl Exporter {
     pub fn values(&mut self, def_index: usize) -> Result<MetricValues<'_>> {
         self.report.clear();
         let deadline = self.start_clocks();
+        let _fold_lock = self.begin_scrape()?;
         self.scrape(def_index, deadline)?;
         let state = &self.metrics[def_index];
         Ok(metric_values(
@@ -1481,10 +1811,21 @@ impl Exporter {
             state.catalogue = Catalogue::new(def.kind, self.seams);
             state.scrape = Scrape::default();
         }
-        let MetricState { catalogue, scrape } = state;
-        let files = metric_files(&self.dir, &def.name)?;
+        let MetricState {
+            catalogue,
+            scrape,
+            reprobe,
+        } = state;
+        self.files.list(def_index)?;
+        for (metric, slot) in self.files.take_released() {
+            self.reader.forget(metric, slot);
+            catalogue.raw.forget(slot);
+        }
+        let (files, excluded) = self.files.view(def_index);
         self.reader.deadline = deadline;
         let mut pass = FilePass {
+            dir: &self.dir,
+            metric: def_index,
             reader: &mut self.reader,
             catalogue,
             staged: &mut self.staged,
@@ -1497,15 +1838,19 @@ impl Exporter {
         // read after the first of them, waiting to be folded in order.
         let mut set_aside: Vec<usize> = Vec::new();
         let mut waiting: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-        for (i, path) in files.iter().enumerate() {
-            match pass.read(path, LOCK_WAIT) {
+        for (i, file) in files.iter().enumerate() {
+            if !excluded.is_empty() && excluded.get(&*file.name) == Some(&file.ino) {
+                // Folded by a batch that committed and is not finished.
+                continue;
+            }
+            match pass.read(file, LOCK_WAIT) {
                 Ok(range) if set_aside.is_empty() => {
                     scrape.add_staged(mode, &pass.staged[range]);
                     pass.staged.clear();
                 }
                 Ok(range) => waiting.push((i, range)),
                 Err(failure) if failure.reason == FileSkip::Locked => set_aside.push(i),
-                Err(failure) => pass.skip(path, failure),
+                Err(failure) => pass.skip(file, failure),
             }
         }
         for i in set_aside {
@@ -1519,6 +1864,7 @@ impl Exporter {
             scrape.add_staged(mode, &pass.staged[range]);
         }
         pass.staged.clear();
+        self.reader.reprobe_exited(&self.dir, def_index, files, reprobe);
         catalogue.raw.end_scrape();
         scrape.group(catalogue);
         Ok(())
@@ -1534,15 +1880,30 @@ impl Exporter {
         out.clear();
         self.report.clear();
         let deadline = self.start_clocks();
-        self.reader.start_scrape();
+        let _fold_lock = self.begin_scrape()?;
         for i in 0..self.registry.metrics.len() {
             self.scrape(i, deadline)?;
             let (def, state) = (&self.registry.metrics[i], &self.metrics[i]);
             let values = metric_values(def, &state.catalogue, &state.scrape);
             render::write_family(out, def, &values);
         }
-        self.reader.end_scrape();
         Ok(())
+    }
+
+    /// Brings the file set up to date; the reader forgets files gone or
+    /// replaced. Holds the fold lock (shared) for the scrape, if the store
+    /// was folded.
+    fn begin_scrape(&mut self) -> Result<Option<crate::fold::SharedLock>> {
+        self.reader.start_scrape();
+        let lock = self.files.begin_scrape()?;
+        for (metric, slot) in self.files.take_released() {
+            self.reader.forget(metric, slot);
+            self.metrics[metric].catalogue.raw.forget(slot);
+        }
+        for (metric, slot) in self.files.take_writer_closed() {
+            self.reader.writer_closed(metric, slot);
+        }
+        Ok(lock)
     }
 }
 
@@ -1559,7 +1920,7 @@ pub fn export_with_report(
     strategies: StrategySet,
 ) -> Result<(Vec<u8>, ScrapeReport)> {
     let mut out = Vec::new();
-    let mut exporter = Exporter::new(dir, registry.clone(), strategies);
+    let mut exporter = Exporter::new(dir, registry.clone(), strategies).one_shot();
     exporter.export_into(&mut out)?;
     Ok((out, *exporter.report))
 }
@@ -1634,10 +1995,11 @@ mod tests {
             let kept_mappings = mappings_of(dir.path());
             let (second, _) = scrape(&mut exporter);
 
-            // single-read: each file mapped, not read twice through read(2).
+            // single-read: each file's used region read once (mapped, or
+            // pread once per scrape), not twice through read(2).
             if s.contains(Strategy::SingleRead) {
                 assert!(
-                    first_io.rchar < used,
+                    first_io.rchar < 2 * used,
                     "{s}: {first_io:?}, {used} bytes used"
                 );
             } else {
@@ -1647,9 +2009,28 @@ mod tests {
                 );
             }
 
-            // single-read with prerender: the mappings kept for the next scrape.
+            // single-read with prerender: the mappings kept for the next
+            // scrape, and the directory watched instead of listed again.
             let kept = s.contains(Strategy::SingleRead) && s.contains(Strategy::Prerender);
             assert_eq!(kept_mappings, if kept { 2 } else { 0 }, "{s}");
+            assert_eq!(first.get("export.dir_listed"), 1, "{s}: {first:?}");
+            let listed_again = if kept { 0 } else { 1 };
+            assert_eq!(
+                second.get("export.dir_listed"),
+                listed_again,
+                "{s}: {second:?}"
+            );
+
+            // fold-exited, with files kept: both processes have exited, so
+            // the next scrape reads their files without taking their locks.
+            assert_eq!(first.get("export.file_locked"), 2, "{s}: {first:?}");
+            let unlocked = kept && s.contains(Strategy::FoldExited);
+            let locked_again = if unlocked { 0 } else { 2 };
+            assert_eq!(
+                second.get("export.file_locked"),
+                locked_again,
+                "{s}: {second:?}"
+            );
 
             // decode-once: each distinct raw key decoded once, not each entry;
             // with prerender, not again in the next scrape.

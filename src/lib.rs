@@ -24,10 +24,13 @@
 pub mod compare;
 pub mod config_file;
 pub mod export;
+mod fileset;
+pub mod fold;
 pub mod formenc;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ingest;
+pub mod liveness;
 pub mod mapguard;
 pub mod ops;
 mod probe;

@@ -42,11 +42,18 @@
 //! | [`KeyDecode`] | `decode-once` | `EveryEntry`: every entry's key decoded | `OncePerRawKey`: each distinct raw key decoded once, component by component through a cache (raw keys of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so series are still found by their decoded labels) |
 //! | [`Unescape`] (carried by `KeyDecode`) | `fast-unescape` | `Reference`: [`crate::formenc::decode_key_reference`] | `Fast`: the table-driven, borrowing [`crate::formenc::decode_key_fast`] |
 //! | [`Keep`] | `prerender` (the render strategy, applied to a long-lived exporter) | `Nothing`: every scrape starts from nothing | `Catalogue`: each metric's decoded, grouped label sets kept across scrapes with their label pairs rendered once, so a scrape of known keys compares raw key bytes and copies rendered bytes |
+//! | [`Listing`] | `single-read` | `PerMetric`: the directory listed once per metric (client_ruby's glob) | `OncePerScrape`: one listing, each name handed to its metric |
+//! | [`Liveness`] | `fold-exited` | `AssumeLive`: every file read under its `flock` | `Leases`: a kept file whose writer has exited ([`crate::liveness`]) read in place without its lock; the files of exited processes folded ([`crate::fold`]) where the runtime allows (`promlab serve --fold-exited`, `promlab fold`) |
 //!
 //! Combined variants, and why they exist:
 //! - `FileRead::KeptMapped` (`single-read` × `prerender`): files kept open
 //!   and mapped between scrapes. Only a long-lived exporter has a next scrape
 //!   to keep a mapping for, and only a mapping is worth keeping.
+//! - `Listing::Watched` (`single-read` × `prerender`): the file set kept
+//!   between scrapes, followed through inotify (a full listing when events
+//!   are lost), for the reason above: only a long-lived exporter has one.
+//! - `Liveness::Leases` takes effect on kept files (`KeptMapped`): reading a
+//!   file once per scrape, its lock costs what proving its writer gone costs.
 //! - `KeyDecode::OncePerRawKey(Unescape)` (`decode-once` × `fast-unescape`):
 //!   not a branch of its own: the unescape seam is a value the decode seam
 //!   carries, and the component cache decodes each component with it.
@@ -146,6 +153,16 @@ impl Seams {
                     (false, _) => FileRead::EntryByEntry,
                     (true, Keep::Nothing) => FileRead::Mapped,
                     (true, Keep::Catalogue) => FileRead::KeptMapped,
+                },
+                listing: match (on(Strategy::SingleRead), keep) {
+                    (false, _) => Listing::PerMetric,
+                    (true, Keep::Nothing) => Listing::OncePerScrape,
+                    (true, Keep::Catalogue) => Listing::Watched,
+                },
+                liveness: if on(Strategy::FoldExited) {
+                    Liveness::Leases
+                } else {
+                    Liveness::AssumeLive
                 },
                 key_decode: if on(Strategy::DecodeOnce) {
                     KeyDecode::OncePerRawKey(unescape)
@@ -269,6 +286,8 @@ pub struct ExportSeams {
     pub file_read: FileRead,
     pub key_decode: KeyDecode,
     pub keep: Keep,
+    pub listing: Listing,
+    pub liveness: Liveness,
 }
 
 /// How one store file's entries are read (`single-read`, and `prerender`
@@ -306,6 +325,38 @@ pub enum Unescape {
     /// [`crate::formenc::decode_key_fast`]: table-driven, borrowing
     /// components without escapes.
     Fast,
+}
+
+/// How a metric's files are found (`single-read`, and `prerender` with it;
+/// [`crate::fileset`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listing {
+    /// The directory listed once per metric, as client_ruby's
+    /// `Dir.glob("metric_<name>___*")` in `MetricStore#all_values`.
+    PerMetric,
+    /// `single-read`: the directory listed once per scrape, each name parsed
+    /// once and handed to its metric.
+    OncePerScrape,
+    /// `single-read` × `prerender`: listed once, then kept up to date from
+    /// inotify events, with a full listing as the fallback. Combined for the
+    /// reason `FileRead::KeptMapped` is: only a long-lived exporter has a
+    /// next scrape to keep a file set for.
+    Watched,
+}
+
+/// Whether the exporter knows which files' writers have exited
+/// (`fold-exited`; [`crate::liveness`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Every file may have a live writer, so every read takes its `flock`
+    /// (client_ruby's protocol).
+    AssumeLive,
+    /// `fold-exited`: a kept file whose writer has exited (a read lease
+    /// says no one has it open for writing) cannot change, so it is read in
+    /// place without its lock; files with a live writer keep client_ruby's
+    /// protocol; and the files of exited processes can be folded
+    /// ([`crate::fold`]), where the runtime allows it.
+    Leases,
 }
 
 /// What a long-lived exporter keeps between scrapes (`prerender`).
@@ -453,6 +504,8 @@ mod tests {
                     file_read: FileRead::EntryByEntry,
                     key_decode: KeyDecode::EveryEntry(Unescape::Reference),
                     keep: Keep::Nothing,
+                    listing: Listing::PerMetric,
+                    liveness: Liveness::AssumeLive,
                 },
                 render: RenderSeams {
                     line_prefixes: LinePrefixes::PerScrape,

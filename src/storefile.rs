@@ -64,6 +64,47 @@ pub fn is_metric_file(file_name: &[u8], metric: &str) -> bool {
         .is_some_and(|pid| !pid.is_empty() && pid.iter().all(u8::is_ascii_digit))
 }
 
+/// A store file name's metric and id: `metric_<metric>___<id>.bin` with a
+/// decimal id, split at the last `___` (a metric name may hold `___`; an id
+/// never does). The id is a process id, or — with [`FOLD_ID_DIGITS`] digits
+/// or more — a fold file's (`crate::fold`).
+pub fn parse_file_name(file_name: &[u8]) -> Option<(&[u8], &[u8])> {
+    let inner = file_name.strip_prefix(b"metric_")?.strip_suffix(b".bin")?;
+    let split = memchr::memmem::rfind(inner, b"___")?;
+    let (metric, id) = (&inner[..split], &inner[split + 3..]);
+    (!metric.is_empty() && !id.is_empty() && id.iter().all(u8::is_ascii_digit))
+        .then_some((metric, id))
+}
+
+/// Ids of this many digits or more are never process ids: Linux's pids stop
+/// at `PID_MAX_LIMIT`, 2^22 = 4,194,304 (seven digits), in every pid
+/// namespace. The fold names its files so (`crate::fold`), so no writer, in
+/// any container, ever opens one: client_ruby's `metric_<name>___<pid>.bin`.
+pub const FOLD_ID_DIGITS: usize = 8;
+
+/// Whether a store file's id (see [`parse_file_name`]) is a fold file's.
+pub fn is_fold_id(id: &[u8]) -> bool {
+    id.len() >= FOLD_ID_DIGITS
+}
+
+/// A store file's bytes holding `entries` (raw key, value, timestamp) in
+/// order, `used` set and nothing after it: what the fold writes.
+pub fn file_bytes_with_timestamps<'a>(
+    entries: impl IntoIterator<Item = (&'a [u8], f64, f64)>,
+) -> Vec<u8> {
+    let mut bytes = vec![0u8; HEADER_SIZE];
+    for (key, value, timestamp) in entries {
+        let mut entry = new_entry(key);
+        let at = entry.len() - 16;
+        entry[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        entry[at + 8..].copy_from_slice(&timestamp.to_le_bytes());
+        bytes.extend_from_slice(&entry);
+    }
+    let used = bytes.len() as i32;
+    bytes[..4].copy_from_slice(&used.to_le_bytes());
+    bytes
+}
+
 /// Padded key length as client_ruby writes it: `4 + len` a multiple of 8, at least one space.
 pub fn padded_len(key_len: usize) -> usize {
     key_len + (8 - (key_len + 4) % 8)

@@ -111,6 +111,7 @@ strategies! {
     SingleRead = "single-read", Export;
     DecodeOnce = "decode-once", Export;
     FastUnescape = "fast-unescape", Export;
+    FoldExited = "fold-exited", Export;
     Prerender = "prerender", Render;
     BorrowedDecode = "borrowed-decode", Ingest;
     SeriesCache = "series-cache", Ingest;
@@ -285,7 +286,7 @@ mod tests {
     #[test]
     fn combinations_cover_each_stage() {
         assert_eq!(StrategySet::combinations(Stage::Write).len(), 64);
-        assert_eq!(StrategySet::combinations(Stage::Export).len(), 16);
+        assert_eq!(StrategySet::combinations(Stage::Export).len(), 32);
         assert_eq!(StrategySet::combinations(Stage::Render).len(), 2);
         assert_eq!(StrategySet::combinations(Stage::Ingest).len(), 16);
         assert_eq!(

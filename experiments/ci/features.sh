@@ -23,13 +23,13 @@ fi
 declare -A STAGES=(
     [key-cache]="write" [increment-once]="write" [cached-pid]="write" [clock-once]="write"
     [coarse-clock]="write" [mmap-store]="write"
-    [single-read]="export" [decode-once]="export" [fast-unescape]="export"
+    [single-read]="export" [decode-once]="export" [fast-unescape]="export" [fold-exited]="export"
     [prerender]="render export"
     [borrowed-decode]="ingest" [series-cache]="ingest" [batch-routing]="ingest" [bulk-sketch]="ingest"
     [all]="write export render ingest"
 )
 ORDER=(key-cache increment-once cached-pid clock-once coarse-clock mmap-store
-       single-read decode-once fast-unescape prerender
+       single-read decode-once fast-unescape fold-exited prerender
        borrowed-decode series-cache batch-routing bulk-sketch all)
 
 features=("$@")

@@ -18,7 +18,7 @@
 use super::bins::{Bins, PaneBins};
 use super::groups::{Budget, GroupTable};
 use super::plan::Aggregation;
-use super::seams::SketchUpdate;
+use crate::seams::SketchUpdate;
 use super::window::{write_group_key, Accumulator, Capacity, WindowBins};
 use std::collections::BTreeMap;
 

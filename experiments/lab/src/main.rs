@@ -37,6 +37,8 @@ enum Command {
     Flamegraph(promlab_lab::cli::FlamegraphArgs),
     /// Profile every arm of the ablation (one scenario per stage by default) for the dossiers.
     Profiles(promlab_lab::cli::ProfilesArgs),
+    /// Fold the files of exited processes in a store directory, once (fold-exited).
+    Fold(promlab_lab::cli::FoldArgs),
     /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
     Serve(promlab_lab::cli::ServeArgs),
     /// Check the whole pipeline end to end under every strategy set against the naive references.
@@ -73,6 +75,7 @@ fn main() -> ExitCode {
         Some(Command::Report(args)) => promlab_lab::cli::report(args),
         Some(Command::Flamegraph(args)) => promlab_lab::cli::flamegraph(args),
         Some(Command::Profiles(args)) => promlab_lab::cli::profiles(args),
+        Some(Command::Fold(args)) => promlab_lab::cli::fold(args),
         Some(Command::Serve(args)) => promlab_lab::cli::serve(args),
         Some(Command::Verify(args)) => promlab_lab::verify::run(args),
         Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),

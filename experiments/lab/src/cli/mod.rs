@@ -226,6 +226,18 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = ServerLimits::default().shutdown_timeout.as_secs(),
           value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub shutdown_timeout_secs: u64,
+    /// Store: fold the files of exited processes (the `fold-exited` strategy
+    /// must be in --strategies). This writes into the store directory: fold
+    /// files, and `.fold/` for its lock and journals. Off unless given;
+    /// see strategies/fold-exited.md for what it assumes (a local filesystem,
+    /// the store files' owner or CAP_LEASE, this sidecar as the directory's
+    /// only exporter while it folds).
+    #[arg(long, requires = "store")]
+    pub fold_exited: bool,
+    /// Store with --fold-exited: seconds between folds.
+    #[arg(long, default_value_t = 60, requires = "fold_exited",
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub fold_every: u64,
     /// Strategies to use: a comma-separated list, `none` (the baseline), `all`, or
     /// `default` (the build's features; every strategy when none was named).
     #[arg(long, default_value = "default")]
@@ -253,6 +265,24 @@ pub struct ServeArgs {
     /// restarts (default: HOSTNAME:PORT of --listen).
     #[arg(long, requires = "clickhouse")]
     pub receiver_id: Option<String>,
+}
+
+/// `promlab fold`: fold the files of exited processes, once.
+#[derive(clap::Args, Debug)]
+pub struct FoldArgs {
+    /// Store directory (client_ruby DirectFileStore layout).
+    #[arg(long)]
+    pub store: PathBuf,
+    /// The registry (registry.json format): which metrics, aggregated how.
+    #[arg(long)]
+    pub registry: PathBuf,
+    /// Tests: SIGKILL this process when the first batch reaches this step.
+    #[arg(long, hide = true)]
+    pub kill_at: Option<promlab::fold::FoldStep>,
+    /// How long a committed batch keeps its leases before it is final, in
+    /// milliseconds (a writer on its way into a source's `open` shows up).
+    #[arg(long, default_value_t = 20)]
+    pub grace_ms: u64,
 }
 
 /// The largest `--queues` of the rabbitmq scenario.
@@ -504,12 +534,30 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         check_store_dir(dir)?;
         let registry = Registry::load(registry_path)?;
         warn_unmatched_metrics(dir, &registry)?;
+        raise_open_file_limit();
+        let fold = if args.fold_exited {
+            if !args
+                .strategies
+                .contains(promlab::strategy::Strategy::FoldExited)
+            {
+                bail!("--fold-exited needs the fold-exited strategy in --strategies (`all` has it, and so does a build without strategy features)");
+            }
+            let every = std::time::Duration::from_secs(args.fold_every);
+            Some(crate::serve::fold::start(
+                dir.clone(),
+                registry.clone(),
+                every,
+            )?)
+        } else {
+            None
+        };
         let exporter = promlab::export::Exporter::new(dir, registry, args.strategies);
         return metrics::serve(
             listen(9394)?,
             Source::Store(exporter),
             args.strategies,
             args.server_limits(),
+            fold,
         );
     }
     match args.scenario.as_deref() {
@@ -524,6 +572,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
                 Source::Scenario(scenario),
                 args.strategies,
                 args.server_limits(),
+                None,
             )
         }
         Some(other) => bail!("unknown scenario `{other}` (known: rabbitmq)"),
@@ -550,6 +599,50 @@ fn hostname() -> String {
         Ok(name) if ok && !name.is_empty() => name.to_string(),
         _ => "localhost".to_string(),
     }
+}
+
+/// Raises the soft open-file limit to the hard one: a store sidecar keeps a
+/// descriptor for each file whose writer is live (for its `flock`), within a
+/// share of the soft limit.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a struct of ours.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// `promlab fold`: one fold of a store's exited processes' files.
+pub fn fold(args: FoldArgs) -> Result<()> {
+    check_store_dir(&args.store)?;
+    let registry = Registry::load(&args.registry)?;
+    let config = promlab::fold::FoldConfig {
+        grace: std::time::Duration::from_millis(args.grace_ms),
+        kill_at: args.kill_at,
+        ..promlab::fold::FoldConfig::default()
+    };
+    let report = promlab::fold::fold_store(&args.store, &registry, &config)?;
+    println!(
+        "promlab fold: {} files folded into {} fold files; {} live, {} without a lease to tell (left as live), {} exited left as they are; {} batches given up; {} interrupted batches finished or undone",
+        report.files_folded,
+        report.fold_files_written,
+        report.live_files,
+        report.unknown_files,
+        report.files_left,
+        report.batches_abandoned,
+        report.recovered
+    );
+    for skipped in &report.metrics_skipped {
+        eprintln!("promlab fold: left for next time: {skipped}");
+    }
+    Ok(())
 }
 
 /// `--listen HOST:PORT`, resolved (the first address a name resolves to), or

@@ -90,11 +90,15 @@ pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::registry::
 /// Export: a store written once by promlab's writer, scraped per run by one
 /// long-lived exporter per strategy set, as a sidecar serving `/metrics` would.
 /// Without `prerender` an exporter keeps only its read buffer between scrapes.
+/// With `fold-exited` it reads a copy of the store folded once before its
+/// first scrape (the sidecar folds in the background, between scrapes), whose
+/// files of live writers are held open for writing as in the original.
 struct Export {
     _dir: tempfile::TempDir,
     dir: std::path::PathBuf,
     registry: promlab::registry::Registry,
     exporters: HashMap<StrategySet, promlab::export::Exporter>,
+    folded: Option<FoldedCopy>,
     out: Vec<u8>,
     lines: u64,
     floor: super::floor::ExportFloor,
@@ -137,6 +141,7 @@ impl Export {
             dir,
             registry,
             exporters: HashMap::new(),
+            folded: None,
             out: Vec::new(),
             lines,
             floor,
@@ -144,11 +149,65 @@ impl Export {
     }
 
     fn scrape(&mut self, strategies: StrategySet) -> Result<&[u8]> {
+        let dir = if strategies.contains(promlab::strategy::Strategy::FoldExited) {
+            if self.folded.is_none() {
+                self.folded = Some(FoldedCopy::new(&self.dir, &self.registry)?);
+            }
+            self.folded.as_ref().expect("made above").dir()
+        } else {
+            self.dir.as_path()
+        };
         let exporter = self.exporters.entry(strategies).or_insert_with(|| {
-            promlab::export::Exporter::new(&self.dir, self.registry.clone(), strategies)
+            promlab::export::Exporter::new(dir, self.registry.clone(), strategies)
         });
         exporter.export_into(&mut self.out)?;
         Ok(&self.out)
+    }
+}
+
+/// A store copied and folded (`fold-exited`): the copies of files whose
+/// writer is live in the original are held open for writing, so the fold
+/// and the exporters see the same writers there.
+struct FoldedCopy {
+    dir: tempfile::TempDir,
+    _writers: Vec<std::fs::File>,
+}
+
+impl FoldedCopy {
+    fn new(store: &Path, registry: &promlab::registry::Registry) -> Result<FoldedCopy> {
+        use promlab::liveness::{probe, Writers};
+        let dir = tempfile::tempdir()?;
+        let mut writers = Vec::new();
+        for entry in std::fs::read_dir(store)? {
+            let entry = entry?;
+            if !entry.file_type()?.is_file() {
+                continue;
+            }
+            let copy = dir.path().join(entry.file_name());
+            std::fs::copy(entry.path(), &copy)?;
+            if probe(&std::fs::File::open(entry.path())?) == Writers::Open {
+                writers.push(
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(copy)?,
+                );
+            }
+        }
+        let config = promlab::fold::FoldConfig {
+            grace: std::time::Duration::ZERO,
+            durable: false,
+            ..promlab::fold::FoldConfig::default()
+        };
+        promlab::fold::fold_store(dir.path(), registry, &config)?;
+        Ok(FoldedCopy {
+            dir,
+            _writers: writers,
+        })
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
     }
 }
 

@@ -165,10 +165,17 @@ struct Shared {
     last_len: AtomicUsize,
     /// The paths served, for 404 messages (without waiting for a scrape's lock).
     served: &'static str,
+    /// `--fold-exited`: what the fold loop did.
+    fold: Option<Arc<super::fold::FoldStats>>,
 }
 
 /// The router for a source (store: `/metrics`; scenario: the RabbitMQ endpoints).
 pub fn app(source: Source) -> Router {
+    app_folding(source, None)
+}
+
+/// [`app`], with the fold loop's counters at `/metrics/promlab`.
+pub fn app_folding(source: Source, fold: Option<Arc<super::fold::FoldStats>>) -> Router {
     let is_store = matches!(source, Source::Store(_));
     let served = if is_store {
         "/metrics and /metrics/promlab"
@@ -185,6 +192,7 @@ pub fn app(source: Source) -> Router {
         logged: Mutex::new(HashSet::new()),
         last_len: AtomicUsize::new(0),
         served,
+        fold,
     });
     let router = if is_store {
         Router::new()
@@ -205,9 +213,10 @@ pub fn serve(
     source: Source,
     strategies: StrategySet,
     limits: super::ServerLimits,
+    fold: Option<Arc<super::fold::FoldStats>>,
 ) -> Result<()> {
     let described = source.describe();
-    super::run(listen, None, app(source), limits, |addr| {
+    super::run(listen, None, app_folding(source, fold), limits, |addr| {
         eprintln!("promlab: serving {described} on http://{addr} (strategies: {strategies})")
     })
 }
@@ -217,7 +226,11 @@ async fn store_metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) ->
 }
 
 async fn own_metrics(State(shared): State<Arc<Shared>>) -> Response {
-    let mut response = Response::new(Body::from(shared.counters.render()));
+    let mut text = shared.counters.render();
+    if let Some(fold) = &shared.fold {
+        fold.render(&mut text);
+    }
+    let mut response = Response::new(Body::from(text));
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));

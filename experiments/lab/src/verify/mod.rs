@@ -27,8 +27,10 @@
 //! - **exposition**: the store is exported after each writer process finishes
 //!   (the store grows), by a long-lived [`Exporter`] kept across those scrapes
 //!   and by a one-shot [`export::export`]; both must equal the reference
-//!   exporter's bytes ([`promlab::reference::exposition`]) on that store. For a
-//!   client_ruby case, Ruby's store exported under every export subset (and the
+//!   exporter's bytes ([`promlab::reference::exposition`]) on that store; with
+//!   `fold-exited`, a twin of the store folded after every writer exits
+//!   ([`promlab::fold`]) must. For a client_ruby case, Ruby's store exported
+//!   under every export subset (folded first with `fold-exited`; and the
 //!   reference exporter) must print Ruby's `expected.prom`;
 //! - **quantiles**: the exposition sequence is scraped (each exposition twice,
 //!   5 s apart), converted to remote-write requests ([`promlab::scrape`]) and
@@ -61,8 +63,8 @@ use promlab::reference;
 use promlab::registry::Registry;
 use promlab::scrape;
 use promlab::store::{Client, ClientConfig};
-use promlab::strategy::{Stage, StrategySet};
-use std::collections::{BTreeMap, HashMap};
+use promlab::strategy::{Stage, Strategy, StrategySet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// One input of the chain.
@@ -175,9 +177,16 @@ fn write_and_export(
     ruby_store: Option<&BTreeMap<String, Vec<u8>>>,
 ) -> Result<(Result<(), String>, Vec<Result<Vec<Vec<u8>>, String>>)> {
     std::fs::create_dir_all(dir)?;
+    // `fold-exited` subsets read a twin of the store that is folded after
+    // every writer (each writer's files copied in as it exits, then folded
+    // into what earlier folds left): exact folds, repeated, must still print
+    // the reference exporter's bytes.
+    let mut twin = FoldedTwin::new(dir, exports)?;
     let mut exporters: Vec<Exporter> = exports
         .iter()
-        .map(|&e| Exporter::new(dir, case.registry.clone(), e).with_catalogue_floor(2))
+        .map(|&e| {
+            Exporter::new(twin.dir_for(e, dir), case.registry.clone(), e).with_catalogue_floor(2)
+        })
         .collect();
     let mut sequences: Vec<Result<Vec<Vec<u8>>, String>> =
         exports.iter().map(|_| Ok(Vec::new())).collect();
@@ -197,6 +206,7 @@ fn write_and_export(
             ));
         }
         drop(client);
+        twin.writer_exited(dir, log.pid, &case.registry)?;
         if !case.export_each_writer && step + 1 < case.processes.len() {
             continue;
         }
@@ -207,7 +217,7 @@ fn write_and_export(
                 continue;
             };
             let long_lived = exporters[i].export_into(&mut out).map(|()| out.clone());
-            let one_shot = export::export(dir, &case.registry, e);
+            let one_shot = export::export(twin.dir_for(e, dir), &case.registry, e);
             let mut failure = None;
             for (what, got) in [
                 ("long-lived exporter", long_lived),
@@ -244,6 +254,63 @@ fn write_and_export(
         store_check = same_store(&store, ruby, "client_ruby");
     }
     Ok((store_check, sequences))
+}
+
+/// A store's folded twin, for the export subsets with `fold-exited`.
+struct FoldedTwin {
+    dir: Option<tempfile::TempDir>,
+    pids: HashSet<u32>,
+}
+
+impl FoldedTwin {
+    fn new(_store: &Path, exports: &[StrategySet]) -> Result<FoldedTwin> {
+        let folds = exports.iter().any(|e| e.contains(Strategy::FoldExited));
+        Ok(FoldedTwin {
+            dir: folds.then(tempfile::tempdir).transpose()?,
+            pids: HashSet::new(),
+        })
+    }
+
+    /// The directory export subset `e` reads.
+    fn dir_for<'a>(&'a self, e: StrategySet, store: &'a Path) -> &'a Path {
+        match &self.dir {
+            Some(twin) if e.contains(Strategy::FoldExited) => twin.path(),
+            _ => store,
+        }
+    }
+
+    /// Copies the files of the writer that exited into the twin and folds
+    /// it. A pid that wrote before rebuilds the twin from the whole store
+    /// (its files hold its earlier values, which a fold file may hold too).
+    fn writer_exited(&mut self, store: &Path, pid: u32, registry: &Registry) -> Result<()> {
+        let Some(twin) = &self.dir else {
+            return Ok(());
+        };
+        let again = !self.pids.insert(pid);
+        let suffix = format!("___{pid}.bin");
+        if again {
+            for entry in std::fs::read_dir(twin.path())? {
+                let entry = entry?;
+                if entry.file_type()?.is_file() {
+                    std::fs::remove_file(entry.path())?;
+                }
+            }
+        }
+        for entry in std::fs::read_dir(store)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if again || name.to_string_lossy().ends_with(&suffix) {
+                std::fs::copy(entry.path(), twin.path().join(&name))?;
+            }
+        }
+        let config = promlab::fold::FoldConfig {
+            grace: std::time::Duration::ZERO,
+            durable: false,
+            ..promlab::fold::FoldConfig::default()
+        };
+        promlab::fold::fold_store(twin.path(), registry, &config)?;
+        Ok(())
+    }
 }
 
 /// The verify plan for a sequence of requests: per metric name, in order of
@@ -550,13 +617,33 @@ pub fn check_case(case: &Case, sets: &[StrategySet], tmp: &Path) -> Result<CaseR
                 first_difference(&r, want, "reference", "ruby")
             );
         }
+        // Ruby's store folded (every file's writer exited), for `fold-exited`.
+        let folded_ruby = tempfile::tempdir()?;
+        for entry in std::fs::read_dir(&ruby.store)? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), folded_ruby.path().join(entry.file_name()))?;
+        }
+        promlab::fold::fold_store(
+            folded_ruby.path(),
+            &case.registry,
+            &promlab::fold::FoldConfig {
+                grace: std::time::Duration::ZERO,
+                durable: false,
+                ..promlab::fold::FoldConfig::default()
+            },
+        )?;
         for &e in &exports {
-            let mut exporter = Exporter::new(&ruby.store, case.registry.clone(), e);
+            let store: &Path = if e.contains(Strategy::FoldExited) {
+                folded_ruby.path()
+            } else {
+                &ruby.store
+            };
+            let mut exporter = Exporter::new(store, case.registry.clone(), e);
             let mut out = Vec::new();
             let mut result = Ok(());
             for scrape in 1..=2 {
                 let got = exporter.export_into(&mut out).map(|()| out.clone());
-                let one_shot = export::export(&ruby.store, &case.registry, e);
+                let one_shot = export::export(store, &case.registry, e);
                 for (what, got) in [("long-lived exporter", got), ("one-shot export", one_shot)] {
                     match got {
                         Err(err) => result = Err(format!("{what} of Ruby's store: {err:#}")),

@@ -1,0 +1,412 @@
+//! The fold of exited processes' files (`fold-exited`) against the real
+//! binary and real client_ruby: a SIGKILL at every step of a batch loses no
+//! value and counts none twice; client_ruby's own exporter reads a folded
+//! store to the same bytes, and a restarted Ruby app keeps writing into it;
+//! a file a writer opens (a new process given a dead one's pid) is never
+//! folded away from it.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use promlab::fold::{FoldConfig, FoldStep};
+use promlab::formenc::Dialect;
+use promlab::registry::Registry;
+use promlab::store::{Client, ClientConfig};
+use promlab::strategy::{Stage, StrategySet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const REGISTRY: &str = r#"{"metrics": [
+    {"name": "requests_total", "type": "counter", "help": "Requests", "labels": ["path"], "aggregation": "sum"},
+    {"name": "latency_seconds", "type": "histogram", "help": "Latency", "labels": ["path"], "aggregation": "sum", "buckets": ["0.01", "0.1", "1"]},
+    {"name": "size_bytes", "type": "summary", "help": "Sizes", "labels": ["path"], "aggregation": "sum"},
+    {"name": "workers_busy", "type": "gauge", "help": "Busy", "labels": ["pool"], "aggregation": "all"},
+    {"name": "memory_peak_bytes", "type": "gauge", "help": "Peak", "labels": ["pool"], "aggregation": "max"},
+    {"name": "free_slots", "type": "gauge", "help": "Low water", "labels": ["pool"], "aggregation": "min"},
+    {"name": "last_deploy", "type": "gauge", "help": "Deploy", "labels": ["pool"], "aggregation": "most_recent"},
+    {"name": "queue_depth", "type": "gauge", "help": "Queued", "labels": ["pool"], "aggregation": "sum"}
+]}"#;
+
+fn registry() -> Registry {
+    Registry::from_json(REGISTRY).unwrap()
+}
+
+fn promlab() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_promlab"))
+}
+
+/// Every export combination's exposition of `dir` (they must agree).
+fn export(dir: &Path) -> Vec<u8> {
+    let registry = registry();
+    let mut outs = StrategySet::combinations(Stage::Export)
+        .into_iter()
+        .map(|s| (s, promlab::export::export(dir, &registry, s).unwrap()));
+    let (_, first) = outs.next().unwrap();
+    for (s, out) in outs {
+        assert!(
+            out == first,
+            "{s}: {}",
+            promlab::compare::first_difference(&out, &first, s.to_string().as_str(), "baseline")
+        );
+    }
+    first
+}
+
+/// Processes that wrote and exited (pids spread over name order), and one
+/// live writer, its client returned (its files stay open for writing).
+fn write_store(dir: &Path) -> Client {
+    let registry = registry();
+    let write = |client: &mut Client, i: u32| {
+        let path = [("path", "/a")];
+        let pool = [("pool", "web")];
+        let v = 0.001 * (i + 1) as f64;
+        let steps: [(&str, &[(&str, &str)], f64); 8] = [
+            ("requests_total", &path, 1.0 + i as f64),
+            ("latency_seconds", &path, v),
+            ("size_bytes", &path, 100.5 * i as f64),
+            ("workers_busy", &pool, i as f64),
+            ("memory_peak_bytes", &pool, (i * 7 % 5) as f64),
+            ("free_slots", &pool, -(i as f64)),
+            ("last_deploy", &pool, i as f64),
+            ("queue_depth", &pool, 0.1 * i as f64),
+        ];
+        for (name, labels, value) in steps {
+            let id = client.metric(name).unwrap();
+            match name {
+                "requests_total" | "queue_depth" => client.increment(id, labels, value),
+                "latency_seconds" | "size_bytes" => client.observe(id, labels, value),
+                _ => client.set(id, labels, value),
+            }
+            .unwrap();
+        }
+    };
+    for (i, pid) in [310, 3100, 312, 40_000, 4, 7777].into_iter().enumerate() {
+        let dialect = if i % 2 == 0 {
+            Dialect::Uri
+        } else {
+            Dialect::Cgi
+        };
+        let mut client = Client::new(dir, &registry, config(pid, dialect)).unwrap();
+        write(&mut client, i as u32);
+    }
+    let mut live = Client::new(dir, &registry, config(5000, Dialect::Uri)).unwrap();
+    write(&mut live, 9);
+    live
+}
+
+fn config(pid: u32, dialect: Dialect) -> ClientConfig {
+    ClientConfig {
+        dialect,
+        strategies: StrategySet::NONE,
+        pid_override: Some(pid),
+    }
+}
+
+fn store_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `promlab fold` killed (SIGKILL) at each step of its first batch: the
+/// store as left exports the same bytes (promlab's exporters honour the
+/// fold's journal and lock), the next fold finishes or undoes the batch,
+/// and then the store exports the same bytes again, with every exited file
+/// folded. The live writer writes between the crash and the recovery.
+#[test]
+fn a_crash_at_every_step_loses_nothing_and_counts_nothing_twice() {
+    for step in FoldStep::ALL {
+        let tmp = tempfile::tempdir().unwrap();
+        let (folded, twin) = (tmp.path().join("folded"), tmp.path().join("twin"));
+        let mut live = write_store(&folded);
+        let mut twin_live = write_store(&twin);
+        let before = export(&twin);
+        assert_eq!(export(&folded), before);
+        let registry_file = tmp.path().join("registry.json");
+        std::fs::write(&registry_file, REGISTRY).unwrap();
+        let fold = |kill: Option<FoldStep>| {
+            let mut cmd = promlab();
+            cmd.arg("fold")
+                .arg("--store")
+                .arg(&folded)
+                .arg("--registry")
+                .arg(&registry_file);
+            cmd.args(["--grace-ms", "0"]);
+            if let Some(step) = kill {
+                cmd.args(["--kill-at", step.name()]);
+            }
+            cmd.output().unwrap()
+        };
+        let crashed = fold(Some(step));
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            crashed.status.signal(),
+            Some(libc::SIGKILL),
+            "{step:?}: {crashed:?}"
+        );
+        assert!(export(&folded) == before, "{step:?}: after the crash");
+        // The live writer goes on, in both stores.
+        for client in [&mut live, &mut twin_live] {
+            let id = client.metric("requests_total").unwrap();
+            client.increment(id, &[("path", "/a")], 5.0).unwrap();
+        }
+        let after_writes = export(&twin);
+        assert!(
+            export(&folded) == after_writes,
+            "{step:?}: the live writer's increment"
+        );
+        let recovered = fold(None);
+        assert!(recovered.status.success(), "{step:?}: {recovered:?}");
+        assert!(export(&folded) == after_writes, "{step:?}: after recovery");
+        // Per metric, the exited `310`, `3100`, `312`, `4`, `40000` sort
+        // before the live `5000` and fold into one file; `7777`, alone after
+        // it, stays: three files a metric.
+        let files = store_files(&folded);
+        let live_files = files.iter().filter(|n| n.ends_with("___5000.bin")).count();
+        assert_eq!(live_files, 8, "{step:?}: {files:?}");
+        assert_eq!(files.len(), 8 * 3, "{step:?}: {files:?}");
+        let leftovers: Vec<_> = std::fs::read_dir(folded.join(promlab::fold::FOLD_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            leftovers.iter().all(|n| n == "lock" || n == "trash"),
+            "{step:?}: {leftovers:?}"
+        );
+    }
+}
+
+/// A new process given a dead one's pid opens its file for writing while a
+/// fold has moved it out (it looked the name up just before): the fold sees
+/// its lease broken within the grace period and rolls the batch back, so the
+/// writer's file is in place, and nothing was lost or counted twice.
+#[test]
+fn a_writer_opening_a_folded_file_gets_it_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let live = write_store(&dir);
+    let before = export(&dir);
+    // The exited process 310's counter file, looked up now (an O_PATH
+    // descriptor: no open of the file itself yet).
+    let name = "metric_requests_total___310.bin";
+    let path = dir.join(name);
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain open of a NUL-terminated path.
+    let looked_up = unsafe { libc::open(c_path.as_ptr(), libc::O_PATH) };
+    assert!(looked_up >= 0);
+    let config = FoldConfig {
+        grace: std::time::Duration::from_secs(1),
+        ..FoldConfig::default()
+    };
+    let fold = {
+        let dir = dir.clone();
+        std::thread::spawn(move || promlab::fold::fold_store(&dir, &registry(), &config).unwrap())
+    };
+    // Once the fold has moved it out, the "new process" opens it for writing
+    // through the name it looked up (blocked until the fold lets go).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fold never moved {name}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let reopened = format!("/proc/self/fd/{looked_up}");
+    let writer = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&reopened)
+        .unwrap();
+    let report = fold.join().unwrap();
+    assert!(report.batches_abandoned >= 1, "{report:?}");
+    assert!(path.exists(), "{name} is back in place");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().ino(),
+        writer.metadata().unwrap().ino()
+    );
+    assert!(export(&dir) == before);
+    drop(writer);
+    // SAFETY: closes our own descriptor.
+    unsafe { libc::close(looked_up) };
+    drop(live);
+}
+
+/// A dead process's file that a new process (same pid) holds open for
+/// writing is live: never folded, never changed.
+#[test]
+fn a_file_with_a_writer_is_never_folded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let live = write_store(&dir);
+    // pid 310 is reused: its files are opened for writing again.
+    let reused = Client::new(&dir, &registry(), config(310, Dialect::Uri)).unwrap();
+    let mut reused = reused;
+    let id = reused.metric("requests_total").unwrap();
+    reused.increment(id, &[("path", "/a")], 1.0).unwrap();
+    let files_before: Vec<(String, Vec<u8>)> = store_files(&dir)
+        .into_iter()
+        .filter(|n| n == "metric_requests_total___310.bin" || n.ends_with("___5000.bin"))
+        .map(|n| (n.clone(), std::fs::read(dir.join(&n)).unwrap()))
+        .collect();
+    let before = export(&dir);
+    let report = promlab::fold::fold_store(&dir, &registry(), &FoldConfig::default()).unwrap();
+    assert!(report.files_folded > 0, "{report:?}");
+    assert_eq!(report.live_files, 9, "{report:?}");
+    for (name, bytes) in &files_before {
+        assert_eq!(
+            &std::fs::read(dir.join(name)).unwrap(),
+            bytes,
+            "{name} changed"
+        );
+    }
+    assert!(export(&dir) == before);
+    drop((live, reused));
+}
+
+/// client_ruby with every revision available: `fold_app.rb` forks workers
+/// that write and exit while one stays; the store is folded; client_ruby's
+/// own exporter prints the same bytes as before and as promlab; the live
+/// worker and a restarted app (new pids) keep writing, and every increment
+/// is counted once.
+#[test]
+fn client_ruby_reads_a_folded_store_and_keeps_writing_into_it() {
+    let Some(shared) = shared_dir() else {
+        common::skip(
+            "client_ruby sources (../shared/upstream/client_ruby-*.tar.gz beside the repository, or PROMLAB_SHARED)",
+            "the shared/ directory of the workplace",
+        );
+        return;
+    };
+    if Command::new("ruby").arg("-v").output().is_err() {
+        common::skip("ruby", "apt-get install ruby");
+        return;
+    }
+    for revision in ["v4.2.5", "5.x-uri"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let status = Command::new("tar")
+            .arg("xzf")
+            .arg(shared.join(format!("upstream/client_ruby-{revision}.tar.gz")))
+            .arg("-C")
+            .arg(tmp.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let lib = tmp.path().join(format!("client_ruby-{revision}/lib"));
+        let store = tmp.path().join("store");
+        std::fs::create_dir(&store).unwrap();
+        let registry_file = tmp.path().join("registry.json");
+        std::fs::write(&registry_file, REGISTRY).unwrap();
+        let ruby_export = || {
+            let out = Command::new("ruby")
+                .arg("-I")
+                .arg(&lib)
+                .arg(export_rb())
+                .arg(&registry_file)
+                .arg(&store)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{revision}: {out:?}");
+            out.stdout
+        };
+        // Round 1: 12 workers exit, one stays.
+        let mut app = start_app(&lib, &store, 12, 1);
+        let before = ruby_export();
+        assert!(
+            export(&store) == before,
+            "{revision}: promlab and Ruby before the fold"
+        );
+        let out = promlab()
+            .arg("fold")
+            .arg("--store")
+            .arg(&store)
+            .arg("--registry")
+            .arg(&registry_file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{revision}: {out:?}");
+        let files = store_files(&store);
+        assert!(files.len() < 8 * 13 / 2, "{revision}: {files:?}");
+        assert!(ruby_export() == before, "{revision}: Ruby after the fold");
+        assert!(
+            export(&store) == before,
+            "{revision}: promlab after the fold"
+        );
+        // The live worker writes again and exits; then the app restarts.
+        finish_app(&mut app);
+        let mut restarted = start_app(&lib, &store, 5, 2);
+        finish_app(&mut restarted);
+        let after = ruby_export();
+        assert!(
+            export(&store) == after,
+            "{revision}: promlab and Ruby after the restart"
+        );
+        // Every increment once: 13 + 1 in round 1, 5 + 2 in round 2.
+        let text = String::from_utf8(after).unwrap();
+        assert!(
+            text.contains("requests_total{path=\"/a\"} 21.0\n"),
+            "{revision}: {text}"
+        );
+        // `all` keeps each process's series: 13 + 6 pids.
+        assert_eq!(
+            text.matches("workers_busy{").count(),
+            19,
+            "{revision}: {text}"
+        );
+    }
+}
+
+struct App {
+    child: std::process::Child,
+}
+
+fn start_app(lib: &Path, store: &Path, workers: u32, round: u32) -> App {
+    use std::io::BufRead;
+    let mut child = Command::new("ruby")
+        .arg("-I")
+        .arg(lib)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/fold_app.rb"))
+        .arg(store)
+        .arg(workers.to_string())
+        .arg(round.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    App { child }
+}
+
+fn finish_app(app: &mut App) {
+    use std::io::Write;
+    let mut stdin = app.child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    assert!(app.child.wait().unwrap().success());
+}
+
+fn export_rb() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../upstream/client_ruby/export.rb")
+}
+
+/// The workplace's shared directory (client_ruby's sources): `PROMLAB_SHARED`,
+/// or `shared/` beside the repository.
+fn shared_dir() -> Option<PathBuf> {
+    let candidates = std::env::var_os("PROMLAB_SHARED")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")]);
+    candidates
+        .into_iter()
+        .find(|dir| dir.join("upstream/client_ruby-5.x-uri.tar.gz").is_file())
+}

@@ -1,0 +1,466 @@
+//! Which files each metric has: the export stage's **listing** seam.
+//!
+//! | `Listing` | strategy | how the files are found |
+//! |---|---|---|
+//! | `PerMetric` | baseline | the directory listed once per metric, as client_ruby's `Dir.glob("metric_<name>___*")` in `MetricStore#all_values` |
+//! | `OncePerScrape` | `single-read` | the directory listed once per scrape, each name parsed once and handed to its metric |
+//! | `Watched` | `single-read` × `prerender` (a long-lived exporter) | listed once, then kept up to date from inotify events (created, deleted, renamed, a writer's close); a full listing again when the event queue overflows, the watch is lost, every five minutes, and always on network filesystems, where inotify does not see other hosts' changes |
+//!
+//! A listed file has a *slot*: a small number, dense within its metric, that
+//! stays the same while the same inode sits at the same name, so the reader
+//! keeps its mapping and the decoder its hints in vectors indexed by slot,
+//! not in maps by path (no path hashed or allocated per file per scrape). A name whose inode changed (the file was replaced)
+//! gets a new slot; the old one is *released*, and whoever keeps something by
+//! slot forgets it ([`FileSet::take_released`]).
+//!
+//! A store that was folded (`crate::fold`) has `.fold/`: then the
+//! fold lock is held shared for the scrape and the sources of a committed but
+//! unfinished batch are left out ([`FileSet::excluded`]).
+
+use crate::fold;
+use crate::seams::Listing;
+use crate::storefile::parse_file_name;
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// One store file of a metric, as listed.
+#[derive(Clone, Debug)]
+pub(crate) struct Listed {
+    /// The file name (`metric_<name>___<id>.bin`).
+    pub(crate) name: Box<[u8]>,
+    /// Its inode, as the directory says.
+    pub(crate) ino: u64,
+    /// Stable while the same inode sits at the same name.
+    pub(crate) slot: u32,
+}
+
+impl Listed {
+    pub(crate) fn path(&self, dir: &Path) -> PathBuf {
+        dir.join(OsStr::from_bytes(&self.name))
+    }
+}
+
+/// How often a watched store is listed in full anyway.
+const RESCAN_EVERY: Duration = Duration::from_secs(300);
+
+pub(crate) struct FileSet {
+    dir: PathBuf,
+    listing: Listing,
+    /// Registered metric names → registry index.
+    metrics: HashMap<Box<[u8]>, usize>,
+    names: Vec<String>,
+    /// Per metric: its files, sorted by name.
+    files: Vec<Vec<Listed>>,
+    /// Name → (slot, inode) of every listed file.
+    slots: HashMap<Box<[u8]>, (u32, u64)>,
+    /// Per metric: slots free for reuse, and the next new one.
+    free: Vec<Vec<u32>>,
+    next_slot: Vec<u32>,
+    /// (metric, slot) released since the last call.
+    released: Vec<(usize, u32)>,
+    /// (metric, slot) whose writer closed the file since the last scrape (watched).
+    writer_closed: Vec<(usize, u32)>,
+    watch: Option<Watch>,
+    /// When the watch last failed (it is tried again a minute later).
+    watch_failed: Option<Instant>,
+    listed_at: Option<Instant>,
+    /// Whether the store has `.fold/`.
+    folded: bool,
+    excluded: HashMap<Vec<u8>, u64>,
+}
+
+impl FileSet {
+    pub(crate) fn new(dir: &Path, metric_names: &[String], listing: Listing) -> FileSet {
+        FileSet {
+            dir: dir.to_path_buf(),
+            listing,
+            metrics: metric_names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.as_bytes().into(), i))
+                .collect(),
+            names: metric_names.to_vec(),
+            files: vec![Vec::new(); metric_names.len()],
+            slots: HashMap::new(),
+            free: vec![Vec::new(); metric_names.len()],
+            next_slot: vec![0; metric_names.len()],
+            released: Vec::new(),
+            writer_closed: Vec::new(),
+            watch: None,
+            watch_failed: None,
+            listed_at: None,
+            folded: false,
+            excluded: HashMap::new(),
+        }
+    }
+
+    /// Brings the file set up to date for a scrape (per metric, the baseline
+    /// lists in [`FileSet::files_of`] instead), and returns the fold lock
+    /// when the store was folded.
+    pub(crate) fn begin_scrape(&mut self) -> Result<Option<fold::SharedLock>> {
+        match self.listing {
+            Listing::PerMetric => {
+                self.folded = self.dir.join(fold::FOLD_DIR).is_dir();
+            }
+            Listing::OncePerScrape => self.list_all()?,
+            Listing::Watched => self.follow()?,
+        }
+        self.excluded.clear();
+        if !self.folded {
+            return Ok(None);
+        }
+        let lock = fold::SharedLock::take(&self.dir);
+        if lock.is_some() {
+            self.excluded = fold::committed_sources(&self.dir);
+        }
+        Ok(lock)
+    }
+
+    /// Lists metric `index`'s files, if the listing is per metric (the
+    /// others listed them in [`FileSet::begin_scrape`]).
+    pub(crate) fn list(&mut self, index: usize) -> Result<()> {
+        if self.listing == Listing::PerMetric {
+            self.list_metric(index)?;
+        }
+        Ok(())
+    }
+
+    /// Metric `index`'s files, sorted by name, and the files to leave out.
+    pub(crate) fn view(&self, index: usize) -> (&[Listed], &HashMap<Vec<u8>, u64>) {
+        (&self.files[index], &self.excluded)
+    }
+
+    /// (metric, slot) released since the last call (files gone or replaced).
+    pub(crate) fn take_released(&mut self) -> std::vec::Drain<'_, (usize, u32)> {
+        self.released.drain(..)
+    }
+
+    /// (metric, slot) whose writer closed the file since the last call (a
+    /// watched store only): their writer may have exited.
+    pub(crate) fn take_writer_closed(&mut self) -> std::vec::Drain<'_, (usize, u32)> {
+        self.writer_closed.drain(..)
+    }
+
+    fn read_dir(&self) -> Result<std::fs::ReadDir> {
+        crate::probe::probe!("export.dir_listed");
+        std::fs::read_dir(&self.dir)
+            .with_context(|| format!("cannot read store directory {}", self.dir.display()))
+    }
+
+    /// client_ruby's glob for one metric (exactly `metric_<name>___<pid>.bin`).
+    fn list_metric(&mut self, index: usize) -> Result<()> {
+        use std::os::unix::fs::DirEntryExt;
+        let mut found = Vec::new();
+        let metric = self.names[index].clone();
+        for entry in self.read_dir()? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if crate::storefile::is_metric_file(name.as_bytes(), &metric) {
+                found.push((Box::<[u8]>::from(name.as_bytes()), entry.ino()));
+            }
+        }
+        self.folded = self.dir.join(fold::FOLD_DIR).is_dir();
+        self.replace_metric(index, found);
+        Ok(())
+    }
+
+    /// One listing for every metric.
+    fn list_all(&mut self) -> Result<()> {
+        use std::os::unix::fs::DirEntryExt;
+        let mut found: Vec<Vec<(Box<[u8]>, u64)>> = vec![Vec::new(); self.files.len()];
+        let mut folded = false;
+        for entry in self.read_dir()? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let name = name.as_bytes();
+            if name == fold::FOLD_DIR.as_bytes() {
+                folded = true;
+            } else if let Some(index) = self.metric_of(name) {
+                found[index].push((name.into(), entry.ino()));
+            }
+        }
+        self.folded = folded;
+        for (index, files) in found.into_iter().enumerate() {
+            self.replace_metric(index, files);
+        }
+        self.listed_at = Some(Instant::now());
+        Ok(())
+    }
+
+    fn metric_of(&self, name: &[u8]) -> Option<usize> {
+        let (metric, _) = parse_file_name(name)?;
+        self.metrics.get(metric).copied()
+    }
+
+    /// Sets a metric's files to `found`, keeping the slots of files whose
+    /// inode did not change and releasing those gone.
+    fn replace_metric(&mut self, index: usize, mut found: Vec<(Box<[u8]>, u64)>) {
+        found.sort_unstable();
+        let old = std::mem::take(&mut self.files[index]);
+        let mut next = Vec::with_capacity(found.len());
+        let mut gone = old.into_iter().peekable();
+        for (name, ino) in found {
+            while let Some(old) = gone.next_if(|old| old.name < name) {
+                self.release(index, &old.name);
+            }
+            // A name listed again keeps its slot if its inode is the same.
+            let _ = gone.next_if(|old| old.name == name);
+            let slot = self.slot_for(index, &name, ino);
+            next.push(Listed { name, ino, slot });
+        }
+        for old in gone {
+            self.release(index, &old.name);
+        }
+        self.files[index] = next;
+    }
+
+    fn slot_for(&mut self, index: usize, name: &[u8], ino: u64) -> u32 {
+        if let Some(&(slot, known)) = self.slots.get(name) {
+            if known == ino {
+                return slot;
+            }
+            self.released.push((index, slot));
+            self.free[index].push(slot);
+        }
+        let next = &mut self.next_slot[index];
+        let slot = self.free[index].pop().unwrap_or_else(|| {
+            *next += 1;
+            *next - 1
+        });
+        self.slots.insert(name.into(), (slot, ino));
+        slot
+    }
+
+    fn release(&mut self, index: usize, name: &[u8]) {
+        if let Some((slot, _)) = self.slots.remove(name) {
+            self.released.push((index, slot));
+            self.free[index].push(slot);
+        }
+    }
+
+    /// A watched store: events since the last scrape, or a full listing.
+    fn follow(&mut self) -> Result<()> {
+        let stale = self.listed_at.is_none_or(|at| at.elapsed() >= RESCAN_EVERY);
+        if self.watch.is_none()
+            && self
+                .watch_failed
+                .is_none_or(|at| at.elapsed() >= Duration::from_secs(60))
+        {
+            // Watch first, then list: nothing done between is missed (events
+            // for files the listing already has are applied again, harmlessly).
+            match Watch::new(&self.dir) {
+                Ok(watch) => {
+                    self.watch = Some(watch);
+                    self.watch_failed = None;
+                }
+                Err(_) => self.watch_failed = Some(Instant::now()),
+            }
+            return self.list_all();
+        }
+        let Some(watch) = &mut self.watch else {
+            return self.list_all();
+        };
+        let mut changes = Vec::new();
+        let relist = match watch.drain(|event| changes.push(event)) {
+            Ok(relist) => relist,
+            Err(_) => true,
+        };
+        if relist {
+            if watch.lost {
+                self.watch = None;
+            }
+            return self.list_all();
+        }
+        for change in changes {
+            self.apply(change);
+        }
+        if stale {
+            self.list_all()?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Appeared(name) => {
+                if *name == *fold::FOLD_DIR.as_bytes() {
+                    self.folded = true;
+                    return;
+                }
+                let Some(index) = self.metric_of(&name) else {
+                    return;
+                };
+                let Ok(meta) = std::fs::symlink_metadata(self.dir.join(OsStr::from_bytes(&name)))
+                else {
+                    // Gone again: its removal event follows.
+                    return;
+                };
+                use std::os::unix::fs::MetadataExt;
+                let slot = self.slot_for(index, &name, meta.ino());
+                let files = &mut self.files[index];
+                let listed = Listed {
+                    name,
+                    ino: meta.ino(),
+                    slot,
+                };
+                match files.binary_search_by(|f| f.name.cmp(&listed.name)) {
+                    Ok(at) => files[at] = listed,
+                    Err(at) => files.insert(at, listed),
+                }
+            }
+            Change::Gone(name) => {
+                if *name == *fold::FOLD_DIR.as_bytes() {
+                    self.folded = false;
+                    return;
+                }
+                let Some(index) = self.metric_of(&name) else {
+                    return;
+                };
+                let files = &mut self.files[index];
+                if let Ok(at) = files.binary_search_by(|f| f.name.cmp(&name)) {
+                    files.remove(at);
+                    self.release(index, &name);
+                }
+            }
+            Change::WriterClosed(name) => {
+                if let (Some(index), Some(&(slot, _))) =
+                    (self.metric_of(&name), self.slots.get(&name))
+                {
+                    self.writer_closed.push((index, slot));
+                }
+            }
+        }
+    }
+}
+
+/// What an inotify event says about a name in the store.
+enum Change {
+    Appeared(Box<[u8]>),
+    Gone(Box<[u8]>),
+    WriterClosed(Box<[u8]>),
+}
+
+/// An inotify watch on the store directory (libc; non-blocking).
+struct Watch {
+    fd: std::os::fd::OwnedFd,
+    buf: Vec<u8>,
+    /// The watch is gone (the directory was removed or moved).
+    lost: bool,
+}
+
+impl Watch {
+    fn new(dir: &Path) -> std::io::Result<Watch> {
+        use std::os::fd::FromRawFd;
+        if on_network_filesystem(dir) {
+            return Err(std::io::Error::other(
+                "inotify does not see other hosts' changes",
+            ));
+        }
+        // SAFETY: plain syscalls; the descriptor is owned from here on.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by inotify_init1.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+        let mask = libc::IN_CREATE
+            | libc::IN_DELETE
+            | libc::IN_MOVED_FROM
+            | libc::IN_MOVED_TO
+            | libc::IN_CLOSE_WRITE
+            | libc::IN_DELETE_SELF
+            | libc::IN_MOVE_SELF
+            | libc::IN_ONLYDIR;
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid inotify descriptor and a NUL-terminated path.
+        if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Watch {
+            fd,
+            buf: vec![0u8; 64 * 1024],
+            lost: false,
+        })
+    }
+
+    /// Hands every pending change to `change`; `Ok(true)` when the store
+    /// must be listed in full (events were dropped, or the watch is gone).
+    fn drain(&mut self, mut change: impl FnMut(Change)) -> std::io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        let header = std::mem::size_of::<libc::inotify_event>();
+        let mut relist = false;
+        loop {
+            // SAFETY: reads into our own buffer, of its length.
+            let n = unsafe {
+                libc::read(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                )
+            };
+            if n < 0 {
+                let err = std::io::Error::last_os_error();
+                return match err.kind() {
+                    std::io::ErrorKind::WouldBlock => Ok(relist),
+                    std::io::ErrorKind::Interrupted => continue,
+                    _ => Err(err),
+                };
+            }
+            let n = n as usize;
+            let mut at = 0;
+            while at + header <= n {
+                // SAFETY: the kernel wrote a whole event here; read unaligned.
+                let event: libc::inotify_event =
+                    unsafe { std::ptr::read_unaligned(self.buf[at..].as_ptr().cast()) };
+                let name_len = event.len as usize;
+                let raw = &self.buf[at + header..(at + header + name_len).min(n)];
+                let name: Box<[u8]> =
+                    raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())].into();
+                at += header + name_len;
+                let mask = event.mask;
+                if mask & libc::IN_Q_OVERFLOW != 0 {
+                    relist = true;
+                } else if mask & (libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0
+                {
+                    self.lost = true;
+                    relist = true;
+                } else if mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
+                    change(Change::Appeared(name));
+                } else if mask & (libc::IN_DELETE | libc::IN_MOVED_FROM) != 0 {
+                    change(Change::Gone(name));
+                } else if mask & libc::IN_CLOSE_WRITE != 0 {
+                    change(Change::WriterClosed(name));
+                }
+            }
+        }
+    }
+}
+
+/// Whether `dir` is on a filesystem other hosts write to (inotify reports
+/// only this host's changes there).
+fn on_network_filesystem(dir: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return true;
+    };
+    // SAFETY: a zeroed statfs for the kernel to fill, and a valid path.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut stat) } != 0 {
+        return true;
+    }
+    const NETWORK: [i64; 8] = [
+        0x6969,                // NFS
+        0x517B,                // SMB
+        0xFF53_4D42u32 as i64, // CIFS
+        0xFE53_4D42u32 as i64, // SMB2
+        0x00C3_6400,           // Ceph
+        0x6573_5546,           // FUSE
+        0x0102_1997,           // 9p
+        0x0BD0_0BD0,           // Lustre
+    ];
+    NETWORK.contains(&(stat.f_type as i64))
+}
