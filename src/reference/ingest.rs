@@ -145,13 +145,20 @@ impl<'p> Run<'p> {
     }
 }
 
+impl Outcome {
+    /// Every pane's values, sorted ascending (`f64::total_cmp`): the exact quantiles.
+    pub fn sorted(&self) -> BTreeMap<PaneKey, Vec<f64>> {
+        let mut panes = self.arrived.clone();
+        for values in panes.values_mut() {
+            values.sort_by(f64::total_cmp);
+        }
+        panes
+    }
+}
+
 /// Every pane's values, sorted ascending (`f64::total_cmp`).
 pub fn panes(requests: &[Vec<Series>], plan: &Plan) -> BTreeMap<PaneKey, Vec<f64>> {
-    let mut panes = run(requests, plan).arrived;
-    for values in panes.values_mut() {
-        values.sort_by(f64::total_cmp);
-    }
-    panes
+    run(requests, plan).sorted()
 }
 
 /// A remote-write request body as sent (snappy block, then protobuf),
