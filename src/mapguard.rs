@@ -1,82 +1,176 @@
-//! Reading a shared file mapping without dying when the file shrinks.
+//! Reading and writing shared file mappings without dying when the file shrinks.
 //!
 //! A page of a mapping past the end of its file raises `SIGBUS` when touched,
 //! and the default action kills the process. The exporter maps store files
 //! under their `flock` and checks `used` against the size it read under the
-//! lock, but a process that does not follow the protocol (an outside
-//! `truncate`, `> file`, a network filesystem's I/O error) can still shrink a
-//! file mid-read. [`read_guarded`] registers the mapped region for the
-//! duration of one read; a `SIGBUS` inside a registered region maps a zero
-//! page over the faulting page (so the load completes and reads zeros) and
-//! marks the read as failed, and the caller discards what it read. A `SIGBUS`
-//! anywhere else goes to the handler that was there before (Rust's runtime
-//! installs one to report stack overflows), or, if there was none, kills the
-//! process as it always would.
+//! lock, and the writer (`mmap-store`) maps its own files, but a process that
+//! does not follow the protocol (an outside `truncate`, `> file`, a network
+//! filesystem's I/O error) can still shrink a file under either.
+//!
+//! A [`Guard`] registers a mapped region. A `SIGBUS` whose `si_code` is
+//! `BUS_ADRERR` (the kernel's "no page behind this address", which is what
+//! touching a mapping past the end of its file gives) at an address inside a
+//! registered region maps an anonymous zero page over the faulting page — read
+//! only for a reader's region, writable for a writer's — so the faulting
+//! access completes (a load reads zeros, a store lands in a page no file
+//! holds), and marks the guard as faulted; its owner discards what it read,
+//! or (the writer) repairs its file. There is no `longjmp`: the access simply
+//! completes. Any other `SIGBUS` — another code (`BUS_ADRALN`, a hardware
+//! memory error's `BUS_MCEERR_*`), an address outside every registered region,
+//! or one sent by `kill` — goes to the action that was there before (Rust's
+//! runtime installs one to report stack overflows), or, if there was none,
+//! kills the process as it always would. The handler saves `errno` on entry
+//! and restores it on the way out, so the interrupted code never sees it
+//! change.
+//!
+//! A guard is a value with a `Drop` that releases its registration: a read
+//! that panics ([`read_guarded`]) or a writer that is dropped unregisters its
+//! region during unwinding, so a later `SIGBUS` at an address the region once
+//! covered (by then perhaps another mapping's, or nothing) is never mistaken
+//! for a guarded one and zero-filled.
+//!
+//! Registrations live in a list of slots that only grows (one slot per region
+//! registered at once: a reading thread's region, each writer's mapping) and
+//! whose slots are reused; slots are never freed, so the handler can walk the
+//! list at any moment without a lock.
 
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-/// Regions being read at once: one per thread reading a mapping. A reader
-/// that finds none free is told so and reads another way.
-const SLOTS: usize = 64;
+/// Most regions registered at once (a bound on the slots ever allocated).
+const MAX_SLOTS: usize = 1 << 16;
 
 struct Slot {
     busy: AtomicBool,
     start: AtomicUsize,
     end: AtomicUsize,
+    writable: AtomicBool,
     faulted: AtomicBool,
+    /// The next slot of the list (set once, before the slot is published).
+    next: AtomicPtr<Slot>,
 }
 
-#[allow(clippy::declare_interior_mutable_const)]
-const FREE: Slot = Slot {
-    busy: AtomicBool::new(false),
-    start: AtomicUsize::new(0),
-    end: AtomicUsize::new(0),
-    faulted: AtomicBool::new(false),
-};
-
-static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
+/// The first slot of the list; slots are leaked, never freed.
+static HEAD: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
+static SLOTS: AtomicUsize = AtomicUsize::new(0);
 static PAGE_SIZE: AtomicUsize = AtomicUsize::new(4096);
 
 /// The `SIGBUS` action before ours; `None` if ours could not be installed.
 static PREVIOUS: OnceLock<Option<libc::sigaction>> = OnceLock::new();
 
-/// Why a guarded read gave no result.
+/// Why a guarded access gave no result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unguarded {
-    /// A page of the region was gone (the file shrank): what was read is garbage.
+    /// A page of the region was gone (the file shrank): what was read is
+    /// garbage, what was written went nowhere.
     Faulted,
-    /// No guard was available (all slots busy, or the handler not installed):
-    /// nothing was read; read the file another way.
+    /// No guard was available (the handler could not be installed, or
+    /// [`MAX_SLOTS`] regions are registered): nothing was accessed; use the
+    /// file another way.
     Unavailable,
+}
+
+/// How a guarded region is accessed, and so what a faulting page is replaced with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// A zero page, read only.
+    Read,
+    /// A zero page that takes stores (which then reach no file).
+    Write,
+}
+
+/// A registered region (see the module doc); dropping it unregisters the region.
+pub struct Guard {
+    slot: &'static Slot,
+}
+
+impl Guard {
+    /// Registers `len` bytes from `start`, part of a file mapping that
+    /// outlives the guard (the owner drops the guard before it unmaps).
+    pub fn register(start: *const u8, len: usize, access: Access) -> Result<Guard, Unguarded> {
+        if PREVIOUS.get_or_init(install).is_none() {
+            return Err(Unguarded::Unavailable);
+        }
+        let slot = take_slot().ok_or(Unguarded::Unavailable)?;
+        let start = start as usize;
+        slot.faulted.store(false, Ordering::SeqCst);
+        slot.writable
+            .store(access == Access::Write, Ordering::SeqCst);
+        slot.start.store(start, Ordering::SeqCst);
+        slot.end.store(start.saturating_add(len), Ordering::SeqCst);
+        Ok(Guard { slot })
+    }
+
+    /// Whether a page of the region faulted since it was registered or the
+    /// last [`Guard::clear_fault`]. The compiler fence keeps the accesses
+    /// written before the call before the check (the handler runs on this
+    /// thread, inside the faulting access).
+    #[inline]
+    pub fn faulted(&self) -> bool {
+        compiler_fence(Ordering::SeqCst);
+        self.slot.faulted.load(Ordering::Relaxed)
+    }
+
+    pub fn clear_fault(&self) {
+        self.slot.faulted.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        compiler_fence(Ordering::SeqCst);
+        self.slot.end.store(0, Ordering::SeqCst);
+        self.slot.start.store(0, Ordering::SeqCst);
+        self.slot.busy.store(false, Ordering::Release);
+    }
+}
+
+/// A free slot, marked busy: a reused one, or a new one pushed on the list.
+fn take_slot() -> Option<&'static Slot> {
+    let mut at = HEAD.load(Ordering::Acquire);
+    // SAFETY: every pointer in the list is a leaked, never freed `Slot`.
+    while let Some(slot) = unsafe { at.as_ref() } {
+        if slot
+            .busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Some(slot);
+        }
+        at = slot.next.load(Ordering::Acquire);
+    }
+    if SLOTS.fetch_add(1, Ordering::Relaxed) >= MAX_SLOTS {
+        SLOTS.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    let slot: &'static Slot = Box::leak(Box::new(Slot {
+        busy: AtomicBool::new(true),
+        start: AtomicUsize::new(0),
+        end: AtomicUsize::new(0),
+        writable: AtomicBool::new(false),
+        faulted: AtomicBool::new(false),
+        next: AtomicPtr::new(std::ptr::null_mut()),
+    }));
+    let ptr = slot as *const Slot as *mut Slot;
+    let mut head = HEAD.load(Ordering::Acquire);
+    loop {
+        slot.next.store(head, Ordering::Release);
+        match HEAD.compare_exchange(head, ptr, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(slot),
+            Err(now) => head = now,
+        }
+    }
 }
 
 /// Runs `read` on `region` (part of a file mapping) with `SIGBUS` inside the
 /// region caught: `Err(Faulted)` if a page was missing, in which case the
-/// result of `read` is dropped.
+/// result of `read` is dropped. The region is unregistered when `read`
+/// returns or panics.
 pub fn read_guarded<T>(region: &[u8], read: impl FnOnce(&[u8]) -> T) -> Result<T, Unguarded> {
-    if PREVIOUS.get_or_init(install).is_none() {
-        return Err(Unguarded::Unavailable);
-    }
-    let Some(slot) = TABLE.iter().find(|slot| {
-        slot.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }) else {
-        return Err(Unguarded::Unavailable);
-    };
-    let start = region.as_ptr() as usize;
-    slot.faulted.store(false, Ordering::SeqCst);
-    slot.start.store(start, Ordering::SeqCst);
-    slot.end.store(start + region.len(), Ordering::SeqCst);
+    let guard = Guard::register(region.as_ptr(), region.len(), Access::Read)?;
     compiler_fence(Ordering::SeqCst);
     let out = read(region);
-    compiler_fence(Ordering::SeqCst);
-    let faulted = slot.faulted.load(Ordering::SeqCst);
-    slot.end.store(0, Ordering::SeqCst);
-    slot.start.store(0, Ordering::SeqCst);
-    slot.busy.store(false, Ordering::Release);
-    if faulted {
+    if guard.faulted() {
         Err(Unguarded::Faulted)
     } else {
         Ok(out)
@@ -85,7 +179,7 @@ pub fn read_guarded<T>(region: &[u8], read: impl FnOnce(&[u8]) -> T) -> Result<T
 
 fn install() -> Option<libc::sigaction> {
     // SAFETY: sysconf has no preconditions; sigaction is given a zeroed,
-    // then filled, struct and a handler that only touches atomics and mmap.
+    // then filled, struct and a handler that only touches atomics, mmap and errno.
     unsafe {
         let page = libc::sysconf(libc::_SC_PAGESIZE);
         if page > 0 {
@@ -101,22 +195,45 @@ fn install() -> Option<libc::sigaction> {
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    // SAFETY: errno is this thread's; read on entry, put back on the way out.
+    let errno = unsafe { *libc::__errno_location() };
+    if !zero_fill(info) {
+        pass_on(sig, info, context);
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Maps a zero page over the faulting page if the fault is a missing page
+/// (`BUS_ADRERR`) of a registered region; whether it did.
+fn zero_fill(info: *mut libc::siginfo_t) -> bool {
     // SAFETY: the kernel hands a valid siginfo to an SA_SIGINFO handler.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    for slot in &TABLE {
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    if code != libc::BUS_ADRERR {
+        return false;
+    }
+    let mut at = HEAD.load(Ordering::Acquire);
+    // SAFETY: every pointer in the list is a leaked, never freed `Slot`.
+    while let Some(slot) = unsafe { at.as_ref() } {
         let (start, end) = (
             slot.start.load(Ordering::SeqCst),
             slot.end.load(Ordering::SeqCst),
         );
         if start <= addr && addr < end {
-            let page = addr & !(PAGE_SIZE.load(Ordering::SeqCst) - 1);
-            // SAFETY: replaces one page of a mapping a reader registered; the
-            // mapping's owner unmaps the whole range later, this page with it.
+            let page_size = PAGE_SIZE.load(Ordering::SeqCst);
+            let page = addr & !(page_size - 1);
+            let protection = if slot.writable.load(Ordering::SeqCst) {
+                libc::PROT_READ | libc::PROT_WRITE
+            } else {
+                libc::PROT_READ
+            };
+            // SAFETY: replaces one page of a mapping its owner registered; the
+            // owner unmaps the whole range later, this page with it.
             let mapped = unsafe {
                 libc::mmap(
                     page as *mut libc::c_void,
-                    PAGE_SIZE.load(Ordering::SeqCst),
-                    libc::PROT_READ,
+                    page_size,
+                    protection,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                     -1,
                     0,
@@ -124,19 +241,32 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, context: *
             };
             if mapped != libc::MAP_FAILED {
                 slot.faulted.store(true, Ordering::SeqCst);
-                return;
+                return true;
             }
+            return false;
         }
+        at = slot.next.load(Ordering::Acquire);
     }
-    // Not a guarded read: whatever would have happened without us.
+    false
+}
+
+/// Whatever would have happened without us.
+fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     let Some(Some(previous)) = PREVIOUS.get() else {
         return;
     };
     let handler = previous.sa_sigaction;
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // SAFETY: restores the previous action; the faulting load runs again
-        // and gets it (the default: the process dies, as without us).
-        unsafe { libc::sigaction(libc::SIGBUS, previous, std::ptr::null_mut()) };
+        // SAFETY: restores the previous action. A fault runs its access again
+        // and gets it (the default: the process dies, as without us); a
+        // signal sent by a process (`si_code` <= 0) is raised again, to be
+        // delivered with that action once this handler returns.
+        unsafe {
+            libc::sigaction(libc::SIGBUS, previous, std::ptr::null_mut());
+            if (*info).si_code <= 0 {
+                libc::raise(libc::SIGBUS);
+            }
+        }
     } else if previous.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous handler, called as it was installed.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
@@ -154,6 +284,10 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    fn sum(m: &[u8]) -> u64 {
+        m.iter().map(|&b| b as u64).sum()
+    }
+
     /// A mapping whose file is truncated under it reads as `Faulted`, and the
     /// process lives.
     #[test]
@@ -162,16 +296,162 @@ mod tests {
         file.write_all(&vec![7u8; 64 * 1024]).unwrap();
         // SAFETY: the test's own file; the point is that it shrinks.
         let map = unsafe { memmap2::Mmap::map(&file).unwrap() };
-        assert_eq!(
-            read_guarded(&map, |m| m.iter().map(|&b| b as u64).sum::<u64>()),
-            Ok(7 * 64 * 1024)
-        );
+        assert_eq!(read_guarded(&map, sum), Ok(7 * 64 * 1024));
         file.set_len(100).unwrap();
-        assert_eq!(
-            read_guarded(&map, |m| m.iter().map(|&b| b as u64).sum::<u64>()),
-            Err(Unguarded::Faulted)
-        );
+        assert_eq!(read_guarded(&map, sum), Err(Unguarded::Faulted));
         // Within the first page the file still has its bytes.
         assert_eq!(read_guarded(&map[..100], |m| m[99]), Ok(7));
+    }
+
+    /// A read that panics releases its slot: the region is no longer guarded.
+    #[test]
+    fn a_panicking_read_releases_its_region() {
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&vec![1u8; 16 * 1024]).unwrap();
+        // SAFETY: the test's own file.
+        let map = unsafe { memmap2::Mmap::map(&file).unwrap() };
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            read_guarded(&map, |_| panic!("a read that panics"))
+        }));
+        assert!(caught.is_err());
+        let range = map.as_ptr() as usize..map.as_ptr() as usize + map.len();
+        assert!(
+            !registered(&range),
+            "the panicking read left its region registered"
+        );
+        // And the next read is guarded again, and unregistered after.
+        assert_eq!(read_guarded(&map, sum), Ok(16 * 1024));
+        assert!(!registered(&range));
+    }
+
+    /// Whether any registered region overlaps `range`.
+    fn registered(range: &std::ops::Range<usize>) -> bool {
+        let mut at = HEAD.load(Ordering::Acquire);
+        while let Some(slot) = unsafe { at.as_ref() } {
+            let (start, end) = (
+                slot.start.load(Ordering::SeqCst),
+                slot.end.load(Ordering::SeqCst),
+            );
+            if start < range.end && range.start < end {
+                return true;
+            }
+            at = slot.next.load(Ordering::Acquire);
+        }
+        false
+    }
+
+    /// A writer's region: a store to a page past the end lands in a zero page
+    /// that takes it, the guard says so, and the file is untouched.
+    #[test]
+    fn a_store_past_the_end_is_caught_and_reaches_no_file() {
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(64 * 1024).unwrap();
+        // SAFETY: the test's own file; the point is that it shrinks.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&file).unwrap() };
+        let guard = Guard::register(map.as_ptr(), map.len(), Access::Write).unwrap();
+        map[40_000] = 9;
+        assert!(!guard.faulted());
+        file.set_len(4096).unwrap();
+        map[40_000] = 9;
+        assert!(guard.faulted());
+        assert_eq!(map[40_000], 9, "the store landed in the zero page");
+        guard.clear_fault();
+        map[100] = 3;
+        assert!(!guard.faulted());
+        drop(guard);
+        let bytes = std::fs::read(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&file)
+        ))
+        .unwrap();
+        assert_eq!((bytes.len(), bytes[100]), (4096, 3));
+    }
+
+    /// `errno` is the interrupted code's after a caught fault.
+    #[test]
+    fn errno_is_the_interrupted_codes_after_a_fault() {
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(64 * 1024).unwrap();
+        // SAFETY: the test's own file.
+        let map = unsafe { memmap2::Mmap::map(&file).unwrap() };
+        file.set_len(0).unwrap();
+        let seen = std::cell::Cell::new(0);
+        let read = read_guarded(&map, |m| {
+            // SAFETY: this thread's errno.
+            unsafe { *libc::__errno_location() = libc::EINTR };
+            std::hint::black_box(m[8192]);
+            seen.set(unsafe { *libc::__errno_location() });
+        });
+        assert_eq!(read, Err(Unguarded::Faulted));
+        assert_eq!(seen.get(), libc::EINTR);
+    }
+
+    /// The fault part of a `siginfo_t` (Linux: three ints, then the address).
+    #[repr(C)]
+    struct Fault {
+        signo: libc::c_int,
+        errno: libc::c_int,
+        code: libc::c_int,
+        addr: *mut libc::c_void,
+    }
+
+    fn info(code: libc::c_int, addr: usize) -> libc::siginfo_t {
+        // SAFETY: a zeroed siginfo, its fault fields written where the kernel puts them.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let fault = &mut info as *mut libc::siginfo_t as *mut Fault;
+            (*fault).signo = libc::SIGBUS;
+            (*fault).code = code;
+            (*fault).addr = addr as *mut libc::c_void;
+            info
+        }
+    }
+
+    /// Only a missing page (`BUS_ADRERR`) inside a registered region is
+    /// zero-filled: not another code there, not the same code elsewhere.
+    #[test]
+    fn only_a_missing_page_of_a_registered_region_is_zero_filled() {
+        // Anonymous mappings of our own: one registered, whose pages may be
+        // replaced, and one no test registers (tests run side by side).
+        let map = memmap2::MmapMut::map_anon(4 * 4096).unwrap();
+        let elsewhere = memmap2::MmapMut::map_anon(4096).unwrap();
+        let at = map.as_ptr() as usize + 4096;
+        let guard = Guard::register(map.as_ptr(), map.len(), Access::Read).unwrap();
+        assert!(!zero_fill(&mut info(libc::BUS_ADRALN, at)));
+        assert!(!zero_fill(&mut info(libc::BUS_OBJERR, at)));
+        assert!(!zero_fill(&mut info(0 /* SI_USER: kill */, at)));
+        assert!(!zero_fill(&mut info(libc::BUS_ADRERR, elsewhere.as_ptr() as usize)));
+        assert!(!guard.faulted());
+        assert!(zero_fill(&mut info(libc::BUS_ADRERR, at)));
+        assert!(guard.faulted());
+        drop(guard);
+        assert!(!zero_fill(&mut info(libc::BUS_ADRERR, at)), "unregistered");
+    }
+
+    /// A fault outside every registered region still kills, by `SIGBUS`.
+    #[test]
+    fn an_unguarded_fault_still_kills_the_process() {
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(64 * 1024).unwrap();
+        // SAFETY: the test's own file.
+        let map = unsafe { memmap2::Mmap::map(&file).unwrap() };
+        // Our handler is installed, and guards another region meanwhile.
+        let other = memmap2::MmapMut::map_anon(4096).unwrap();
+        let _guard = Guard::register(other.as_ptr(), other.len(), Access::Read).unwrap();
+        file.set_len(0).unwrap();
+        // SAFETY: the child only touches memory and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            std::hint::black_box(map[8192]);
+            // SAFETY: leaves without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+            "status {status:#x}"
+        );
     }
 }

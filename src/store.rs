@@ -9,6 +9,7 @@
 //! strategies are on. The bytes on disk are the same under every combination.
 
 use crate::formenc::{self, Dialect};
+use crate::mapguard;
 use crate::probe::probe;
 use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::seams::{
@@ -24,7 +25,7 @@ use std::hash::BuildHasher;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Once;
 
 // ---------------------------------------------------------------------------
@@ -119,7 +120,42 @@ enum Io {
     /// Seek + read / seek + write per value, as client_ruby does.
     Syscalls,
     /// A shared writable mapping of the whole file.
-    Mapped(MmapMut),
+    Mapped(Mapping),
+}
+
+/// The writer's mapping of its file, registered with [`mapguard`] for as
+/// long as it is mapped: a page the file no longer has (someone truncated
+/// it) is a caught fault, not a `SIGBUS` that kills the application.
+struct Mapping {
+    /// Declared first: unregistered before the mapping is unmapped.
+    guard: mapguard::Guard,
+    map: MmapMut,
+}
+
+/// Writes between two checks of the file's size (one `fstat`): a file cut
+/// within the pages the writer touches faults no page, so it is noticed here.
+const WRITES_PER_SIZE_CHECK: u32 = 1024;
+
+/// How often a file shrank under one of this process's writers and was
+/// repaired ([`truncations`]).
+static FILES_REPAIRED: AtomicU64 = AtomicU64::new(0);
+static ENTRIES_RESET: AtomicU64 = AtomicU64::new(0);
+
+/// Store files this process's writers found shrunk under them (someone
+/// truncated them: the protocol never does) and repaired, and entries that
+/// lost their value doing so. See [`StoreFile`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Truncations {
+    pub files_repaired: u64,
+    pub entries_reset: u64,
+}
+
+/// This process's [`Truncations`] so far.
+pub fn truncations() -> Truncations {
+    Truncations {
+        files_repaired: FILES_REPAIRED.load(Ordering::Relaxed),
+        entries_reset: ENTRIES_RESET.load(Ordering::Relaxed),
+    }
 }
 
 /// Where a writer's owner lock sits: one byte far past any data.
@@ -158,6 +194,34 @@ fn claim_writer(file: &File, path: &Path) -> Result<()> {
 }
 
 /// One metric's store file, owned by this process.
+///
+/// # A file shrunk under its writer
+///
+/// Nothing in the protocol shrinks a store file, but an outsider can (an
+/// operator's `truncate` or `> file`, a clean-up script). The writer survives
+/// it and repairs the file in place, under either [`StoreIo`]:
+/// - **noticed** when a mapped access touches a page the file no longer has
+///   (a fault [`mapguard`] catches: the access completes on a throwaway zero
+///   page instead of killing the application with `SIGBUS`), when a read
+///   through `read(2)` finds the file too short, before a new entry is
+///   appended, and every [`WRITES_PER_SIZE_CHECK`] writes (an `fstat`: a cut
+///   inside the pages the writer touches faults nothing);
+/// - **repaired**: the file is re-extended to its size and every entry the
+///   writer knows that the cut reached is written again, key and all, at the
+///   offset it had (so cached offsets stay right), with value and timestamp
+///   zero; `used` is written back if the header was cut. Entries wholly
+///   before the cut keep their values. What the cut removed is lost, for
+///   every reader, as it would be under client_ruby (whose next read of a
+///   cut entry raises instead);
+/// - **the write that noticed it** is then made again, on the repaired file:
+///   an increment of a cut series counts from zero, nothing of the call is
+///   lost. Writes made between a cut and its notice to a cut entry (possible
+///   only within the page holding the new end of the file) are lost with it;
+/// - **counted**: [`truncations`] (files repaired, entries reset), which
+///   `promlab replay-one` reports on exit.
+///
+/// A file that keeps shrinking during the repeat of one write fails that
+/// write with an error rather than loop.
 pub struct StoreFile {
     file: File,
     io: Io,
@@ -166,6 +230,10 @@ pub struct StoreFile {
     capacity: u64,
     /// Key → offset of its value (foldhash: fast on keys of hundreds of bytes).
     positions: HashMap<Box<[u8]>, usize, foldhash::fast::RandomState>,
+    /// Writes left before the next size check.
+    writes_to_check: u32,
+    /// Inside [`StoreFile::repeat_after_repair`]: a fault is its loop's to handle.
+    repeating: bool,
 }
 
 impl StoreFile {
@@ -191,19 +259,177 @@ impl StoreFile {
             used: 0,
             capacity,
             positions: HashMap::default(),
+            writes_to_check: WRITES_PER_SIZE_CHECK,
+            repeating: false,
         };
         store.with_lock(|s| s.load())?;
         if io == StoreIo::Mapped {
-            store.io = Io::Mapped(store.map()?);
+            store.io = store.map()?;
         }
         Ok(store)
     }
 
-    fn map(&self) -> Result<MmapMut> {
+    /// The file mapped and guarded; `Syscalls` when no guard is available (a
+    /// writer never maps a file it cannot survive losing pages of).
+    fn map(&self) -> Result<Io> {
         // SAFETY: the file is this process's own; other processes only read it
-        // under flock, as they do with client_ruby's writes.
-        unsafe { MmapMut::map_mut(&self.file) }
-            .with_context(|| format!("cannot map {}", self.path.display()))
+        // under flock, as they do with client_ruby's writes. A page the file
+        // loses is caught by the guard registered below.
+        let map = unsafe { MmapMut::map_mut(&self.file) }
+            .with_context(|| format!("cannot map {}", self.path.display()))?;
+        Ok(
+            match mapguard::Guard::register(map.as_ptr(), map.len(), mapguard::Access::Write) {
+                Ok(guard) => Io::Mapped(Mapping { guard, map }),
+                Err(_) => Io::Syscalls,
+            },
+        )
+    }
+
+    /// Whether a mapped access since the last check touched a page the file
+    /// no longer has.
+    #[inline]
+    fn faulted(&self) -> bool {
+        match &self.io {
+            Io::Mapped(m) => m.guard.faulted(),
+            Io::Syscalls => false,
+        }
+    }
+
+    /// [`StoreFile::faulted`], and this access is the one to repeat it.
+    #[inline]
+    fn must_repeat(&self) -> bool {
+        self.faulted() && !self.repeating
+    }
+
+    /// Counts a write; every [`WRITES_PER_SIZE_CHECK`] writes, repairs the
+    /// file if it shrank.
+    #[inline]
+    fn count_write(&mut self) -> Result<()> {
+        self.writes_to_check -= 1;
+        if self.writes_to_check == 0 {
+            return self.check_size();
+        }
+        Ok(())
+    }
+
+    /// [`StoreFile::count_write`] after a mapped write, and, if it `faulted`,
+    /// the write made again on the repaired file (`write`): one branch for
+    /// both rare cases on the hot path.
+    #[inline]
+    fn after_mapped_write(
+        &mut self,
+        faulted: bool,
+        write: impl Fn(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        self.writes_to_check -= 1;
+        if faulted || self.writes_to_check == 0 {
+            return self.after_mapped_write_rarely(faulted, write);
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn after_mapped_write_rarely(
+        &mut self,
+        faulted: bool,
+        write: impl Fn(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        if faulted && !self.repeating {
+            return self.repeat_after_repair(write);
+        }
+        if self.writes_to_check == 0 {
+            return self.check_size();
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn check_size(&mut self) -> Result<()> {
+        self.writes_to_check = WRITES_PER_SIZE_CHECK;
+        self.repair_if_shrunk().map(|_| ())
+    }
+
+    /// Repairs the file if it is shorter than the writer made it; whether it was.
+    #[inline(never)]
+    fn repair_if_shrunk(&mut self) -> Result<bool> {
+        let size = self.file.metadata()?.len();
+        if size >= self.capacity && !self.faulted() {
+            return Ok(false);
+        }
+        self.repair(size)?;
+        Ok(true)
+    }
+
+    /// Re-extends a file cut to `size` and writes again, at their offsets,
+    /// the entries the cut reached (value and timestamp zero) and the header;
+    /// then maps it afresh (see the type's doc). The cut is `size`, or the
+    /// first entry whose key is no longer in the file, if that comes first (a
+    /// write through `write(2)` past the cut re-extends the file with zeros
+    /// before anything notices).
+    #[inline(never)]
+    fn repair(&mut self, size: u64) -> Result<()> {
+        let mapped = matches!(self.io, Io::Mapped(_));
+        // Unmapped (and unregistered) first: the pages the guard replaced go with it.
+        self.io = Io::Syscalls;
+        let mut region = Vec::new();
+        self.file.seek(SeekFrom::Start(0))?;
+        (&mut self.file)
+            .take(size.min(self.used as u64))
+            .read_to_end(&mut region)?;
+        let mut entries: Vec<(usize, Vec<u8>)> = self
+            .positions
+            .iter()
+            .map(|(key, &value_at)| {
+                let entry = storefile::new_entry(key);
+                (value_at + 16 - entry.len(), entry)
+            })
+            .collect();
+        entries.sort_unstable();
+        let intact = |start: usize, entry: &[u8]| {
+            let key = &entry[..entry.len() - 16];
+            region.get(start..start + key.len()) == Some(key)
+        };
+        let cut = entries
+            .iter()
+            .find(|(start, entry)| !intact(*start, entry))
+            .map_or(region.len(), |(start, _)| *start)
+            .min(region.len());
+        self.file.set_len(self.capacity)?;
+        let mut reset = 0;
+        for (start, entry) in entries.iter().filter(|(start, e)| start + e.len() > cut) {
+            self.file.seek(SeekFrom::Start(*start as u64))?;
+            self.file.write_all(entry)?;
+            reset += 1;
+        }
+        if region.get(..4) != Some(&(self.used as i32).to_le_bytes()[..]) {
+            self.file.seek(SeekFrom::Start(0))?;
+            self.file.write_all(&(self.used as i32).to_le_bytes())?;
+        }
+        if mapped {
+            self.io = self.map()?;
+        }
+        FILES_REPAIRED.fetch_add(1, Ordering::Relaxed);
+        ENTRIES_RESET.fetch_add(reset, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `access`, made again on the repaired file after it met a cut file
+    /// (offsets hold across a repair); an error if the file keeps shrinking.
+    #[cold]
+    #[inline(never)]
+    fn repeat_after_repair<T>(&mut self, access: impl Fn(&mut Self) -> Result<T>) -> Result<T> {
+        self.repeating = true;
+        let out = self.repeat_up_to_3(access);
+        self.repeating = false;
+        if let Some(out) = out? {
+            return Ok(out);
+        }
+        bail!(
+            "store file {} keeps shrinking under its writer (truncated by someone else?)",
+            self.path.display()
+        )
     }
 
     /// Reads `used` and every entry's position (an empty file gets `used` = 8).
@@ -257,53 +483,87 @@ impl StoreFile {
     }
 
     fn append_entry(&mut self, key: &[u8]) -> Result<usize> {
+        self.repair_if_shrunk()?;
         let entry = storefile::new_entry(key);
         while (self.used + entry.len()) as u64 > self.capacity {
             self.capacity *= 2;
             self.file.set_len(self.capacity)?;
             if let Io::Mapped(_) = self.io {
-                self.io = Io::Mapped(self.map()?);
+                self.io = Io::Syscalls;
+                self.io = self.map()?;
             }
         }
         let at = self.used;
         self.used += entry.len();
+        let pos = self.used - 16;
+        // Known from here: a repair writes it again, wherever it is cut.
+        self.positions.insert(key.into(), pos);
+        self.write_entry(at, &entry)?;
+        if self.must_repeat() {
+            self.repeat_after_repair(|s| s.write_entry(at, &entry))?;
+        }
+        Ok(pos)
+    }
+
+    fn repeat_up_to_3<T>(&mut self, access: impl Fn(&mut Self) -> Result<T>) -> Result<Option<T>> {
+        for _ in 0..3 {
+            let size = self.file.metadata()?.len();
+            self.repair(size.min(self.capacity))?;
+            let out = access(self)?;
+            if !self.faulted() {
+                return Ok(Some(out));
+            }
+        }
+        Ok(None)
+    }
+
+    /// An entry at `at`, then `used` (readers trust `used`: the entry must be
+    /// in place before it grows).
+    fn write_entry(&mut self, at: usize, entry: &[u8]) -> Result<()> {
         let used_bytes = (self.used as i32).to_le_bytes();
         match &mut self.io {
             Io::Syscalls => {
                 self.file.seek(SeekFrom::Start(at as u64))?;
-                self.file.write_all(&entry)?;
+                self.file.write_all(entry)?;
                 self.file.seek(SeekFrom::Start(0))?;
                 self.file.write_all(&used_bytes)?;
             }
-            Io::Mapped(map) => {
-                map[at..at + entry.len()].copy_from_slice(&entry);
-                // Readers trust `used`: the entry must be in place before it grows.
+            Io::Mapped(m) => {
+                m.map[at..at + entry.len()].copy_from_slice(entry);
                 std::sync::atomic::fence(Ordering::Release);
-                map[..4].copy_from_slice(&used_bytes);
+                m.map[..4].copy_from_slice(&used_bytes);
             }
         }
-        let pos = self.used - 16;
-        self.positions.insert(key.into(), pos);
-        Ok(pos)
+        Ok(())
     }
 
     /// The value at a value offset. Inlined: through a mapping it is one
     /// load, and the syscalls stay out of line.
     #[inline]
     pub fn read_at(&mut self, pos: usize) -> Result<f64> {
-        match &self.io {
-            Io::Syscalls => self.read_by_syscalls(pos),
-            Io::Mapped(map) => Ok(f64::from_le_bytes(
-                map[pos..pos + 8].try_into().expect("8 bytes"),
-            )),
+        let value = match &self.io {
+            Io::Syscalls => return self.read_by_syscalls(pos),
+            Io::Mapped(m) => f64::from_le_bytes(m.map[pos..pos + 8].try_into().expect("8 bytes")),
+        };
+        if self.must_repeat() {
+            return self.repeat_after_repair(|s| s.read_at(pos));
         }
+        Ok(value)
     }
 
     #[inline(never)]
     fn read_by_syscalls(&mut self, pos: usize) -> Result<f64> {
         let mut buf = [0u8; 8];
         self.file.seek(SeekFrom::Start(pos as u64))?;
-        self.file.read_exact(&mut buf)?;
+        match self.file.read_exact(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                // The file was cut before this value.
+                self.repair_if_shrunk()?;
+                self.file.seek(SeekFrom::Start(pos as u64))?;
+                self.file.read_exact(&mut buf)?;
+            }
+            other => other?,
+        }
         Ok(f64::from_le_bytes(buf))
     }
 
@@ -315,10 +575,14 @@ impl StoreFile {
         buf[..8].copy_from_slice(&value.to_le_bytes());
         buf[8..].copy_from_slice(&timestamp.to_le_bytes());
         match &mut self.io {
-            Io::Syscalls => self.write_by_syscalls(pos, &buf),
-            Io::Mapped(map) => {
-                map[pos..pos + 16].copy_from_slice(&buf);
-                Ok(())
+            Io::Syscalls => {
+                self.write_by_syscalls(pos, &buf)?;
+                self.count_write()
+            }
+            Io::Mapped(m) => {
+                m.map[pos..pos + 16].copy_from_slice(&buf);
+                let faulted = m.guard.faulted();
+                self.after_mapped_write(faulted, |s| s.write_at(pos, value, timestamp))
             }
         }
     }
@@ -326,19 +590,20 @@ impl StoreFile {
     /// Adds `by` to the value at a value offset and writes the timestamp
     /// beside it: one read and one write of the same 16 bytes (through a
     /// mapping, one bounds check). Inlined, like [`StoreFile::read_at`].
-    #[inline]
+    #[inline(always)]
     pub fn add_at(&mut self, pos: usize, by: f64, timestamp: f64) -> Result<()> {
         match &mut self.io {
             Io::Syscalls => {
                 let value = self.read_by_syscalls(pos)?;
                 self.write_at(pos, value + by, timestamp)
             }
-            Io::Mapped(map) => {
-                let slot: &mut [u8; 16] = (&mut map[pos..pos + 16]).try_into().expect("16 bytes");
+            Io::Mapped(m) => {
+                let slot: &mut [u8; 16] = (&mut m.map[pos..pos + 16]).try_into().expect("16 bytes");
                 let value = f64::from_le_bytes(slot[..8].try_into().expect("8 bytes"));
                 slot[..8].copy_from_slice(&(value + by).to_le_bytes());
                 slot[8..].copy_from_slice(&timestamp.to_le_bytes());
-                Ok(())
+                let faulted = m.guard.faulted();
+                self.after_mapped_write(faulted, |s| s.add_at(pos, by, timestamp))
             }
         }
     }
@@ -1069,6 +1334,71 @@ mod tests {
             } else {
                 assert!(inc_io.syscr >= n && inc_io.syscw >= n, "{s}: {inc_io:?}");
             }
+        }
+    }
+
+    /// A file cut under its writer, to nothing and inside an entry, under
+    /// every write combination: the writer repairs it in place, the entries
+    /// the cut reached start again from zero, the others keep their values,
+    /// and the write that met the cut is made (see [`StoreFile`]).
+    #[test]
+    fn a_file_cut_under_its_writer_is_repaired_in_place() {
+        let registry = Registry::from_json(
+            r#"{"metrics": [{"name": "c_total", "type": "counter", "help": "h", "labels": ["l"]}]}"#,
+        )
+        .unwrap();
+        for strategies in StrategySet::combinations(Stage::Write) {
+            let dir = tempfile::tempdir().unwrap();
+            let config = ClientConfig {
+                dialect: Dialect::Uri,
+                strategies,
+                pid_override: Some(99),
+            };
+            let mut client = Client::new(dir.path(), &registry, config).unwrap();
+            let c = client.metric("c_total").unwrap();
+            let path = storefile::file_path(dir.path(), "c_total", 99);
+            let values = || -> Vec<(Vec<u8>, f64)> {
+                let bytes = std::fs::read(&path).unwrap();
+                crate::reference::exposition::read_entries(&bytes)
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| (e.key, e.value))
+                    .collect()
+            };
+            let cut = |len: u64| {
+                OpenOptions::new().write(true).open(&path).unwrap().set_len(len).unwrap()
+            };
+            for _ in 0..10 {
+                client.increment(c, &[("l", "a")], 1.0).unwrap();
+            }
+            client.increment(c, &[("l", "b")], 5.0).unwrap();
+            let before = truncations();
+            cut(0);
+            client.increment(c, &[("l", "a")], 1.0).unwrap();
+            assert_eq!(
+                values(),
+                [(b"l=a".to_vec(), 1.0), (b"l=b".to_vec(), 0.0)],
+                "{strategies}"
+            );
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), INITIAL_FILE_SIZE);
+            // Inside b's key: a is whole; noticed before the next entry is appended.
+            cut(8 + 16 + 8 + 6);
+            client.increment(c, &[("l", "a")], 1.0).unwrap();
+            client.increment(c, &[("l", "c")], 1.0).unwrap();
+            client.increment(c, &[("l", "b")], 2.0).unwrap();
+            assert_eq!(
+                values(),
+                [
+                    (b"l=a".to_vec(), 2.0),
+                    (b"l=b".to_vec(), 2.0),
+                    (b"l=c".to_vec(), 1.0)
+                ],
+                "{strategies}"
+            );
+            let after = truncations();
+            // Other tests' writers may count too; this one repaired twice.
+            assert!(after.files_repaired >= before.files_repaired + 2, "{strategies}");
+            assert!(after.entries_reset >= before.entries_reset + 3, "{strategies}");
         }
     }
 

@@ -196,6 +196,41 @@ pub fn long_label_registry() -> Registry {
     .expect("built-in registry")
 }
 
+/// What step `i` of the long-label writer observes.
+pub fn long_label_step_value(i: usize) -> f64 {
+    SEED_VALUES[i % SEED_VALUES.len()]
+}
+
+/// The pid whose files the long-label writer writes (fixed, so every run
+/// writes the same file names).
+pub const LONG_LABEL_PID: u32 = 4242;
+
+/// `steps` steps of [`LongLabelWriter`] as an op log: per step the observe
+/// and the increment it makes.
+pub fn long_label_log(steps: usize) -> OpLog {
+    let label = long_label_value();
+    let labels = vec![("statement".to_string(), label)];
+    let op = |metric: &str, op, value| Op {
+        pid: LONG_LABEL_PID,
+        metric: metric.to_string(),
+        op,
+        value: OpValue::new(value),
+        labels: labels.clone(),
+    };
+    let ops = (0..steps)
+        .flat_map(|i| {
+            [
+                op("request_seconds", OpKind::Observe, long_label_step_value(i)),
+                op("requests_total", OpKind::Inc, 1.0),
+            ]
+        })
+        .collect();
+    OpLog {
+        pid: LONG_LABEL_PID,
+        ops,
+    }
+}
+
 /// A client in `dir` ready for the long-label write loop.
 pub struct LongLabelWriter {
     client: Client,
@@ -211,7 +246,7 @@ impl LongLabelWriter {
         let config = ClientConfig {
             dialect: Dialect::Uri,
             strategies,
-            pid_override: Some(4242),
+            pid_override: Some(LONG_LABEL_PID),
         };
         let client = Client::new(dir, &long_label_registry(), config)?;
         let histogram = client.metric("request_seconds")?;

@@ -80,7 +80,8 @@ fn ops(registry: &Registry, pid: u32) -> impl Strategy<Value = Vec<Op>> {
         pool,
         proptest::collection::vec(
             (0..16usize, 0..3usize, 0..3usize, 0..3usize, value(), 0..4u8),
-            0..25,
+            // At least one op: a process that wrote nothing has no file to compare.
+            1..25,
         ),
     )
         .prop_map(move |(pool, raw)| {

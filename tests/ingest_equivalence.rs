@@ -348,6 +348,7 @@ proptest! {
                 let pane = got[key];
                 prop_assert_eq!(pane.count, values.len() as u64);
                 let alpha = s.plan.aggregations.iter().find(|a| a.id == key.0).unwrap().relative_accuracy;
+                prop_assert_eq!(pane.quantile_bits.len(), QUANTILES.len());
                 for (q, bits) in QUANTILES.iter().zip(&pane.quantile_bits) {
                     let estimate = f64::from_bits(bits.unwrap());
                     let exact = values[(q * (values.len() as f64 - 1.0)) as usize];

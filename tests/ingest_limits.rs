@@ -417,3 +417,49 @@ fn without_the_drop_the_watermark_still_waits_for_the_clock() {
         assert_eq!((later.accepted, later.late), (1, 0), "{set}");
     }
 }
+
+/// Which groups a full group limit lets in is decided by the requests'
+/// order, never by a hash map's: every ingester's maps keyed by network
+/// input are seeded at random (per process, per map), so several ingesters
+/// of one set, and every set, must let in the same groups and answer the same.
+#[test]
+fn the_groups_a_full_limit_lets_in_do_not_depend_on_hash_seeds() {
+    let mut limits = serving();
+    limits.capacity.groups = 10;
+    // 40 groups in a scrambled order; then the same groups again, later.
+    let names: Vec<String> = (0..40).map(|i| format!("g{}", (i * 17) % 40)).collect();
+    let requests: Vec<Vec<u8>> = (0..2)
+        .map(|r| {
+            let samples: Vec<(&str, i64, f64)> = names
+                .iter()
+                .enumerate()
+                .map(|(i, g)| (g.as_str(), NOW - 60_000 + r * 1_000, i as f64))
+                .collect();
+            body(&samples)
+        })
+        .collect();
+    let run = |set: StrategySet| {
+        let mut ingester = Ingester::new(Plan::default(), set).with_limits(limits);
+        for r in &requests {
+            ingester.handle(r).unwrap();
+        }
+        let mut json = Vec::new();
+        ingester.flush();
+        assert!(ingester.query_json("data", None, &mut json));
+        (ingester.totals(), ingester.snapshot(), json)
+    };
+    let first = run(StrategySet::NONE);
+    // The first 10 groups in request order have panes; the other 30 overflow, twice.
+    let kept: Vec<&str> = first.1.iter().map(|p| p.group[0].1.as_str()).collect();
+    let mut expected: Vec<&str> = names[..10].iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    let mut kept_sorted = kept.clone();
+    kept_sorted.sort_unstable();
+    assert_eq!(kept_sorted, expected);
+    assert_eq!((first.0.accepted, first.0.over_group_limit), (20, 60));
+    for set in sets() {
+        for _ in 0..3 {
+            assert!(run(set) == first, "{set}");
+        }
+    }
+}

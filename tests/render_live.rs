@@ -4,19 +4,11 @@
 use promlab::registry::MetricType;
 use promlab::render::live::LiveRegistry;
 use promlab::render::rabbitmq::{self, RabbitMqNode, SERIES_PER_QUEUE};
-use promlab::rubyfloat;
 use promlab::strategy::{Stage, Strategy as Optimization, StrategySet};
 use proptest::prelude::*;
 use std::collections::HashSet;
 
-#[derive(Debug, Clone)]
-struct FamilySpec {
-    name: String,
-    kind: MetricType,
-    help: Vec<u8>,
-    labels: Vec<String>,
-    series: Vec<(Vec<Vec<u8>>, f64)>,
-}
+type FamilySpec = promlab::reference::live::Family;
 
 /// Every set the proptest walks: each combination of the render stage's
 /// strategies, plus everything on (other stages' strategies must not matter).
@@ -30,15 +22,8 @@ fn strategy_sets() -> Vec<StrategySet> {
 fn render(families: &[FamilySpec], strategies: StrategySet) -> Vec<u8> {
     let mut reg = LiveRegistry::new(strategies);
     for f in families {
-        let labels: Vec<&str> = f.labels.iter().map(String::as_str).collect();
-        let id = reg
-            .register(
-                &f.name,
-                f.kind,
-                std::str::from_utf8(&f.help).unwrap(),
-                &labels,
-            )
-            .unwrap();
+        let labels: Vec<&str> = f.label_names.iter().map(String::as_str).collect();
+        let id = reg.register(&f.name, f.kind, &f.help, &labels).unwrap();
         for (values, v) in &f.series {
             let values: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
             let s = reg.series(id, &values).unwrap();
@@ -50,49 +35,9 @@ fn render(families: &[FamilySpec], strategies: StrategySet) -> Vec<u8> {
     out
 }
 
-/// client_ruby's text format, spelled out: escape with a plain match, floats via the reference.
+/// client_ruby's text format, spelled out ([`promlab::reference::live`]).
 fn reference(families: &[FamilySpec]) -> Vec<u8> {
-    fn escape(out: &mut Vec<u8>, s: &[u8], quote: bool) {
-        for &b in s {
-            match b {
-                b'\\' => out.extend_from_slice(b"\\\\"),
-                b'\n' => out.extend_from_slice(b"\\n"),
-                b'"' if quote => out.extend_from_slice(b"\\\""),
-                b => out.push(b),
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for f in families {
-        out.extend_from_slice(
-            format!("# TYPE {} {}\n# HELP {} ", f.name, f.kind.name(), f.name).as_bytes(),
-        );
-        escape(&mut out, &f.help, false);
-        out.push(b'\n');
-        for (values, v) in &f.series {
-            out.extend_from_slice(f.name.as_bytes());
-            if !f.labels.is_empty() {
-                let pairs: Vec<Vec<u8>> = f
-                    .labels
-                    .iter()
-                    .zip(values)
-                    .map(|(k, v)| {
-                        let mut pair = format!("{k}=\"").into_bytes();
-                        escape(&mut pair, v, true);
-                        pair.push(b'"');
-                        pair
-                    })
-                    .collect();
-                out.push(b'{');
-                out.extend_from_slice(&pairs.join(&b","[..]));
-                out.push(b'}');
-            }
-            out.push(b' ');
-            rubyfloat::write_reference(&mut out, *v);
-            out.push(b'\n');
-        }
-    }
-    out
+    promlab::reference::live::render(families)
 }
 
 /// Label values and help text: plain names, the characters that need escaping, non-ASCII.
@@ -160,8 +105,8 @@ fn family(index: usize) -> impl Strategy<Value = FamilySpec> {
                 } else {
                     MetricType::Gauge
                 },
-                help: String::from_utf8_lossy(&help).into_owned().into_bytes(),
-                labels,
+                help: String::from_utf8_lossy(&help).into_owned(),
+                label_names: labels,
                 series,
             }
         })
@@ -232,6 +177,16 @@ fn rabbitmq_scenario_is_identical_under_every_render_strategy() {
         &rabbitmq::render_once(queues, true, StrategySet::all()).unwrap(),
         first
     );
+    // The reference renderer on the node's families as plain data.
+    assert!(*first == reference(&rabbitmq::contents(queues, true, 1)));
+    assert!(*second == reference(&rabbitmq::contents(queues, true, 2)));
+    let names = rabbitmq::selected_names(["queue_coarse_metrics", "queue_consumer_count"]).unwrap();
+    let selected: Vec<FamilySpec> = rabbitmq::contents(queues, true, 2)
+        .into_iter()
+        .filter(|f| names.contains(&f.name))
+        .collect();
+    assert_eq!(selected.len(), 5);
+    assert!(*detailed == reference(&selected));
 }
 
 #[test]
@@ -260,9 +215,29 @@ fn counters_never_decrease_between_scrapes() {
     let before = reg_values(&scenario);
     scenario.advance();
     let after = reg_values(&scenario);
-    for ((kind, b), (_, a)) in before.iter().zip(&after) {
+    // Compared family by family, series by series: the same shape, and not empty.
+    assert_eq!(before.len(), after.len());
+    let mut counters = 0;
+    for ((kind, b), (kind_after, a)) in before.iter().zip(&after) {
+        assert_eq!((kind, b.len()), (kind_after, a.len()));
         if *kind == MetricType::Counter {
-            assert!(b.iter().zip(a).all(|(b, a)| a >= b));
+            for (b, a) in b.iter().zip(a) {
+                assert!(a >= b, "{a} after {b}");
+                counters += 1;
+            }
         }
     }
+    // 5 queues: 10 counter families of queues, channels and connections.
+    assert!(counters >= 5 * 10, "{counters} counter series compared");
+    // And the node's values are the scenario's definition, rendered by the reference.
+    assert!(
+        scenario_bytes(&scenario) == reference(&rabbitmq::contents(5, false, 2)),
+        "after two moves"
+    );
+}
+
+fn scenario_bytes(scenario: &RabbitMqNode) -> Vec<u8> {
+    let mut out = Vec::new();
+    scenario.render_per_object(&mut out);
+    out
 }

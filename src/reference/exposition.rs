@@ -5,7 +5,9 @@
 //! Written from the format description alone (store layout, form-encoded keys,
 //! aggregation modes, exposition layout), with none of the production code:
 //! each file is read whole and walked entry by entry with plain slicing, each
-//! key decoded with a straightforward `%XX`/`+` decoder, values aggregated in
+//! key decoded as Ruby's `URI.decode_www_form` reads it ([`decode_key`]: an
+//! algorithm of its own, written from the form-encoding rules, not from
+//! `formenc`'s decoders; `tests/reference.rs` compares them), values aggregated in
 //! `Vec`s searched linearly, and lines printed with plain loops. Floats print
 //! through [`crate::rubyfloat::write_reference`]: the slow, obviously-correct
 //! `Float#to_s` (shortest round-trip digits from `{:e}`), which
@@ -79,61 +81,67 @@ pub fn read_entries(bytes: &[u8]) -> Result<Vec<RawEntry>> {
     Ok(entries)
 }
 
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
-/// Form-decodes one component: `+` is a space, `%XX` a byte.
+/// Form-decodes one component as Ruby's `URI.decode_www_form_component`
+/// does (client_ruby's store keys are `application/x-www-form-urlencoded`,
+/// WHATWG URL § 5 with the URI percent-encoding of RFC 3986 § 2.1): a `%` not
+/// followed by two hex digits makes the component invalid (Ruby checks
+/// `/%(?!\h\h)/` before decoding and raises); then `+` is a space and `%XX`
+/// the byte `0xXX`.
+///
+/// Two passes, each doing one thing: the validity check alone, then the
+/// component cut at every `%` — the first piece is plain text, each later
+/// piece starts with the two hex digits of one byte.
 pub fn decode_component(s: &[u8]) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        match s[i] {
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b'%' => {
-                let hi = s.get(i + 1).copied().and_then(hex);
-                let lo = s.get(i + 2).copied().and_then(hex);
-                match (hi, lo) {
-                    (Some(hi), Some(lo)) => out.push(hi * 16 + lo),
-                    _ => bail!("bad escape at {i} in {:?}", String::from_utf8_lossy(s)),
-                }
-                i += 3;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
+    for (at, _) in s.iter().enumerate().filter(|&(_, &b)| b == b'%') {
+        let digits = s.get(at + 1..at + 3).unwrap_or_default();
+        if digits.len() != 2 || !digits.iter().all(u8::is_ascii_hexdigit) {
+            bail!(
+                "`%` at {at} of {:?} is not followed by two hex digits",
+                String::from_utf8_lossy(s)
+            );
         }
+    }
+    let plain = |piece: &[u8]| -> Vec<u8> {
+        piece
+            .iter()
+            .map(|&b| if b == b'+' { b' ' } else { b })
+            .collect()
+    };
+    let mut pieces = s.split(|&b| b == b'%');
+    let mut out = plain(pieces.next().unwrap_or_default());
+    for piece in pieces {
+        let (digits, rest) = piece.split_at(2);
+        let digits = std::str::from_utf8(digits).expect("checked: two hex digits");
+        out.push(u8::from_str_radix(digits, 16).expect("checked: two hex digits"));
+        out.extend(plain(rest));
     }
     Ok(out)
 }
 
 /// Decodes a store key (`a=1&b=x+y`) into its label pairs, in key order, as
-/// Ruby's `URI.decode_www_form` does: a pair without `=` has the empty value,
-/// and one trailing `&` ends the key.
+/// Ruby's `URI.decode_www_form` reads it (client_ruby 5.x; 4.2.5's `CGI.parse`
+/// reads what client_ruby writes the same way): the key must be ASCII; it is
+/// read record by record as `each_line('&')` yields them, each without its
+/// `&` (so a trailing `&` ends the key and yields nothing more); a record is
+/// cut at its first `=` into name and value (no `=`: the value is empty);
+/// each side decodes as [`decode_component`].
 pub fn decode_key(key: &[u8]) -> Result<Labels> {
-    let mut labels = Vec::new();
-    let key = match key.strip_suffix(b"&") {
-        Some(rest) if !rest.is_empty() => rest,
-        _ => key,
-    };
-    if key.is_empty() {
-        return Ok(labels);
+    if let Some(at) = key.iter().position(|b| !b.is_ascii()) {
+        bail!("byte {at} of the key is not ASCII");
     }
-    for pair in key.split(|&b| b == b'&') {
-        let (name, value) = match pair.iter().position(|&b| b == b'=') {
-            Some(eq) => (&pair[..eq], &pair[eq + 1..]),
-            None => (pair, &pair[pair.len()..]),
+    let mut labels = Labels::new();
+    let mut rest = key;
+    while !rest.is_empty() {
+        let (record, after) = match rest.iter().position(|&b| b == b'&') {
+            Some(amp) => (&rest[..amp], &rest[amp + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        let (name, value) = match record.iter().position(|&b| b == b'=') {
+            Some(eq) => (&record[..eq], &record[eq + 1..]),
+            None => (record, &record[record.len()..]),
         };
         labels.push((decode_component(name)?, decode_component(value)?));
+        rest = after;
     }
     Ok(labels)
 }
@@ -166,9 +174,6 @@ fn valid_label_name(name: &[u8]) -> bool {
 /// no empty or repeated label name, every name a Prometheus label name that
 /// does not start with `__` (reserved), every value UTF-8.
 fn servable_labels(key: &[u8]) -> Option<Labels> {
-    if !key.is_ascii() {
-        return None;
-    }
     let labels = decode_key(key).ok()?;
     for (i, (name, value)) in labels.iter().enumerate() {
         if !valid_label_name(name)
@@ -279,7 +284,7 @@ fn escape(out: &mut Vec<u8>, s: &[u8], quote: bool) {
 }
 
 /// `name{a="x",b="y"} value\n` (no braces without labels; `None` prints empty).
-fn line(out: &mut Vec<u8>, name: &str, labels: &[(&[u8], &[u8])], value: Option<f64>) {
+pub(crate) fn line(out: &mut Vec<u8>, name: &str, labels: &[(&[u8], &[u8])], value: Option<f64>) {
     out.extend_from_slice(name.as_bytes());
     if !labels.is_empty() {
         out.push(b'{');
@@ -333,18 +338,15 @@ fn group_by_slot(series: Vec<(Labels, f64)>, slot_name: &[u8]) -> SlotGroups {
     groups
 }
 
-fn write_metric(out: &mut Vec<u8>, def: &MetricDef, series: Vec<(Labels, f64)>) {
-    out.extend_from_slice(
-        format!(
-            "# TYPE {} {}\n# HELP {} ",
-            def.name,
-            def.kind.name(),
-            def.name
-        )
-        .as_bytes(),
-    );
-    escape(out, def.help.as_bytes(), false);
+/// `# TYPE` and `# HELP` of a family (help escapes `\` and newline).
+pub(crate) fn header(out: &mut Vec<u8>, name: &str, kind: MetricType, help: &[u8]) {
+    out.extend_from_slice(format!("# TYPE {name} {}\n# HELP {name} ", kind.name()).as_bytes());
+    escape(out, help, false);
     out.push(b'\n');
+}
+
+fn write_metric(out: &mut Vec<u8>, def: &MetricDef, series: Vec<(Labels, f64)>) {
+    header(out, &def.name, def.kind, def.help.as_bytes());
     match def.kind {
         MetricType::Counter | MetricType::Gauge => {
             for (labels, value) in &series {

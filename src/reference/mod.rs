@@ -10,6 +10,8 @@
 //!   format: entries walked with plain slicing, keys form-decoded byte by byte,
 //!   values aggregated in `Vec`s, lines printed with plain loops. It must equal
 //!   Ruby's `expected.prom` on the fixtures (`tests/reference.rs`).
+//! - [`live`]: an in-memory registry's families as plain data → exposition
+//!   bytes (the live renderer's reference), printed by `exposition`'s loops.
 //! - [`store`]: op logs → each store file's bytes (timestamps zeroed): the
 //!   writer's reference, so every write strategy is checked against it.
 //! - [`ingest`]: decoded remote-write samples + plan → per aggregation, group
@@ -20,5 +22,6 @@
 
 pub mod exposition;
 pub mod ingest;
+pub mod live;
 pub mod quantile;
 pub mod store;

@@ -169,6 +169,17 @@ pub fn files(
         .collect())
 }
 
+/// The size of a store file whose used region is `used` bytes long, as
+/// client_ruby's `FileMappedDict` sizes it: created at 1 MiB
+/// (`INITIAL_FILE_SIZE`), doubled while an entry does not fit.
+pub fn file_size(used: usize) -> u64 {
+    let mut capacity: u64 = 1024 * 1024;
+    while used as u64 > capacity {
+        capacity *= 2;
+    }
+    capacity
+}
+
 /// A store file's used region with every entry's timestamp zeroed (what
 /// [`files`] gives), read from a file's bytes with plain slicing.
 pub fn comparable(bytes: &[u8]) -> Result<Vec<u8>> {

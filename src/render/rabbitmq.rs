@@ -9,6 +9,7 @@
 //! names that made RabbitMQ put escaping back.
 
 use super::live::{FamilyId, LiveRegistry};
+use crate::reference::live as live_reference;
 use crate::registry::MetricType;
 use crate::strategy::StrategySet;
 use anyhow::Result;
@@ -220,13 +221,12 @@ impl RabbitMqNode {
             let labels = group.objects.labels();
             let mut families = Vec::with_capacity(group.metrics.len());
             for (metric, help) in group.metrics {
-                let kind = if metric.ends_with("_total") {
-                    MetricType::Counter
-                } else {
-                    MetricType::Gauge
-                };
-                let family =
-                    registry.register(&format!("rabbitmq_{metric}"), kind, help, labels)?;
+                let family = registry.register(
+                    &format!("rabbitmq_{metric}"),
+                    kind_of(metric),
+                    help,
+                    labels,
+                )?;
                 for object in 0..group.objects.count(queues) {
                     let values = names.labels(group.objects, object);
                     registry.series(family, &values.as_slices())?;
@@ -238,7 +238,7 @@ impl RabbitMqNode {
         let mut scenario = RabbitMqNode {
             registry,
             group_families,
-            rng: SplitMix64(0x5eed_cafe),
+            rng: SplitMix64(SEED),
         };
         scenario.advance();
         Ok(scenario)
@@ -308,6 +308,88 @@ impl RabbitMqNode {
         }
     }
 }
+
+/// The node's registry as plain data, after `advances` moves of its values
+/// ([`RabbitMqNode::build`] makes the first; each [`RabbitMqNode::advance`]
+/// one more): computed from the scenario's definition (its groups, names and
+/// motions) without a registry, as the input of the reference renderer
+/// ([`crate::reference::live`]).
+pub fn contents(
+    queues: usize,
+    awkward_names: bool,
+    advances: usize,
+) -> Vec<live_reference::Family> {
+    let mut names = Names::new(awkward_names);
+    let mut families = Vec::new();
+    for group in GROUPS {
+        for (metric, help) in group.metrics {
+            let series = (0..group.objects.count(queues))
+                .map(|object| {
+                    let values = names.labels(group.objects, object);
+                    let values = values.as_slices().iter().map(|v| v.to_vec()).collect();
+                    (values, 0.0)
+                })
+                .collect();
+            families.push(live_reference::Family {
+                name: format!("rabbitmq_{metric}"),
+                kind: kind_of(metric),
+                help: help.to_string(),
+                label_names: group
+                    .objects
+                    .labels()
+                    .iter()
+                    .map(|l| l.to_string())
+                    .collect(),
+                series,
+            });
+        }
+    }
+    let mut rng = SplitMix64(SEED);
+    for _ in 0..advances {
+        for family in &mut families {
+            let motion = Motion::of(&family.name["rabbitmq_".len()..]);
+            for (_, value) in &mut family.series {
+                *value = motion.next(*value, &mut rng);
+            }
+        }
+    }
+    families
+}
+
+/// The names of the families `groups` select (`family=` of the detailed
+/// endpoint), in per-object order, from the scenario's definition.
+pub fn selected_names<'a>(
+    groups: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<String>, UnknownFamily> {
+    let mut wanted: Vec<&str> = Vec::new();
+    for name in groups {
+        if let Some(group) = GROUPS.iter().find(|g| g.name == name) {
+            wanted.extend(group.metrics.iter().map(|(m, _)| *m));
+        } else if let Some((_, metrics)) = ALIASES.iter().find(|a| a.0 == name) {
+            wanted.extend(metrics.iter().copied());
+        } else {
+            return Err(UnknownFamily(name.to_owned()));
+        }
+    }
+    Ok(GROUPS
+        .iter()
+        .flat_map(|g| g.metrics.iter().map(|(m, _)| *m))
+        .filter(|m| wanted.contains(m))
+        .map(|m| format!("rabbitmq_{m}"))
+        .collect())
+}
+
+/// Counters end in `_total`; the rest are gauges.
+fn kind_of(metric: &str) -> MetricType {
+    if metric.ends_with("_total") {
+        MetricType::Counter
+    } else {
+        MetricType::Gauge
+    }
+}
+
+/// The seed of the values' motion.
+const SEED: u64 = 0x5eed_cafe;
 
 /// Builds the scenario and renders it once with `strategies` (for ablation harnesses).
 pub fn render_once(queues: usize, awkward_names: bool, strategies: StrategySet) -> Result<Vec<u8>> {

@@ -72,6 +72,10 @@ pub fn assert_same_store(expected: &Path, actual: &Path, what: &str) {
         v.sort();
         v
     };
+    assert!(
+        !names(expected).is_empty(),
+        "{what}: no store file to compare"
+    );
     assert_eq!(names(expected), names(actual), "{what}: file sets differ");
     for name in names(expected) {
         let e = std::fs::read(expected.join(&name)).unwrap();

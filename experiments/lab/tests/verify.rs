@@ -86,6 +86,7 @@ fn check_write(case: &Case, strategies: StrategySet) -> Result<(), TestCaseError
     write(case, dir.path(), strategies);
     let got = reference::store::read_dir(dir.path()).unwrap();
     let want = reference::store::files(&case.registry, &case.processes).unwrap();
+    prop_assert!(!want.is_empty(), "no store file to compare");
     prop_assert_eq!(
         got.keys().collect::<Vec<_>>(),
         want.keys().collect::<Vec<_>>()
@@ -277,4 +278,57 @@ fn promlab_verify_quick_exits_zero() {
         stdout.contains(&format!("verify: {every} strategy sets × ")),
         "{stdout}"
     );
+    // The summary names what else ships and was checked.
+    for named in [
+        "the query path (query_json, encode_query, query_all, flushed;",
+        "the receiver's laned ingester (",
+        &format!("the live RabbitMQ renderer (LiveRegistry, {every} sets)"),
+    ] {
+        assert!(stdout.contains(named), "{named}: {stdout}");
+    }
+}
+
+/// The receiver's lanes under concurrency: requests of one group apply in
+/// any order with the in-order outcome. The groups of a verify input hold
+/// several requests (so threads do race), and together every request once.
+#[test]
+fn laned_requests_are_grouped_so_that_any_interleaving_is_the_in_order_run() {
+    let case = generate::case(
+        3,
+        generate::Size {
+            processes: 4,
+            ops_per_process: 150,
+            extra_values: 8,
+        },
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let mut sequence = Vec::new();
+    for process in &case.processes {
+        let one = Case {
+            processes: vec![process.clone()],
+            ..case.clone()
+        };
+        write(&one, tmp.path(), StrategySet::NONE);
+        sequence.push(reference::exposition::export(tmp.path(), &case.registry).unwrap());
+    }
+    let input = verify::ingest_input(&sequence).unwrap();
+    let groups = verify::lanes::concurrent_groups(&input.decoded, &input.plan);
+    let all: Vec<usize> = groups.iter().flatten().copied().collect();
+    assert_eq!(all, (0..input.bodies.len()).collect::<Vec<_>>());
+    assert!(groups.iter().any(|g| g.len() > 1), "{groups:?}");
+    // Every group reversed is still the in-order run, for the reference.
+    let reversed: Vec<_> = groups
+        .iter()
+        .flat_map(|g| g.iter().rev())
+        .map(|&r| input.decoded[r].clone())
+        .collect();
+    let outcome = reference::ingest::run(&reversed, &input.plan);
+    assert_eq!(outcome.sorted(), input.reference.sorted());
+    assert_eq!(outcome.counts, input.reference.counts);
+    assert!(input.reference.counts.accepted > 0);
+    // And the laned checks pass on it, naming what they ran.
+    let ingests = StrategySet::combinations(promlab::strategy::Stage::Ingest);
+    let report = verify::lanes::check(&input, &ingests, 3, 7).unwrap();
+    assert_eq!((report.runs, report.orders), (16 + 3 * 2 * 4, 4));
+    assert!(report.answers > 0);
 }

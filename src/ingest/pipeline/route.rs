@@ -8,7 +8,7 @@ use super::Ingester;
 use crate::ingest::groups::Budget;
 use crate::ingest::window::{Accumulator, Stats, STALE_NAN_BITS};
 use crate::ingest::wire::{Batch, Sample};
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 
 impl Ingester {
     /// Reference route: per sample and aggregation, string keys into a `HashMap`
@@ -22,6 +22,10 @@ impl Ingester {
         stats: &mut Stats,
     ) -> Option<i64> {
         let mut routed: HashMap<(u16, String), Vec<RoutedSample>> = HashMap::new();
+        // The keys in the order they first came: the groups are created in
+        // that order, not in the map's (its seed is random, and which groups
+        // a full group limit lets in must not depend on it).
+        let mut first_seen: Vec<(u16, String)> = Vec::new();
         let mut newest: Option<i64> = None;
         for (i, span) in batch.series.iter().enumerate() {
             for sample in batch.series_samples(span) {
@@ -35,11 +39,18 @@ impl Ingester {
                     &self.cache,
                     |agg, group, series| {
                         matched = true;
-                        routed.entry((agg, group)).or_default().push(RoutedSample {
+                        let sample = RoutedSample {
                             series,
                             timestamp: sample.timestamp,
                             value: sample.value,
-                        });
+                        };
+                        match routed.entry((agg, group)) {
+                            Entry::Occupied(samples) => samples.into_mut().push(sample),
+                            Entry::Vacant(new) => {
+                                first_seen.push(new.key().clone());
+                                new.insert(vec![sample]);
+                            }
+                        }
                     },
                 );
                 if matched {
@@ -51,7 +62,9 @@ impl Ingester {
         }
         let watermark = self.watermark;
         let (mut ts, mut values) = (Vec::new(), Vec::new());
-        for ((agg, group), samples) in routed {
+        for key in first_seen {
+            let samples = routed.remove(&key).expect("every key first seen is routed");
+            let (agg, group) = key;
             let (gid, _) = self.intern(agg, group.as_bytes());
             ts.clear();
             values.clear();

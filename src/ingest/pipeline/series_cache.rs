@@ -7,6 +7,7 @@
 /// same order request after request, so the entry after the last one found is
 /// tried first (one sequential compare); the hash index is the fallback.
 pub(super) struct SeriesCache {
+    /// Seeded at random, per process and per cache (see [`network_hasher`]).
     hasher: ahash::RandomState,
     /// (hash of the raw label bytes, entry id).
     index: hashbrown::HashTable<(u64, u32)>,
@@ -30,6 +31,24 @@ pub(super) struct SeriesCache {
     pub(super) invalidated: u64,
 }
 
+/// The hasher of a map keyed by bytes a sender chose (a series' raw label
+/// bytes): seeded at random, per process and per map.
+///
+/// Why: with seeds fixed in the source, anyone who reads it can compute
+/// label sets that all hash alike, and a request of them turns every lookup
+/// and insert into a walk of one long probe chain — a few MB of remote write
+/// that costs the receiver quadratic CPU (hash flooding). A seed the sender
+/// cannot know makes such a set a guess. Nothing the receiver answers
+/// depends on the seed: the cache is only looked up, never iterated into
+/// anything that is served. `ahash` draws the process's seed from the OS
+/// (`getrandom`) once and gives every `RandomState::new` its own keys from it.
+/// (The ingester's other maps keyed by network input — group keys, the
+/// per-sample router's groups, label maps — are `std`'s `HashMap`s, whose
+/// SipHash keys are random per map already.)
+pub(super) fn network_hasher() -> ahash::RandomState {
+    ahash::RandomState::new()
+}
+
 /// Bytes of an entry besides its keys (the entry, its index slot, a destination).
 const CACHE_ENTRY_OVERHEAD: usize = 64;
 
@@ -42,7 +61,7 @@ pub(super) struct CacheEntry {
 impl SeriesCache {
     pub(super) fn new(capacity: usize) -> Self {
         SeriesCache {
-            hasher: ahash::RandomState::with_seeds(0x5eed, 0x1e55, 0xcafe, 0xf00d),
+            hasher: network_hasher(),
             index: hashbrown::HashTable::new(),
             entries: Vec::new(),
             arena: Vec::new(),

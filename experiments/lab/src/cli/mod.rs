@@ -64,6 +64,8 @@ pub struct ReplayOneArgs {
     pub strategies: StrategySet,
     #[arg(long)]
     pub dialect: Dialect,
+    /// The op log, or `-`: ops read from stdin one line at a time, each
+    /// applied as it arrives (a long-lived writer driven by another process).
     pub ops: PathBuf,
 }
 
@@ -137,14 +139,44 @@ pub fn replay(args: ReplayArgs) -> Result<()> {
 
 pub fn replay_one(args: ReplayOneArgs) -> Result<()> {
     let registry = Registry::load(&args.registry)?;
-    let log = promlab::ops::OpLog::load(&args.ops)?;
-    let config = ClientConfig {
+    let config = |pid| ClientConfig {
         dialect: args.dialect,
         strategies: args.strategies,
-        pid_override: Some(log.pid),
+        pid_override: Some(pid),
     };
-    let mut client = Client::new(&args.store, &registry, config)?;
-    log.replay(&mut client)
+    if args.ops.as_os_str() == "-" {
+        // One op per line as it comes; the first op's pid names the files.
+        let mut client: Option<Client> = None;
+        for (n, line) in std::io::stdin().lines().enumerate() {
+            let line = line.context("reading ops from stdin")?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let op = promlab::ops::OpLog::parse(&line)
+                .with_context(|| format!("op {} from stdin", n + 1))?
+                .ops
+                .remove(0);
+            let client = match &mut client {
+                Some(client) => client,
+                None => client.insert(Client::new(&args.store, &registry, config(op.pid))?),
+            };
+            promlab::ops::apply(client, &op)
+                .with_context(|| format!("op {} ({:?} {})", n + 1, op.op, op.metric))?;
+        }
+    } else {
+        let log = promlab::ops::OpLog::load(&args.ops)?;
+        let mut client = Client::new(&args.store, &registry, config(log.pid))?;
+        log.replay(&mut client)?;
+    }
+    let cut = promlab::store::truncations();
+    if cut.files_repaired > 0 {
+        eprintln!(
+            "promlab replay-one: store files were cut under this writer and repaired {} time(s), \
+             {} entries reset to zero (see promlab::store::StoreFile)",
+            cut.files_repaired, cut.entries_reset
+        );
+    }
+    Ok(())
 }
 
 /// `promlab serve`: the mode follows from the flags. `--store` (with

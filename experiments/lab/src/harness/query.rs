@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// The aggregation the feeder's default plan defines.
-const AGGREGATION: &str = "data";
+pub(super) const AGGREGATION: &str = "data";
 
 /// A minute boundary, so `ticks = 66` closes exactly one full 60 s window.
 const START_MS: i64 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000;
@@ -45,15 +45,29 @@ struct Http {
     client: Client,
 }
 
+/// The feeder's workload the query scenario ingests.
+pub(super) fn workload(groups: u64, series_per_group: u64) -> FeedWorkload {
+    FeedWorkload {
+        groups,
+        series_per_group,
+        ..FeedWorkload::seed(START_MS)
+    }
+}
+
+/// Its request bodies, `ticks` seconds of them.
+pub(super) fn bodies(
+    groups: u64,
+    series_per_group: u64,
+    ticks: u64,
+) -> impl Iterator<Item = Vec<u8>> {
+    let generator = workload(groups, series_per_group).generator();
+    (0..ticks).flat_map(move |t| generator.tick_bodies(t))
+}
+
 impl Query {
     pub fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Query> {
-        let workload = FeedWorkload {
-            groups,
-            series_per_group,
-            ..FeedWorkload::seed(START_MS)
-        };
         Ok(Query {
-            generator: workload.generator(),
+            generator: workload(groups, series_per_group).generator(),
             ticks,
             ingesters: HashMap::new(),
             out: Vec::new(),

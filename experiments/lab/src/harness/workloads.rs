@@ -244,10 +244,6 @@ impl LongLabel {
             floor: None,
         }
     }
-
-    fn value(i: usize) -> f64 {
-        [0.003, 0.03, 0.3, 3.0][i % 4]
-    }
 }
 
 /// A store directory as comparable bytes: per file, its name, `used`, and its
@@ -287,7 +283,7 @@ impl Workload for LongLabel {
             }
         };
         for i in 0..self.steps {
-            writer.step(Self::value(i))?;
+            writer.step(workload::long_label_step_value(i))?;
         }
         Ok(Output::Store(dir.path()))
     }
@@ -397,17 +393,53 @@ struct Ingest {
 /// The plan for Prometheus's own self-scrape: GC pause quantiles by `quantile`, 5 s windows.
 const CAPTURES_PLAN: &str = "lateness_secs = 0\n[[aggregation]]\nid = \"gc\"\nmetric = \"go_gc_duration_seconds\"\ngroup_by = [\"quantile\"]\nwindow_secs = 5\n";
 
+pub(super) fn captures_plan() -> Result<promlab::ingest::plan::Plan> {
+    Ok(promlab::ingest::plan::Plan::parse(CAPTURES_PLAN)?)
+}
+
+/// The 27 requests a real Prometheus 2.42 sent, `passes` times over.
+pub(super) fn captures_bodies(passes: usize) -> impl Iterator<Item = Vec<u8>> {
+    (0..passes).flat_map(|_| crate::fixtures::PROMETHEUS_CAPTURES.map(<[u8]>::to_vec))
+}
+
+/// The seed's feeder workload at `groups` × `series_per_group`.
+pub(super) fn feeder_workload(
+    groups: u64,
+    series_per_group: u64,
+) -> promlab::ingest::feed::FeedWorkload {
+    promlab::ingest::feed::FeedWorkload {
+        groups,
+        series_per_group,
+        ..promlab::ingest::feed::FeedWorkload::seed(1_700_000_000_000)
+    }
+}
+
+/// Its request bodies, `ticks` seconds of them.
+pub(super) fn feeder_bodies(
+    groups: u64,
+    series_per_group: u64,
+    ticks: u64,
+) -> impl Iterator<Item = Vec<u8>> {
+    let generator = feeder_workload(groups, series_per_group).generator();
+    (0..ticks).flat_map(move |t| generator.tick_bodies(t))
+}
+
+/// The counters line of an ingest run's answer: accepted, late, stale,
+/// rejected, unrouted.
+pub(super) fn write_counters(out: &mut Vec<u8>, counts: [u64; 5]) -> std::io::Result<()> {
+    let [accepted, late, stale, rejected, unrouted] = counts;
+    writeln!(
+        out,
+        "\naccepted={accepted} late={late} stale={stale} rejected={rejected} unrouted={unrouted}"
+    )
+}
+
 impl Ingest {
     /// The seed's feeder workload: `groups` × `series_per_group` series, one sample
     /// per series per tick, `ticks` ticks (seconds), in 50,000-row requests.
     fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Ingest> {
-        let workload = promlab::ingest::feed::FeedWorkload {
-            groups,
-            series_per_group,
-            ..promlab::ingest::feed::FeedWorkload::seed(1_700_000_000_000)
-        };
-        let generator = workload.generator();
-        let bodies: Vec<Vec<u8>> = (0..ticks).flat_map(|t| generator.tick_bodies(t)).collect();
+        let workload = feeder_workload(groups, series_per_group);
+        let bodies = feeder_bodies(groups, series_per_group, ticks).collect();
         let plan = promlab::ingest::plan::Plan::default();
         Ok(Ingest {
             floor: super::floor::IngestFloor::new(&plan)?,
@@ -420,11 +452,8 @@ impl Ingest {
 
     /// The 27 requests a real Prometheus 2.42 sent, `passes` times over.
     fn captures(passes: usize) -> Result<Ingest> {
-        let once = crate::fixtures::PROMETHEUS_CAPTURES;
-        let bodies: Vec<Vec<u8>> = (0..passes)
-            .flat_map(|_| once.iter().map(|b| b.to_vec()))
-            .collect();
-        let plan = promlab::ingest::plan::Plan::parse(CAPTURES_PLAN)?;
+        let bodies: Vec<Vec<u8>> = captures_bodies(passes).collect();
+        let plan = captures_plan()?;
         let mut probe = promlab::ingest::pipeline::Ingester::new(plan.clone(), StrategySet::NONE);
         for body in &bodies {
             probe.handle(body)?;
@@ -448,14 +477,11 @@ impl Workload for Ingest {
             ingester.handle(body)?;
         }
         ingester.flush();
-        let totals = ingester.totals();
+        let t = ingester.totals();
         self.out.clear();
         serde_json::to_writer(&mut self.out, &ingester.query_all())?;
-        write!(
-            self.out,
-            "\naccepted={} late={} stale={} rejected={} unrouted={}\n",
-            totals.accepted, totals.late, totals.stale, totals.rejected, totals.unrouted
-        )?;
+        let counts = [t.accepted, t.late, t.stale, t.rejected, t.unrouted];
+        write_counters(&mut self.out, counts)?;
         Ok(Output::Bytes(&self.out))
     }
 

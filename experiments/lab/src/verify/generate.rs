@@ -175,6 +175,74 @@ pub fn registration(pid: u32) -> Vec<Op> {
         .collect()
 }
 
+/// A value from `-0.0` and subnormals to `1e20`, `±Infinity` and `NaN`.
+fn awkward_value(rng: &mut Rng) -> f64 {
+    let v = match rng.below(12) {
+        0 => 0.0,
+        1 => -0.0,
+        2 => 1e20,
+        3 => 5e-324,
+        4 => (1u64 << 60) as f64,
+        5 => 0.1,
+        _ => rng.log_uniform(1e-7, 1e7),
+    };
+    match rng.below(24) {
+        0 => f64::INFINITY,
+        1 => f64::NEG_INFINITY,
+        2 => f64::NAN,
+        3..=5 => -v,
+        _ => v,
+    }
+}
+
+/// An in-memory registry's families from `seed`, for the live renderer: a
+/// counter and a gauge labelled with every awkward value (and non-UTF-8
+/// bytes), an unlabeled gauge, help with `\` and newlines; values as the
+/// generated cases draw them.
+pub fn live_families(seed: u64) -> Vec<promlab::reference::live::Family> {
+    use promlab::reference::live::Family;
+    use promlab::registry::MetricType;
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x11fe);
+    let mut values: Vec<Vec<u8>> = AWKWARD.iter().map(|s| s.as_bytes().to_vec()).collect();
+    values.push(vec![0xff, 0xc3, b'"']);
+    let mut pairs = Vec::new();
+    for a in &values {
+        for b in ["200", "404"] {
+            pairs.push((
+                vec![a.clone(), b.as_bytes().to_vec()],
+                awkward_value(&mut rng).abs(),
+            ));
+        }
+    }
+    let gauges = values
+        .iter()
+        .map(|v| (vec![v.clone()], awkward_value(&mut rng)))
+        .collect();
+    vec![
+        Family {
+            name: "http_requests_total".into(),
+            kind: MetricType::Counter,
+            help: "Requests.\nSecond line with \\ and \"quotes\"".into(),
+            label_names: vec!["path".into(), "code".into()],
+            series: pairs,
+        },
+        Family {
+            name: "queue_depth".into(),
+            kind: MetricType::Gauge,
+            help: "Depth é".into(),
+            label_names: vec!["queue".into()],
+            series: gauges,
+        },
+        Family {
+            name: "up".into(),
+            kind: MetricType::Gauge,
+            help: String::new(),
+            label_names: Vec::new(),
+            series: vec![(Vec::new(), awkward_value(&mut rng))],
+        },
+    ]
+}
+
 /// A case from `seed`.
 pub fn case(seed: u64, size: Size) -> Case {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -191,22 +259,7 @@ pub fn case(seed: u64, size: Size) -> Case {
             };
             let mut ops = registration(pid);
             for _ in 0..size.ops_per_process {
-                let v = match rng.below(12) {
-                    0 => 0.0,
-                    1 => -0.0,
-                    2 => 1e20,
-                    3 => 5e-324,
-                    4 => (1u64 << 60) as f64,
-                    5 => 0.1,
-                    _ => rng.log_uniform(1e-7, 1e7),
-                };
-                let value = match rng.below(24) {
-                    0 => f64::INFINITY,
-                    1 => f64::NEG_INFINITY,
-                    2 => f64::NAN,
-                    3..=5 => -v,
-                    _ => v,
-                };
+                let value = awkward_value(&mut rng);
                 let pick = Pick {
                     kind: rng.below(10),
                     labels: [rng.below(pool.len()), rng.below(pool.len())],

@@ -44,9 +44,26 @@
 //!   window closed and each receiver's panes merged as the cluster's SQL merges
 //!   their rows, must give every closed window of the single ingester: the
 //!   same bins and every quantile bit for bit ([`split_and_merge_check`]).
+//! - **queries** ([`query`]): the query path the receiver serves and
+//!   `promlab ablate` times — `query_json`, `encode_query`, `query` through
+//!   serde, `query_all`, then, flushed, `query_all` and the counters — must
+//!   give the reference's answers byte for byte (the reference panes' values
+//!   through the `sketches-ddsketch` crate), under every ingest subset;
+//! - **the receiver's lanes** ([`lanes`]): the `LanedIngester` `promlab serve`
+//!   runs, 1–4 lanes built as the receiver builds them, fed the requests from
+//!   as many threads as lanes (every ingest subset) and, one at a time on
+//!   seeded lanes, in seeded shuffled orders (the reference run on each
+//!   order): the reference's panes and answers, one ingester's bit for bit;
+//! - **the live renderer** ([`live`], once per run): `LiveRegistry` under each
+//!   of the 2,048 sets — a RabbitMQ node with awkward names, scraped, moved,
+//!   scraped, scraped through the detailed endpoint, and generated families —
+//!   byte for byte the reference renderer's ([`promlab::reference::live`]).
 
 pub(crate) mod embedded;
 pub mod generate;
+pub mod lanes;
+pub mod live;
+mod query;
 
 use crate::cluster::hashmod;
 use anyhow::{bail, Context, Result};
@@ -119,6 +136,27 @@ pub struct CaseReport {
     /// Closed windows checked split over receivers and merged, per ingest subset.
     pub merged_windows: usize,
     pub ruby: bool,
+    /// Query answers compared with the reference's (one ingester's, every ingest subset).
+    pub answers: usize,
+    /// The laned ingester's checks (the last exposition sequence's).
+    pub laned: lanes::LanedReport,
+}
+
+/// How much of the slower checks a run makes.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Seeded shuffled request orders fed to the laned ingester.
+    pub shuffles: usize,
+    pub seed: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            shuffles: 2,
+            seed: 1,
+        }
+    }
 }
 
 /// The distinct stage subsets of `sets`, in first-seen order.
@@ -364,6 +402,8 @@ pub struct IngestInput {
     pub decoded: Vec<Vec<reference::ingest::Series>>,
     pub plan: Plan,
     pub samples: usize,
+    /// The reference's outcome of the requests, in order.
+    pub reference: reference::ingest::Outcome,
 }
 
 /// Scrapes each exposition twice, [`SCRAPE_INTERVAL_MS`] apart, and converts.
@@ -379,10 +419,18 @@ pub fn ingest_input(sequence: &[Vec<u8>]) -> Result<IngestInput> {
     }
     let requests = scrape::requests(&scrapes, &TARGET, MAX_SAMPLES_PER_SEND);
     let plan = plan_for(&requests);
+    let bodies: Vec<Vec<u8>> = requests.iter().map(scrape::body).collect();
+    // What was sent, as the reference reads it (the wire drops a zero's sign:
+    // a double of 0 is the field's default, so `-0.0` arrives as `0.0`).
+    let decoded = bodies
+        .iter()
+        .map(|b| reference::ingest::decode_body(b))
+        .collect::<Result<Vec<_>>>()?;
     Ok(IngestInput {
-        bodies: requests.iter().map(scrape::body).collect(),
+        bodies,
         split_bodies: split_by_hashmod(&requests, RECEIVERS),
-        decoded: requests.iter().map(decode_for_reference).collect(),
+        reference: reference::ingest::run(&decoded, &plan),
+        decoded,
         samples: requests.iter().map(|r| r.timeseries.len()).sum(),
         plan,
     })
@@ -518,27 +566,14 @@ pub fn split_and_merge_check(input: &IngestInput, i: StrategySet) -> Result<usiz
     Ok(windows)
 }
 
-fn decode_for_reference(request: &WriteRequest) -> Vec<reference::ingest::Series> {
-    request
-        .timeseries
-        .iter()
-        .map(|ts| reference::ingest::Series {
-            labels: ts
-                .labels
-                .iter()
-                .map(|l| (l.name.clone(), l.value.clone()))
-                .collect(),
-            samples: ts.samples.iter().map(|s| (s.timestamp, s.value)).collect(),
-        })
-        .collect()
-}
-
-/// Ingests under one ingest subset and checks every pane against the reference.
+/// Ingests under one ingest subset, checks every pane against the
+/// reference, then every query path ([`query`]). Returns the panes (for the
+/// bit-identity walk) and how many answers were compared.
 pub fn ingest_and_check(
     input: &IngestInput,
     want: &BTreeMap<reference::ingest::PaneKey, Vec<f64>>,
     i: StrategySet,
-) -> Result<Vec<PaneReport>, String> {
+) -> Result<(Vec<PaneReport>, usize), String> {
     let mut ingester = Ingester::new(input.plan.clone(), i).with_cache_capacity(64);
     for (n, body) in input.bodies.iter().enumerate() {
         ingester
@@ -546,6 +581,21 @@ pub fn ingest_and_check(
             .map_err(|e| format!("request {} of {} refused: {e}", n + 1, input.bodies.len()))?;
     }
     let panes = ingester.snapshot();
+    check_panes(&panes, want, &input.plan)?;
+    let answers = query::check(&mut ingester, &input.plan, &input.reference)?;
+    Ok((panes, answers))
+}
+
+/// `panes` hold exactly the reference's panes and counts (`want`, values
+/// sorted), every quantile within the aggregation's α of the exact one.
+pub(crate) fn check_panes(
+    panes: &[PaneReport],
+    want: &BTreeMap<reference::ingest::PaneKey, Vec<f64>>,
+    plan: &Plan,
+) -> Result<(), String> {
+    if want.is_empty() {
+        return Err("the reference has no pane: there is nothing to check".into());
+    }
     let got: BTreeMap<reference::ingest::PaneKey, &PaneReport> = panes
         .iter()
         .map(|p| {
@@ -573,14 +623,20 @@ pub fn ingest_and_check(
                 values.len()
             ));
         }
-        let alpha = input
-            .plan
+        let agg = plan
             .aggregations
             .iter()
             .find(|a| a.id == key.0)
-            .map_or(ALPHA, |a| a.relative_accuracy);
-        let params = reference::quantile::SketchParams::ingest(alpha);
-        for (q, bits) in QUANTILES.iter().zip(&pane.quantile_bits) {
+            .ok_or_else(|| format!("pane {key:?} of no aggregation of the plan"))?;
+        if pane.quantile_bits.len() != agg.quantiles.len() {
+            return Err(format!(
+                "pane {key:?}: {} answers for {} quantiles",
+                pane.quantile_bits.len(),
+                agg.quantiles.len()
+            ));
+        }
+        let params = reference::quantile::SketchParams::ingest(agg.relative_accuracy);
+        for (q, bits) in agg.quantiles.iter().zip(&pane.quantile_bits) {
             let Some(bits) = bits else {
                 return Err(format!("pane {key:?}: no answer at q = {q}"));
             };
@@ -588,12 +644,22 @@ pub fn ingest_and_check(
                 .map_err(|e| format!("pane {key:?} ({} values): {e}", values.len()))?;
         }
     }
-    Ok(panes)
+    Ok(())
 }
 
 /// Checks one case under `sets`, working in `tmp`. `Err` names the first set
 /// whose chain fails and the first difference.
 pub fn check_case(case: &Case, sets: &[StrategySet], tmp: &Path) -> Result<CaseReport> {
+    check_case_with(case, sets, tmp, Options::default())
+}
+
+/// [`check_case`] with `options`.
+pub fn check_case_with(
+    case: &Case,
+    sets: &[StrategySet],
+    tmp: &Path,
+    options: Options,
+) -> Result<CaseReport> {
     let writes = subsets(sets, Stage::Write);
     let exports = subsets(sets, Stage::Export);
     let ingests = subsets(sets, Stage::Ingest);
@@ -702,7 +768,7 @@ pub fn check_case(case: &Case, sets: &[StrategySet], tmp: &Path) -> Result<CaseR
     };
     for (id, sequence) in distinct_sequences.iter().enumerate() {
         let input = ingest_input(sequence)?;
-        let want = reference::ingest::panes(&input.decoded, &input.plan);
+        let want = input.reference.sorted();
         report.expositions = sequence.len();
         report.exposition_bytes = sequence.last().map_or(0, Vec::len);
         report.requests = input.bodies.len();
@@ -719,18 +785,22 @@ pub fn check_case(case: &Case, sets: &[StrategySet], tmp: &Path) -> Result<CaseR
                 report.merged_windows = windows;
                 ingest_and_check(&input, &want, i)
             });
-            let result =
-                result.map(
-                    |panes| match distinct_panes.iter().position(|d| *d == panes) {
-                        Some(p) => p,
-                        None => {
-                            distinct_panes.push(panes);
-                            distinct_panes.len() - 1
-                        }
-                    },
-                );
+            let result = result.map(|(panes, answers)| {
+                report.answers += answers;
+                match distinct_panes.iter().position(|d| *d == panes) {
+                    Some(p) => p,
+                    None => {
+                        distinct_panes.push(panes);
+                        distinct_panes.len() - 1
+                    }
+                }
+            });
             panes_of.insert((id, i), result);
         }
+        // The receiver's lanes, on the same requests.
+        let seed = options.seed.wrapping_add(id as u64);
+        report.laned = lanes::check(&input, &ingests, options.shuffles, seed)
+            .map_err(|e| anyhow::anyhow!("{}: the laned ingester: {e}", case.name))?;
     }
     // The walk: every set through its own stage subsets' outputs.
     let mut baseline_panes: Option<usize> = None;
@@ -932,14 +1002,23 @@ pub fn run(args: VerifyArgs) -> Result<()> {
     for note in &notes {
         println!("  note: {note}");
     }
+    let options = Options {
+        shuffles: if args.quick { 2 } else { 4 },
+        seed: args.seed,
+    };
     let mut ruby_inputs = 0;
+    let (mut answers, mut laned_runs, mut orders) = (0, 0, 0);
     for (n, case) in cases.iter().enumerate() {
         let case_started = std::time::Instant::now();
-        let report = check_case(case, &sets, &tmp.path().join(format!("case-{n}")))?;
+        let report = check_case_with(case, &sets, &tmp.path().join(format!("case-{n}")), options)?;
         ruby_inputs += usize::from(report.ruby);
+        answers += report.answers;
+        laned_runs += report.laned.runs;
+        orders += report.laned.orders;
         println!(
             "  {:<20} {} sets ok: {} writers, {} ops, {} store files; {} scrape(s) of the store (last {} bytes){}; \
-             {} requests, {} samples; {} panes ({} with merged bins), {} quantiles; {} windows split over {} receivers and merged  ({:.1} s)",
+             {} requests, {} samples; {} panes ({} with merged bins), {} quantiles; {} query answers; \
+             {} laned runs (1-4 lanes; {} orders, {} groups of requests at once); {} windows split over {} receivers and merged  ({:.1} s)",
             case.name,
             report.sets,
             report.writers,
@@ -953,21 +1032,45 @@ pub fn run(args: VerifyArgs) -> Result<()> {
             thousands(report.panes),
             thousands(report.merged_panes),
             thousands(report.quantiles),
+            thousands(report.answers),
+            report.laned.runs,
+            report.laned.orders,
+            report.laned.concurrent_groups,
             thousands(report.merged_windows),
             RECEIVERS,
             case_started.elapsed().as_secs_f64()
         );
     }
+    let live_started = std::time::Instant::now();
+    let queues = if args.quick { 6 } else { 24 };
+    let live = live::check(&sets, queues, args.seed)?;
+    println!(
+        "  {:<20} {} sets ok: a RabbitMQ node of {queues} queues and generated families, {} series, \
+         {} scrapes each  ({:.1} s)",
+        "live renderer",
+        live.sets,
+        thousands(live.series),
+        live.scrapes,
+        live_started.elapsed().as_secs_f64()
+    );
     println!(
         "verify: {} strategy sets × {} inputs ({} client_ruby, {} generated): store bytes identical \
          (to the reference writer, and Ruby's where given), exposition identical to the reference \
          (and Ruby's expected.prom where given), quantiles identical, within α = {} of exact; \
-         split over {RECEIVERS} receivers by hashmod and merged as the cluster merges: every window's bins identical  ({:.1} s)",
+         split over {RECEIVERS} receivers by hashmod and merged as the cluster merges: every window's bins identical; \
+         the query path (query_json, encode_query, query_all, flushed; {} answers) identical to the reference's; \
+         the receiver's laned ingester ({} runs, 1-4 lanes, threads at once and {} request orders) \
+         identical to one ingester and the reference; the live RabbitMQ renderer (LiveRegistry, {} sets) \
+         identical to the reference renderer  ({:.1} s)",
         sets.len(),
         cases.len(),
         ruby_inputs,
         cases.len() - ruby_inputs,
         ALPHA,
+        thousands(answers),
+        thousands(laned_runs),
+        orders,
+        live.sets,
         started.elapsed().as_secs_f64()
     );
     Ok(())
