@@ -31,6 +31,8 @@ enum Command {
     Replay(promlab_lab::cli::ReplayArgs),
     /// Verify, then measure, every strategy combination on built-in scenarios.
     Ablate(promlab_lab::cli::AblateArgs),
+    /// How each stage's cost grows with its work: baseline, all and the floor at each point of an axis.
+    Scale(promlab_lab::cli::ScaleArgs),
     /// Regenerate the dossiers' measured tables and the ranking from the latest results.
     Report(promlab_lab::cli::ReportArgs),
     /// Profile a scenario's runs under one strategy set (or two, --diff) and write an SVG flamegraph.
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
         Some(Command::ReplayOne(args)) => promlab_lab::cli::replay_one(args),
         Some(Command::ArmRss(args)) => promlab_lab::cli::arm_rss(args),
         Some(Command::Ablate(args)) => promlab_lab::cli::ablate(args),
+        Some(Command::Scale(args)) => promlab_lab::cli::scale(args),
         Some(Command::Report(args)) => promlab_lab::cli::report(args),
         Some(Command::Flamegraph(args)) => promlab_lab::cli::flamegraph(args),
         Some(Command::Profiles(args)) => promlab_lab::cli::profiles(args),

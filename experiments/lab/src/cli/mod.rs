@@ -487,18 +487,81 @@ pub fn ablate(args: AblateArgs) -> Result<()> {
     crate::harness::ablate(&args.scenarios, &options).map(drop)
 }
 
-/// `promlab arm-rss` (internal, for `ablate --peak-rss`): one arm once, its peak memory.
+/// `promlab scale`: how each stage's cost grows with its work.
+#[derive(clap::Args, Debug)]
+pub struct ScaleArgs {
+    /// Axes (built-in names or .toml paths) or stages (`export`, `render`,
+    /// `ingest`, `query`: each of its axes); all built-in axes when none.
+    /// Built in: export-files, export-series-per-file, render-series,
+    /// ingest-groups, ingest-churn, ingest-lanes, query-groups
+    /// (experiments/scaling/).
+    pub axes: Vec<String>,
+    /// The quick ladders (fewer, smaller points).
+    #[arg(long)]
+    pub quick: bool,
+    /// The results directory; the CSVs go to its `scaling/` (default: a new
+    /// experiments/results/<date>T<time>Z-<host>-<revision>/).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Timed rounds per point, instead of the axis's own.
+    #[arg(long)]
+    pub repeats: Option<usize>,
+    /// Leave out the points whose x is above this (a partial ladder).
+    #[arg(long)]
+    pub max_x: Option<f64>,
+    /// After timing each point, run each arm once more in a child process of
+    /// its own for its peak resident memory (`peak_rss_bytes`).
+    #[arg(long)]
+    pub peak_rss: bool,
+}
+
+pub fn scale(args: ScaleArgs) -> Result<()> {
+    use crate::harness::scale;
+    let axes = scale::select(&args.axes)?;
+    let options = scale::ScaleOptions {
+        quick: args.quick,
+        out: args.out,
+        repeats: args.repeats,
+        peak_rss: if args.peak_rss {
+            Some(std::env::current_exe().context("cannot find this executable")?)
+        } else {
+            None
+        },
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        max_x: args.max_x,
+    };
+    scale::scale(&axes, &options).map(drop)
+}
+
+/// `promlab arm-rss` (internal, for `ablate --peak-rss` and `scale --peak-rss`):
+/// one arm once, its peak memory.
 #[derive(clap::Args, Debug)]
 pub struct ArmRssArgs {
-    pub scenario: String,
+    /// A scenario (its quick or full size)…
+    #[arg(required_unless_present = "params", conflicts_with = "params")]
+    pub scenario: Option<String>,
     #[arg(long)]
     pub arm: String,
     #[arg(long)]
     pub quick: bool,
+    /// …or a workload generator's parameters, as JSON (a scaling point)…
+    #[arg(long, requires = "expected")]
+    pub params: Option<String>,
+    /// …with the digest its output must have.
+    #[arg(long)]
+    pub expected: Option<String>,
 }
 
 pub fn arm_rss(args: ArmRssArgs) -> Result<()> {
-    let (peak, before) = crate::harness::rss::measure(&args.scenario, args.quick, &args.arm)?;
+    use crate::harness::rss;
+    let (peak, before) = match (&args.scenario, &args.params, &args.expected) {
+        (Some(scenario), _, _) => rss::measure(scenario, args.quick, &args.arm)?,
+        (None, Some(params), Some(expected)) => {
+            let params = serde_json::from_str(params).context("--params")?;
+            rss::measure_params(&params, expected, &args.arm)?
+        }
+        _ => bail!("arm-rss needs a scenario or --params with --expected"),
+    };
     println!("peak_rss_bytes={peak}\nrss_before_bytes={before}");
     Ok(())
 }

@@ -36,6 +36,7 @@ use promlab::store::StoreFile;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Write: `steps` lock pairs on a real store file, as `Client::observe` takes them.
 pub struct WriteFloor {
@@ -418,6 +419,18 @@ impl IngestFloor {
 
     /// Every body through the floor into fresh sketches; returns the samples walked.
     pub fn run(&mut self, bodies: &[Vec<u8>]) -> Result<u64> {
+        self.run_bodies(bodies.iter().map(Vec::as_slice))
+    }
+
+    /// The bodies `next` hands this floor (each index once, across every
+    /// thread sharing `next`), into fresh sketches: one of N floors walking
+    /// their shares of a workload on N cores. Returns the samples walked.
+    pub fn run_shared(&mut self, bodies: &[Vec<u8>], next: &AtomicUsize) -> Result<u64> {
+        let taken = std::iter::from_fn(|| bodies.get(next.fetch_add(1, Ordering::Relaxed)));
+        self.run_bodies(taken.map(Vec::as_slice))
+    }
+
+    fn run_bodies<'b>(&mut self, bodies: impl Iterator<Item = &'b [u8]>) -> Result<u64> {
         let mut state = IngestState::default();
         let mut samples = 0;
         for body in bodies {

@@ -22,12 +22,13 @@ pub mod profiles;
 pub mod query;
 pub mod report;
 pub mod rss;
+pub mod scale;
 pub mod workloads;
 
 use anyhow::{bail, Context, Result};
 use promlab::formenc::Dialect;
 use promlab::strategy::{Stage, Strategy, StrategySet};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -55,7 +56,8 @@ pub struct Size {
 }
 
 /// A workload generator and its parameters (`params = { generator = "asap", groups = 50, … }`).
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+/// It serializes back to the same form (`promlab arm-rss --params` takes it as JSON).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(tag = "generator", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Generator {
     /// Write: `steps` × (histogram observe + counter increment), 195-character label.
@@ -89,6 +91,23 @@ pub enum Generator {
         series_per_group: u64,
         ticks: u64,
     },
+    /// Ingest: the feeder's workload with series churn: every tick,
+    /// `new_series_per_tick` of its series (taken in turn) are replaced by new
+    /// ones in the same groups ([`workloads::churn_bodies`]).
+    AsapChurn {
+        groups: u64,
+        series_per_group: u64,
+        ticks: u64,
+        new_series_per_tick: u64,
+    },
+    /// Ingest across cores: the feeder's workload through a laned ingester of
+    /// `lanes` lanes, fed by as many threads at once (`workloads::Laned`).
+    AsapLanes {
+        groups: u64,
+        series_per_group: u64,
+        ticks: u64,
+        lanes: usize,
+    },
     /// Ingest: the requests a real Prometheus sent, `passes` times over.
     PrometheusCaptures { passes: usize },
     /// Query: the quantiles of every group's last closed window, after the
@@ -112,6 +131,8 @@ impl Generator {
             | Generator::ManyMetrics { .. } => Stage::Export,
             Generator::Rabbitmq { .. } => Stage::Render,
             Generator::Asap { .. }
+            | Generator::AsapChurn { .. }
+            | Generator::AsapLanes { .. }
             | Generator::PrometheusCaptures { .. }
             | Generator::AsapQuery { .. } => Stage::Ingest,
         }
@@ -244,14 +265,29 @@ pub trait Workload {
     fn run_extra(&mut self, name: &str, _strategies: StrategySet) -> Result<Output<'_>> {
         bail!("no extra arm `{name}` in this workload")
     }
+    /// Extra arms that are floors of another contract some arms keep (run by
+    /// [`Workload::run_extra`]; the query's uncached answer is held to the
+    /// quantile scan, its kept answer to a copy).
+    fn extra_floors(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+    /// The floor arm the arm `name` is held to: the stage's (`floor`) unless
+    /// the arm keeps another contract ([`Workload::extra_floors`]).
+    fn floor_of(&self, _arm: &str) -> &'static str {
+        FLOOR
+    }
 }
+
+/// The name of the stage's floor arm.
+pub const FLOOR: &str = "floor";
 
 /// What an arm runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArmKind {
     /// The stage under a strategy set ([`Workload::run`]).
     Strategies,
-    /// The stage's floor ([`Workload::floor`]).
+    /// The stage's floor ([`Workload::floor`]), or a contract's
+    /// ([`Workload::extra_floors`], run by [`Workload::run_extra`]).
     Floor,
     /// Another path to the same answer ([`Workload::extra_arms`]).
     Extra,
@@ -266,8 +302,8 @@ pub fn run_arm<'w>(
 ) -> Result<Output<'w>> {
     match kind {
         ArmKind::Strategies => workload.run(strategies),
-        ArmKind::Floor => workload.floor(),
-        ArmKind::Extra => workload.run_extra(name, strategies),
+        ArmKind::Floor if name == FLOOR => workload.floor(),
+        ArmKind::Floor | ArmKind::Extra => workload.run_extra(name, strategies),
     }
 }
 
@@ -282,10 +318,16 @@ pub fn all_arms(
         .into_iter()
         .map(|(name, s)| (name, s, ArmKind::Strategies))
         .collect();
+    let floors = workload.extra_floors();
     for (name, s) in workload.extra_arms() {
-        all.push((name.to_string(), s, ArmKind::Extra));
+        let kind = if floors.contains(&name) {
+            ArmKind::Floor
+        } else {
+            ArmKind::Extra
+        };
+        all.push((name.to_string(), s, kind));
     }
-    all.push(("floor".to_string(), StrategySet::NONE, ArmKind::Floor));
+    all.push((FLOOR.to_string(), StrategySet::NONE, ArmKind::Floor));
     all
 }
 
@@ -321,6 +363,19 @@ pub fn digest(bytes: &[u8]) -> String {
 pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
     use promlab::reference;
     let generated = match params {
+        // Lanes answer as one ingester of the same requests does.
+        Generator::AsapLanes {
+            groups,
+            series_per_group,
+            ticks,
+            ..
+        } => {
+            return expected_answer(&Generator::Asap {
+                groups: *groups,
+                series_per_group: *series_per_group,
+                ticks: *ticks,
+            })
+        }
         Generator::RubyStore { case } => {
             let dir = tempfile::tempdir()?;
             let case_dir = crate::fixtures::unpack_ruby_case(case, dir.path())?;
@@ -559,22 +614,50 @@ pub struct ArmResult {
     pub arm: String,
     pub strategies: StrategySet,
     pub kind: ArmKind,
+    /// The floor arm this arm is held to ([`Workload::floor_of`]; a floor's own name).
+    pub floor: String,
+    /// Wall time of each timed run.
     pub samples: Vec<Duration>,
+    /// CPU time of this process (every thread) over each timed run.
+    pub cpu: Vec<Duration>,
     /// `--peak-rss`: the run's own peak resident memory, in bytes (see [`rss`]).
     pub peak_rss_bytes: Option<u64>,
 }
 
 impl ArmResult {
     pub fn quantile(&self, q: f64) -> Duration {
-        let mut sorted = self.samples.clone();
-        sorted.sort();
-        let index = ((sorted.len() - 1) as f64 * q).round() as usize;
-        sorted[index]
+        quantile(&self.samples, q)
     }
 
     pub fn median(&self) -> Duration {
         self.quantile(0.5)
     }
+
+    /// The median CPU time of a run.
+    pub fn cpu_median(&self) -> Duration {
+        quantile(&self.cpu, 0.5)
+    }
+}
+
+/// The `q` quantile of `samples` (nearest rank); zero when there are none.
+fn quantile(samples: &[Duration], q: f64) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    match sorted.len() {
+        0 => Duration::ZERO,
+        n => sorted[((n - 1) as f64 * q).round() as usize],
+    }
+}
+
+/// This process's CPU time so far, every thread (`CLOCK_PROCESS_CPUTIME_ID`).
+pub fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the struct it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// The outcome of one scenario.
@@ -664,59 +747,14 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     // 2. Measure the arms, interleaved; what every timed run returned is checked
     //    (the floor's too: its bytes, or the units it handled).
     let repeats = options.repeats.unwrap_or(size.repeats).max(1);
-    let mut results: Vec<ArmResult> = arms
-        .iter()
-        .map(|(arm, s, kind)| ArmResult {
-            arm: arm.clone(),
-            strategies: *s,
-            kind: *kind,
-            samples: Vec::new(),
-            peak_rss_bytes: None,
-        })
-        .collect();
-    let progress = report::Progress::new(
-        options.progress,
+    let results = measure(
         &scenario.name,
-        (repeats * arms.len()) as u64,
-        "measure",
-    );
-    let units = result.units.0;
-    // Digests of the last round's stores: every arm has run as often by then.
-    let mut last_stores: Vec<Option<String>> = vec![None; arms.len()];
-    // One untimed warm-up round (round 0), then the timed ones.
-    for round in 0..=repeats {
-        // Rotate the starting arm each round so no arm always runs first.
-        for k in 0..arms.len() {
-            let i = (k + round) % arms.len();
-            let (name, set, kind) = &arms[i];
-            let start = Instant::now();
-            let output = run_arm(workload.as_mut(), *kind, name, *set)?;
-            let elapsed = start.elapsed();
-            check_output(&scenario.name, round, name, &verified, units, &output)?;
-            if let store @ Output::Store(_) = output {
-                if round == repeats {
-                    last_stores[i] = Some(digest(&store.bytes()?));
-                }
-            }
-            if round > 0 {
-                results[i].samples.push(elapsed);
-                progress.inc();
-            }
-        }
-    }
-    if let Some((i, _)) = last_stores
-        .iter()
-        .enumerate()
-        .find(|(_, d)| d.is_some() && **d != last_stores[0])
-    {
-        bail!(
-            "scenario {}: after {} runs each, `{}` left a store different from the baseline's",
-            scenario.name,
-            repeats + 2,
-            arms[i].1
-        );
-    }
-    progress.finish();
+        workload.as_mut(),
+        &arms,
+        repeats,
+        &verified,
+        options.progress,
+    )?;
     result.arms = results;
 
     // 3. Peak memory, each arm once in a child of its own (`--peak-rss`).
@@ -737,6 +775,74 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         );
     }
     Ok(result)
+}
+
+/// Measures `arms` of `workload`: one untimed warm-up round, then `repeats`
+/// rounds, each running every arm once from a different starting arm (A B C
+/// …, B C … A, …) so drift on a shared machine hits every arm alike. What
+/// every run returned is checked: bytes against `verified`, a floor's units
+/// against the workload's; stores are compared after the last round.
+pub fn measure(
+    label: &str,
+    workload: &mut dyn Workload,
+    arms: &[(String, StrategySet, ArmKind)],
+    repeats: usize,
+    verified: &[u8],
+    progress: bool,
+) -> Result<Vec<ArmResult>> {
+    let mut results: Vec<ArmResult> = arms
+        .iter()
+        .map(|(arm, s, kind)| ArmResult {
+            arm: arm.clone(),
+            strategies: *s,
+            kind: *kind,
+            floor: match kind {
+                ArmKind::Floor => arm.clone(),
+                _ => workload.floor_of(arm).to_string(),
+            },
+            samples: Vec::new(),
+            cpu: Vec::new(),
+            peak_rss_bytes: None,
+        })
+        .collect();
+    let progress =
+        report::Progress::new(progress, label, (repeats * arms.len()) as u64, "measure");
+    let units = workload.units().0;
+    // Digests of the last round's stores: every arm has run as often by then.
+    let mut last_stores: Vec<Option<String>> = vec![None; arms.len()];
+    for round in 0..=repeats {
+        for k in 0..arms.len() {
+            let i = (k + round) % arms.len();
+            let (name, set, kind) = &arms[i];
+            let (start, start_cpu) = (Instant::now(), process_cpu());
+            let output = run_arm(workload, *kind, name, *set)?;
+            let (elapsed, cpu) = (start.elapsed(), process_cpu() - start_cpu);
+            check_output(label, round, name, verified, units, &output)?;
+            if let store @ Output::Store(_) = output {
+                if round == repeats {
+                    last_stores[i] = Some(digest(&store.bytes()?));
+                }
+            }
+            if round > 0 {
+                results[i].samples.push(elapsed);
+                results[i].cpu.push(cpu);
+                progress.inc();
+            }
+        }
+    }
+    if let Some((i, _)) = last_stores
+        .iter()
+        .enumerate()
+        .find(|(_, d)| d.is_some() && **d != last_stores[0])
+    {
+        bail!(
+            "scenario {label}: after {} runs each, `{}` left a store different from the baseline's",
+            repeats + 2,
+            arms[i].1
+        );
+    }
+    progress.finish();
+    Ok(results)
 }
 
 /// Runs the named scenarios (all built-ins when empty) and reports.

@@ -94,7 +94,48 @@ fn baseline(result: &ScenarioResult) -> &ArmResult {
 
 /// The stage's floor arm, if the run had one.
 fn floor(result: &ScenarioResult) -> Option<&ArmResult> {
-    result.arms.iter().find(|a| a.kind == ArmKind::Floor)
+    floor_named(&result.arms, super::FLOOR)
+}
+
+/// The floor arm named `name` among `arms`.
+fn floor_named<'a>(arms: &'a [ArmResult], name: &str) -> Option<&'a ArmResult> {
+    arms.iter().find(|a| a.kind == ArmKind::Floor && a.arm == name)
+}
+
+/// An arm's median ÷ the median of the floor it is held to, same run.
+pub fn ratio_to_floor(arms: &[ArmResult], arm: &ArmResult) -> Option<f64> {
+    let floor = floor_named(arms, &arm.floor)?;
+    Some(arm.median().as_secs_f64() / floor.median().as_secs_f64())
+}
+
+/// Below this many times its floor an arm is a finding, not noise: either the
+/// floor is not the least work its contract allows, or the arm skips work the
+/// contract requires (issue 26).
+pub const BELOW_FLOOR: f64 = 0.95;
+
+/// The arms (not floors) that measured below [`BELOW_FLOOR`] × their floor,
+/// each with its ratio.
+pub fn below_floor(arms: &[ArmResult]) -> Vec<(&ArmResult, f64)> {
+    arms.iter()
+        .filter(|a| a.kind != ArmKind::Floor)
+        .filter_map(|a| Some((a, ratio_to_floor(arms, a)?)))
+        .filter(|(_, ratio)| *ratio < BELOW_FLOOR)
+        .collect()
+}
+
+/// The lines that report [`below_floor`]'s arms (none when there are none).
+pub fn below_floor_lines(label: &str, arms: &[ArmResult]) -> Vec<String> {
+    below_floor(arms)
+        .into_iter()
+        .map(|(arm, ratio)| {
+            format!(
+                "FINDING {label}: `{}` measured {ratio:.2}× its floor `{}` (below {BELOW_FLOOR}×: \
+                 more than noise; the floor is not the least work of its contract, or the arm \
+                 skips work)",
+                arm.arm, arm.floor
+            )
+        })
+        .collect()
 }
 
 /// An arm's name in the terminal table.
@@ -127,7 +168,6 @@ pub fn table(result: &ScenarioResult) -> String {
         &result.digest[..12],
         result.arms.first().map_or(0, |arm| arm.samples.len())
     );
-    let floor_median = floor(result).map(|f| f.median().as_secs_f64());
     let rss = result.arms.iter().any(|a| a.peak_rss_bytes.is_some());
     let _ = writeln!(
         out,
@@ -153,15 +193,37 @@ pub fn table(result: &ScenarioResult) -> String {
             human(arm.quantile(1.0)),
             per_unit,
             base / median.as_secs_f64(),
-            floor_median.map_or("–".to_string(), |f| format!(
-                "{:.2}×",
-                median.as_secs_f64() / f
+            ratio_to_floor(&result.arms, arm).map_or("–".to_string(), |r| format!(
+                "{r:.2}×{}",
+                if r < BELOW_FLOOR && arm.kind != ArmKind::Floor {
+                    "!"
+                } else if arm.floor != super::FLOOR && arm.kind != ArmKind::Floor {
+                    "'"
+                } else {
+                    ""
+                }
             )),
             arm.peak_rss_bytes.map_or(String::new(), |b| format!(
                 " {:>8.1} MiB",
                 b as f64 / (1 << 20) as f64
             )),
         );
+    }
+    let contract_floors: Vec<&str> = result
+        .arms
+        .iter()
+        .filter(|a| a.kind == ArmKind::Floor && a.arm != super::FLOOR)
+        .map(|a| a.arm.as_str())
+        .collect();
+    if !contract_floors.is_empty() {
+        let _ = writeln!(
+            out,
+            "  (' : ÷ its own contract's floor, {})",
+            contract_floors.join(", ")
+        );
+    }
+    for line in below_floor_lines(&result.scenario, &result.arms) {
+        let _ = writeln!(out, "  ! {line}");
     }
     if !result.peers.is_empty() || !result.peers_skipped.is_empty() {
         let base_per_unit = base * 1e9 / units.max(1) as f64;
@@ -207,7 +269,7 @@ fn all(result: &ScenarioResult) -> &ArmResult {
 
 /// The CSV header; see `experiments/README.md`. `notebooks/ablation.ipynb`
 /// reads the columns by name; keep their names and order.
-pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all,ratio_to_floor,peak_rss_bytes";
+pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all,ratio_to_floor,peak_rss_bytes,floor_arm";
 
 /// One row of a results CSV, field for column in [`CSV_HEADER`]'s order.
 /// Results written before peers existed lack `measure`, `rss_kib` and
@@ -248,6 +310,11 @@ pub struct ResultRow {
     /// `--peak-rss`: the arm's own peak resident memory, in bytes (`harness::rss`).
     #[serde(default)]
     pub peak_rss_bytes: Option<u64>,
+    /// The floor arm `ratio_to_floor` is to: the stage's (`floor`), or the
+    /// floor of another contract the arm keeps (empty in runs before issue 26:
+    /// the stage's).
+    #[serde(default)]
+    pub floor_arm: String,
 }
 
 fn wall() -> String {
@@ -275,6 +342,10 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
     let units = result.units.0.max(1) as f64;
     let all_per_unit = all(result).median().as_nanos() as f64 / units;
     let floor_per_unit = floor(result).map(|f| f.median().as_nanos() as f64 / units);
+    let to_floor = |arm: &ArmResult| {
+        let floor = floor_named(&result.arms, &arm.floor)?;
+        Some(arm.median().as_nanos() as f64 / floor.median().as_nanos() as f64)
+    };
     let nanos = |d: Duration| d.as_nanos() as u64;
     let mut rows = Vec::new();
     for arm in &result.arms {
@@ -302,8 +373,9 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             measure: "wall".to_string(),
             rss_kib: None,
             ratio_to_all: Some(median / units / all_per_unit),
-            ratio_to_floor: floor_per_unit.map(|f| median / units / f),
+            ratio_to_floor: to_floor(arm),
             peak_rss_bytes: arm.peak_rss_bytes,
+            floor_arm: arm.floor.clone(),
         });
     }
     // Peer rows: per-unit ratios, since a peer counts its own units; no digest,
@@ -332,6 +404,7 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             ratio_to_all: Some(per_unit / all_per_unit),
             ratio_to_floor: floor_per_unit.map(|f| per_unit / f),
             peak_rss_bytes: None,
+            floor_arm: super::FLOOR.to_string(),
         });
     }
     rows
@@ -440,6 +513,7 @@ mod tests {
             ratio_to_all: Some(1.25),
             ratio_to_floor: Some(3.5),
             peak_rss_bytes: Some(1 << 20),
+            floor_arm: "floor".to_string(),
         }
     }
 
@@ -451,7 +525,7 @@ mod tests {
         assert_eq!(text.lines().next(), Some(CSV_HEADER));
         assert_eq!(
             text.lines().nth(1),
-            Some("seed-repro,export,quick,baseline,\"single-read,decode-once\",3,1234567,1000000,1100000,1300000,1400000,2100,lines,587.889,1.5000,0f59dbe0,wall,4096,1.2500,3.5000,1048576")
+            Some("seed-repro,export,quick,baseline,\"single-read,decode-once\",3,1234567,1000000,1100000,1300000,1400000,2100,lines,587.889,1.5000,0f59dbe0,wall,4096,1.2500,3.5000,1048576,floor")
         );
         let mut empty = Vec::new();
         write_rows(&mut empty, &[]).unwrap();

@@ -6,7 +6,7 @@
 //! reports `VmHWM` less that resident set: the run's own peak, without the
 //! input the harness built and holds (request bodies, a store on disk).
 
-use super::{all_arms, digest, load_scenario, run_arm, workloads, Output};
+use super::{all_arms, digest, load_scenario, run_arm, workloads, Generator, Output};
 use crate::machine::ProcessStats;
 use anyhow::{bail, Context, Result};
 use promlab::strategy::StrategySet;
@@ -20,13 +20,26 @@ pub fn probe(exe: &Path, scenario: &str, quick: bool, arm: &str) -> Result<u64> 
     if quick {
         command.arg("--quick");
     }
+    run_probe(command, scenario, arm)
+}
+
+/// Runs `arm` of the workload `params` describes (a scaling point) in a
+/// child, its output checked against the digest `expected`; its peak, in bytes.
+pub fn probe_params(exe: &Path, params: &Generator, expected: &str, arm: &str) -> Result<u64> {
+    let mut command = Command::new(exe);
+    command.args(["arm-rss", "--params", &serde_json::to_string(params)?]);
+    command.args(["--expected", expected, "--arm", arm]);
+    run_probe(command, &format!("{params:?}"), arm)
+}
+
+fn run_probe(mut command: Command, what: &str, arm: &str) -> Result<u64> {
     let output = command
         .output()
-        .with_context(|| format!("cannot run {}", exe.display()))?;
+        .with_context(|| format!("cannot run {:?}", command.get_program()))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
         bail!(
-            "arm-rss {scenario} --arm {arm} failed ({}): {}",
+            "arm-rss {what} --arm {arm} failed ({}): {}",
             output.status,
             String::from_utf8_lossy(&output.stderr).trim()
         );
@@ -34,7 +47,7 @@ pub fn probe(exe: &Path, scenario: &str, quick: bool, arm: &str) -> Result<u64> 
     stdout
         .lines()
         .find_map(|l| l.strip_prefix("peak_rss_bytes=")?.trim().parse().ok())
-        .with_context(|| format!("arm-rss {scenario} --arm {arm} printed no peak: {stdout}"))
+        .with_context(|| format!("arm-rss {what} --arm {arm} printed no peak: {stdout}"))
 }
 
 /// The child's side: the arm's own peak resident memory, in bytes, and the
@@ -42,11 +55,17 @@ pub fn probe(exe: &Path, scenario: &str, quick: bool, arm: &str) -> Result<u64> 
 pub fn measure(scenario: &str, quick: bool, arm: &str) -> Result<(u64, u64)> {
     let scenario = load_scenario(scenario)?;
     let size = scenario.size(quick);
-    let stage = scenario.stage();
-    let mut workload = workloads::build(&size.params)?;
+    measure_params(&size.params, &size.expected, arm)
+        .with_context(|| format!("scenario {}", scenario.name))
+}
+
+/// [`measure`] for the workload `params` describes, checked against `expected`.
+pub fn measure_params(params: &Generator, expected: &str, arm: &str) -> Result<(u64, u64)> {
+    let stage = params.stage();
+    let mut workload = workloads::build(params)?;
     let arms = all_arms(stage, StrategySet::all().restrict(stage), workload.as_ref());
     let Some((name, set, kind)) = arms.into_iter().find(|(name, _, _)| name == arm) else {
-        bail!("scenario {}: no arm `{arm}`", scenario.name)
+        bail!("no arm `{arm}`")
     };
     std::fs::write("/proc/self/clear_refs", "5")
         .context("cannot reset the peak resident set (/proc/self/clear_refs)")?;
@@ -66,8 +85,8 @@ pub fn measure(scenario: &str, quick: bool, arm: &str) -> Result<(u64, u64)> {
     let units = workload.units().0;
     match got {
         Err(n) if n != units => bail!("`{name}` handled {n} units, not {units}"),
-        Ok(got) if got != size.expected => {
-            bail!("`{name}` produced digest {got}, {} expected", size.expected)
+        Ok(got) if got != expected => {
+            bail!("`{name}` produced digest {got}, {expected} expected")
         }
         _ => {}
     }

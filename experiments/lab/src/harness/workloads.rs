@@ -39,6 +39,21 @@ pub fn build(params: &Generator) -> Result<Box<dyn Workload>> {
             series_per_group,
             ticks,
         } => Box::new(Ingest::feeder(*groups, *series_per_group, *ticks)?),
+        Generator::AsapChurn {
+            groups,
+            series_per_group,
+            ticks,
+            new_series_per_tick,
+        } => Box::new(Ingest::from_bodies(
+            churn_bodies(*groups, *series_per_group, *ticks, *new_series_per_tick).collect(),
+            groups * series_per_group * ticks,
+        )?),
+        Generator::AsapLanes {
+            groups,
+            series_per_group,
+            ticks,
+            lanes,
+        } => Box::new(Laned::feeder(*groups, *series_per_group, *ticks, *lanes)?),
         Generator::PrometheusCaptures { passes } => Box::new(Ingest::captures(*passes)?),
         Generator::AsapQuery {
             groups,
@@ -450,6 +465,18 @@ impl Ingest {
         })
     }
 
+    /// `bodies` (the feeder's plan) holding `samples` samples.
+    fn from_bodies(bodies: Vec<Vec<u8>>, samples: u64) -> Result<Ingest> {
+        let plan = promlab::ingest::plan::Plan::default();
+        Ok(Ingest {
+            floor: super::floor::IngestFloor::new(&plan)?,
+            plan,
+            bodies,
+            samples,
+            out: Vec::new(),
+        })
+    }
+
     /// The 27 requests a real Prometheus 2.42 sent, `passes` times over.
     fn captures(passes: usize) -> Result<Ingest> {
         let bodies: Vec<Vec<u8>> = captures_bodies(passes).collect();
@@ -493,5 +520,236 @@ impl Workload for Ingest {
     /// by the samples it walked.
     fn floor(&mut self) -> Result<Output<'_>> {
         Ok(Output::Units(self.floor.run(&self.bodies)?))
+    }
+}
+
+/// The feeder's workload with series churn, as request bodies: every tick
+/// sends one sample of each of the `groups` × `series_per_group` series slots
+/// (the feeder's labels, values and timestamps), and from the second tick on,
+/// `new_series_per_tick` slots, taken in turn and wrapping, hold a new series
+/// each tick — the same group, a new `instance` (`i<i>-<generation>`): a
+/// deployment whose pods come and go. With no churn the bodies are the
+/// feeder's own (`asap` at the same sizes); with churn equal to the series,
+/// every series of every tick is new.
+pub fn churn_bodies(
+    groups: u64,
+    series_per_group: u64,
+    ticks: u64,
+    new_series_per_tick: u64,
+) -> impl Iterator<Item = Vec<u8>> {
+    use promlab::ingest::wire;
+    let workload = promlab::ingest::feed::FeedWorkload {
+        groups,
+        series_per_group,
+        ..promlab::ingest::feed::FeedWorkload::seed(1_700_000_000_000)
+    };
+    let series = workload.series();
+    let churn = new_series_per_tick.min(series);
+    (0..ticks).flat_map(move |t| {
+        let mut requests = Vec::new();
+        let mut current = Vec::new();
+        let mut labels = Vec::with_capacity(64);
+        let mut rows = 0;
+        for n in 0..series {
+            let (g, i) = (n / series_per_group, n % series_per_group);
+            labels.clear();
+            wire::put_label(&mut labels, b"__name__", b"data");
+            match churn_generation(n, t, churn, series) {
+                0 => wire::put_label(&mut labels, b"instance", format!("i{i}").as_bytes()),
+                generation => wire::put_label(
+                    &mut labels,
+                    b"instance",
+                    format!("i{i}-{generation}").as_bytes(),
+                ),
+            }
+            wire::put_label(&mut labels, b"label_0", format!("g{g}").as_bytes());
+            let value = workload.value(n, t);
+            wire::put_series_one_sample(&mut current, &labels, value, workload.timestamp(t, 0));
+            rows += 1;
+            if rows == workload.batch_rows {
+                requests.push(wire::compress(&std::mem::take(&mut current)));
+                rows = 0;
+            }
+        }
+        if rows > 0 {
+            requests.push(wire::compress(&current));
+        }
+        requests
+    })
+}
+
+/// How many times series slot `n` (of `series`) was given a new series by
+/// tick `t`, when each tick from the second renews `churn` slots in turn:
+/// ticks 1..=t renew the positions `0..t·churn` of the slots laid end to end.
+fn churn_generation(n: u64, t: u64, churn: u64, series: u64) -> u64 {
+    let renewed = t * churn;
+    if n < renewed {
+        (renewed - n - 1) / series + 1
+    } else {
+        0
+    }
+}
+
+/// Ingest across cores: the feeder's request bodies through a laned ingester
+/// of `lanes` lanes (`promlab serve --ingest-threads`), fed by `lanes`
+/// threads at once, each taking the next request as soon as it is done with
+/// its last (a receiver's connections at saturation), a fresh ingester per
+/// run. The answer (every aggregation's last closed window after the flush,
+/// and the counters) is one ingester's, bit for bit: `asap` at the same sizes.
+/// The floor: `lanes` threads each walking its share of the requests through
+/// the ingest floor ([`super::floor::IngestFloor::run_shared`]) — the least
+/// work spread over as many cores, with nothing shared.
+struct Laned {
+    plan: promlab::ingest::plan::Plan,
+    bodies: Vec<Vec<u8>>,
+    lanes: usize,
+    samples: u64,
+    out: Vec<u8>,
+    floors: Vec<super::floor::IngestFloor>,
+}
+
+impl Laned {
+    fn feeder(groups: u64, series_per_group: u64, ticks: u64, lanes: usize) -> Result<Laned> {
+        anyhow::ensure!(
+            (1..=promlab::ingest::lanes::MAX_LANES).contains(&lanes),
+            "lanes = {lanes}: 1 to {}",
+            promlab::ingest::lanes::MAX_LANES
+        );
+        let plan = promlab::ingest::plan::Plan::default();
+        Ok(Laned {
+            floors: (0..lanes)
+                .map(|_| super::floor::IngestFloor::new(&plan))
+                .collect::<Result<_>>()?,
+            plan,
+            bodies: churn_bodies(groups, series_per_group, ticks, 0).collect(),
+            lanes,
+            samples: groups * series_per_group * ticks,
+            out: Vec::new(),
+        })
+    }
+}
+
+impl Workload for Laned {
+    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
+        use promlab::ingest::lanes::LanedIngester;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let laned = LanedIngester::with_plan(self.lanes, &self.plan, strategies);
+        let next = AtomicUsize::new(0);
+        let bodies = &self.bodies;
+        std::thread::scope(|s| -> Result<()> {
+            let feeders: Vec<_> = (0..self.lanes)
+                .map(|_| {
+                    s.spawn(|| -> Result<()> {
+                        while let Some(body) = bodies.get(next.fetch_add(1, Ordering::Relaxed)) {
+                            laned.handle(body)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for feeder in feeders {
+                feeder.join().expect("a feeder thread panicked")?;
+            }
+            Ok(())
+        })?;
+        laned.flush();
+        let totals = laned.totals();
+        self.out.clear();
+        serde_json::to_writer(&mut self.out, &laned.query_all())?;
+        write!(
+            self.out,
+            "\naccepted={} late={} stale={} rejected={} unrouted={}\n",
+            totals.accepted, totals.late, totals.stale, totals.rejected, totals.unrouted
+        )?;
+        Ok(Output::Bytes(&self.out))
+    }
+
+    fn units(&self) -> (u64, &'static str) {
+        (self.samples, "samples")
+    }
+
+    fn floor(&mut self) -> Result<Output<'_>> {
+        use std::sync::atomic::AtomicUsize;
+        let next = AtomicUsize::new(0);
+        let bodies = &self.bodies;
+        let walked = std::thread::scope(|s| -> Result<u64> {
+            let threads: Vec<_> = self
+                .floors
+                .iter_mut()
+                .map(|floor| s.spawn(|| floor.run_shared(bodies, &next)))
+                .collect();
+            let mut walked = 0;
+            for thread in threads {
+                walked += thread.join().expect("a floor thread panicked")?;
+            }
+            Ok(walked)
+        })?;
+        Ok(Output::Units(walked))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn churn_renews_slots_in_turn() {
+        // 10 slots, 3 new a tick: tick 1 renews 0..3, tick 2 3..6, tick 4 9, 0, 1.
+        let generation = |n, t| churn_generation(n, t, 3, 10);
+        assert_eq!((0..10).map(|n| generation(n, 0)).sum::<u64>(), 0);
+        assert_eq!(generation(2, 1), 1);
+        assert_eq!(generation(3, 1), 0);
+        assert_eq!(generation(5, 2), 1);
+        assert_eq!((generation(9, 4), generation(0, 4), generation(2, 4)), (1, 2, 1));
+        // Every tick renews exactly `churn` slots.
+        for t in 1..20 {
+            let renewed: u64 = (0..10).map(|n| generation(n, t) - generation(n, t - 1)).sum();
+            assert_eq!(renewed, 3);
+        }
+        // Churn of every series: every slot new every tick.
+        assert!((0..10).all(|n| churn_generation(n, 7, 10, 10) == 7));
+    }
+
+    #[test]
+    fn no_churn_is_the_feeders_workload() {
+        let feeder = promlab::ingest::feed::FeedWorkload {
+            groups: 3,
+            series_per_group: 7,
+            batch_rows: 50_000,
+            ..promlab::ingest::feed::FeedWorkload::seed(1_700_000_000_000)
+        };
+        let generator = feeder.generator();
+        let expected: Vec<Vec<u8>> = (0..4).flat_map(|t| generator.tick_bodies(t)).collect();
+        assert_eq!(churn_bodies(3, 7, 4, 0).collect::<Vec<_>>(), expected);
+        assert_ne!(churn_bodies(3, 7, 4, 1).collect::<Vec<_>>(), expected);
+    }
+
+    #[test]
+    fn lanes_answer_as_one_ingester_and_the_floor_walks_every_sample() {
+        let mut one = build(&Generator::Asap {
+            groups: 4,
+            series_per_group: 50,
+            ticks: 70,
+        })
+        .unwrap();
+        let all = StrategySet::all();
+        let expected = one.run(all).unwrap().bytes().unwrap().into_owned();
+        for lanes in [1, 2, 3] {
+            let params = Generator::AsapLanes {
+                groups: 4,
+                series_per_group: 50,
+                ticks: 70,
+                lanes,
+            };
+            let mut laned = build(&params).unwrap();
+            for set in [StrategySet::NONE, all] {
+                let got = laned.run(set).unwrap().bytes().unwrap().into_owned();
+                assert!(got == expected, "{lanes} lanes, {set}");
+            }
+            match laned.floor().unwrap() {
+                Output::Units(n) => assert_eq!(n, 4 * 50 * 70),
+                _ => panic!("the floor counts samples"),
+            }
+        }
     }
 }
