@@ -1644,22 +1644,24 @@ impl FilePass<'_> {
         let room = ENTRY_DETAILS_KEPT.saturating_sub(self.report.entry_details.len());
         let (catalogue, staged) = (&mut *self.catalogue, &mut *self.staged);
         catalogue.raw.start_file(file.slot);
-        let read = self.reader.read(
-            self.dir,
-            self.metric,
-            file,
-            lock_deadline,
-            &mut |entry| match catalogue.lookup(&entry) {
-                Ok(series) => staged.push((series as u32, *entry.value_bytes)),
-                Err(bad) => {
-                    skipped[bad.reason as usize] += 1;
-                    if details.len() < room {
-                        let at = entry.offset();
-                        details.push(format!("entry at offset {at}: {}", bad.detail));
+        let read = self
+            .reader
+            .read(
+                self.dir,
+                self.metric,
+                file,
+                lock_deadline,
+                &mut |entry| match catalogue.lookup(&entry) {
+                    Ok(series) => staged.push((series as u32, *entry.value_bytes)),
+                    Err(bad) => {
+                        skipped[bad.reason as usize] += 1;
+                        if details.len() < room {
+                            let at = entry.offset();
+                            details.push(format!("entry at offset {at}: {}", bad.detail));
+                        }
                     }
-                }
-            },
-        );
+                },
+            );
         *self.lock_wait_left = self
             .lock_wait_left
             .saturating_sub(std::mem::take(&mut self.reader.lock_waited));
@@ -1864,7 +1866,8 @@ impl Exporter {
             scrape.add_staged(mode, &pass.staged[range]);
         }
         pass.staged.clear();
-        self.reader.reprobe_exited(&self.dir, def_index, files, reprobe);
+        self.reader
+            .reprobe_exited(&self.dir, def_index, files, reprobe);
         catalogue.raw.end_scrape();
         scrape.group(catalogue);
         Ok(())

@@ -420,7 +420,10 @@ mod tests {
         assert!(!zero_fill(&mut info(libc::BUS_ADRALN, at)));
         assert!(!zero_fill(&mut info(libc::BUS_OBJERR, at)));
         assert!(!zero_fill(&mut info(0 /* SI_USER: kill */, at)));
-        assert!(!zero_fill(&mut info(libc::BUS_ADRERR, elsewhere.as_ptr() as usize)));
+        assert!(!zero_fill(&mut info(
+            libc::BUS_ADRERR,
+            elsewhere.as_ptr() as usize
+        )));
         assert!(!guard.faulted());
         assert!(zero_fill(&mut info(libc::BUS_ADRERR, at)));
         assert!(guard.faulted());

@@ -1366,7 +1366,12 @@ mod tests {
                     .collect()
             };
             let cut = |len: u64| {
-                OpenOptions::new().write(true).open(&path).unwrap().set_len(len).unwrap()
+                OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_len(len)
+                    .unwrap()
             };
             for _ in 0..10 {
                 client.increment(c, &[("l", "a")], 1.0).unwrap();
@@ -1397,8 +1402,14 @@ mod tests {
             );
             let after = truncations();
             // Other tests' writers may count too; this one repaired twice.
-            assert!(after.files_repaired >= before.files_repaired + 2, "{strategies}");
-            assert!(after.entries_reset >= before.entries_reset + 3, "{strategies}");
+            assert!(
+                after.files_repaired >= before.files_repaired + 2,
+                "{strategies}"
+            );
+            assert!(
+                after.entries_reset >= before.entries_reset + 3,
+                "{strategies}"
+            );
         }
     }
 

@@ -18,8 +18,8 @@
 use super::bins::{Bins, PaneBins};
 use super::groups::{Budget, GroupTable};
 use super::plan::Aggregation;
-use crate::seams::SketchUpdate;
 use super::window::{write_group_key, Accumulator, Capacity, WindowBins};
+use crate::seams::SketchUpdate;
 use std::collections::BTreeMap;
 
 /// A group's key (as the receiver interns it) from its labels as an answer

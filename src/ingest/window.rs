@@ -21,8 +21,8 @@
 use super::bins::PaneBins;
 use super::groups::{AggGroups, Budget, OVERFLOW};
 use super::plan::Aggregation;
-use crate::seams::SketchUpdate;
 use super::sketch::{PaneSketch, PANE_BINS};
+use crate::seams::SketchUpdate;
 use crate::text::{write_escaped, Escape};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;

@@ -154,7 +154,9 @@ pub fn floors_table(rows: &[ResultRow], source: &Path) -> String {
         });
         let ratio = |r: Option<&ResultRow>| {
             r.and_then(|r| r.ratio_to_floor)
-                .map_or("–".to_string(), |x| format!("{x:.2}×{}", below_floor_mark(x)))
+                .map_or("–".to_string(), |x| {
+                    format!("{x:.2}×{}", below_floor_mark(x))
+                })
         };
         let per_unit = |r: Option<&ResultRow>| {
             r.map_or("–".to_string(), |r| {

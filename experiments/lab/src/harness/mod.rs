@@ -427,6 +427,16 @@ pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
             let bodies = workloads::feeder_bodies(*groups, *series_per_group, *ticks);
             return reference_ingest_answer(&promlab::ingest::plan::Plan::default(), bodies);
         }
+        Generator::AsapChurn {
+            groups,
+            series_per_group,
+            ticks,
+            new_series_per_tick,
+        } => {
+            let bodies =
+                workloads::churn_bodies(*groups, *series_per_group, *ticks, *new_series_per_tick);
+            return reference_ingest_answer(&promlab::ingest::plan::Plan::default(), bodies);
+        }
         Generator::PrometheusCaptures { passes } => {
             let bodies = workloads::captures_bodies(*passes);
             return reference_ingest_answer(&workloads::captures_plan()?, bodies);
@@ -805,8 +815,7 @@ pub fn measure(
             peak_rss_bytes: None,
         })
         .collect();
-    let progress =
-        report::Progress::new(progress, label, (repeats * arms.len()) as u64, "measure");
+    let progress = report::Progress::new(progress, label, (repeats * arms.len()) as u64, "measure");
     let units = workload.units().0;
     // Digests of the last round's stores: every arm has run as often by then.
     let mut last_stores: Vec<Option<String>> = vec![None; arms.len()];

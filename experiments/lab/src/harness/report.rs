@@ -99,7 +99,8 @@ fn floor(result: &ScenarioResult) -> Option<&ArmResult> {
 
 /// The floor arm named `name` among `arms`.
 fn floor_named<'a>(arms: &'a [ArmResult], name: &str) -> Option<&'a ArmResult> {
-    arms.iter().find(|a| a.kind == ArmKind::Floor && a.arm == name)
+    arms.iter()
+        .find(|a| a.kind == ArmKind::Floor && a.arm == name)
 }
 
 /// An arm's median ÷ the median of the floor it is held to, same run.

@@ -574,12 +574,7 @@ fn lanes_model(result: &AxisResult) -> Option<String> {
     };
     for point in &result.points {
         if let Some(t) = time_of(point.x) {
-            let _ = writeln!(
-                out,
-                "    {:>2} lanes: {:.2}× measured",
-                point.x,
-                one / t
-            );
+            let _ = writeln!(out, "    {:>2} lanes: {:.2}× measured", point.x, one / t);
         }
     }
     let _ = writeln!(out, "    serial share s = {serial:.3}");
@@ -736,7 +731,10 @@ mod tests {
         for (name, _) in BUILT_IN {
             let axis = load_axis(name).unwrap();
             assert_eq!(axis.name, name);
-            assert!(axis.full.points.len() >= axis.quick.points.len().min(3), "{name}");
+            assert!(
+                axis.full.points.len() >= axis.quick.points.len().min(3),
+                "{name}"
+            );
             // The full ladder reaches at least as far as the quick one.
             let top = |l: &Ladder| l.points.last().unwrap().x;
             assert!(top(&axis.full) >= top(&axis.quick), "{name}");
@@ -750,7 +748,9 @@ mod tests {
                 );
             }
         }
-        let stages: Vec<&str> = BUILT_IN.map(|(n, _)| load_axis(n).unwrap().stage()).to_vec();
+        let stages: Vec<&str> = BUILT_IN
+            .map(|(n, _)| load_axis(n).unwrap().stage())
+            .to_vec();
         for stage in ["export", "render", "ingest", "query"] {
             assert!(stages.contains(&stage), "{stage}");
         }
@@ -835,7 +835,9 @@ points = [{ x = 2, params = { generator = "asap-query", groups = 2, series_per_g
         assert_eq!(rows.len(), 10);
         let uncached = rows.iter().find(|r| r.arm == "all-uncached").unwrap();
         assert_eq!(uncached.floor_arm, "floor-uncached");
-        assert!(rows.iter().all(|r| r.repeats == 2 && r.ratio_to_floor.is_some()));
+        assert!(rows
+            .iter()
+            .all(|r| r.repeats == 2 && r.ratio_to_floor.is_some()));
         assert!(dir.path().join("scaling/machine.txt").is_file());
     }
 }

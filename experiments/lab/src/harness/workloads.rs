@@ -700,10 +700,15 @@ mod tests {
         assert_eq!(generation(2, 1), 1);
         assert_eq!(generation(3, 1), 0);
         assert_eq!(generation(5, 2), 1);
-        assert_eq!((generation(9, 4), generation(0, 4), generation(2, 4)), (1, 2, 1));
+        assert_eq!(
+            (generation(9, 4), generation(0, 4), generation(2, 4)),
+            (1, 2, 1)
+        );
         // Every tick renews exactly `churn` slots.
         for t in 1..20 {
-            let renewed: u64 = (0..10).map(|n| generation(n, t) - generation(n, t - 1)).sum();
+            let renewed: u64 = (0..10)
+                .map(|n| generation(n, t) - generation(n, t - 1))
+                .sum();
             assert_eq!(renewed, 3);
         }
         // Churn of every series: every slot new every tick.
