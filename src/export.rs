@@ -574,6 +574,7 @@ impl FileReader {
 
 /// A kept file read under its lock (client_ruby's protocol), mapped again if
 /// it grew; with `Leases`, its writers probed when due.
+#[allow(clippy::too_many_arguments)] // the reader's fields, borrowed apart from `kept`
 fn read_kept_locked(
     kept: &mut KeptFile,
     dir: &Path,

@@ -265,10 +265,7 @@ impl FileSet {
             return self.list_all();
         };
         let mut changes = Vec::new();
-        let relist = match watch.drain(|event| changes.push(event)) {
-            Ok(relist) => relist,
-            Err(_) => true,
-        };
+        let relist = watch.drain(|event| changes.push(event)).unwrap_or(true);
         if relist {
             if watch.lost {
                 self.watch = None;

@@ -421,10 +421,19 @@ fn read_used(file: &File) -> Result<Vec<u8>> {
     }
 }
 
+/// A decoded label set: (name, value) pairs, as bytes.
+type LabelSet = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Where a raw key lies: (file index, (start, end) of its bytes in the file).
+type KeyPlace = (usize, (usize, usize));
+
+/// A folded series: its first raw key met, its aggregate value and timestamp.
+type FoldedEntry = (KeyPlace, f64, f64);
+
 /// Decoded label sets → series numbers, for one metric.
 #[derive(Default)]
 struct SeriesIds {
-    ids: HashMap<Vec<(Vec<u8>, Vec<u8>)>, usize>,
+    ids: HashMap<LabelSet, usize>,
 }
 
 impl SeriesIds {
@@ -520,16 +529,15 @@ struct Batch {
     /// Per series: the first raw key met (file, key span), the aggregate
     /// value and timestamp; `None` when there is no entry (the files are only
     /// removed).
-    entries: Option<Vec<((usize, (usize, usize)), f64, f64)>>,
+    entries: Option<Vec<FoldedEntry>>,
 }
 
 /// A run's own aggregate over `files`, series in order of first appearance.
-#[allow(clippy::type_complexity)]
 fn run_entries(
     files: &[FileSnapshot],
     range: std::ops::Range<usize>,
     mode: ProcessAggregation,
-) -> Option<Vec<((usize, (usize, usize)), f64, f64)>> {
+) -> Option<Vec<FoldedEntry>> {
     let mut run = Run {
         start: range.start,
         series: Vec::new(),
@@ -558,7 +566,7 @@ struct Run {
     start: usize,
     /// Per series touched: (aggregate before the run, the run's aggregate,
     /// first raw key), in order of first appearance in the run.
-    series: Vec<(usize, Option<Aggregate>, Aggregate, (usize, (usize, usize)))>,
+    series: Vec<(usize, Option<Aggregate>, Aggregate, KeyPlace)>,
     place: HashMap<usize, usize>,
 }
 

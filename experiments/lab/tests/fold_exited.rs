@@ -60,7 +60,9 @@ fn write_store(dir: &Path) -> Client {
         let path = [("path", "/a")];
         let pool = [("pool", "web")];
         let v = 0.001 * (i + 1) as f64;
-        let steps: [(&str, &[(&str, &str)], f64); 8] = [
+        // (metric, labels, value)
+        type Step<'a> = (&'a str, &'a [(&'a str, &'a str)], f64);
+        let steps: [Step; 8] = [
             ("requests_total", &path, 1.0 + i as f64),
             ("latency_seconds", &path, v),
             ("size_bytes", &path, 100.5 * i as f64),

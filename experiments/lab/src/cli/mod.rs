@@ -649,7 +649,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         let exporter = promlab::export::Exporter::new(dir, registry, args.strategies);
         return metrics::serve(
             listen(9394)?,
-            Source::Store(exporter),
+            Source::Store(Box::new(exporter)),
             args.strategies,
             args.server_limits(),
             fold,

@@ -509,8 +509,8 @@ pub fn fits_table(result: &AxisResult) -> String {
     );
     let _ = writeln!(
         out,
-        "  {:<16} {:>8}  {:<40} {}",
-        "arm", "b (fit)", "b between neighbouring points", "÷ floor per point"
+        "  {:<16} {:>8}  {:<40} ÷ floor per point",
+        "arm", "b (fit)", "b between neighbouring points"
     );
     for (arm, curve) in curves(result) {
         let ratios: Vec<String> = result

@@ -409,7 +409,7 @@ struct Ingest {
 const CAPTURES_PLAN: &str = "lateness_secs = 0\n[[aggregation]]\nid = \"gc\"\nmetric = \"go_gc_duration_seconds\"\ngroup_by = [\"quantile\"]\nwindow_secs = 5\n";
 
 pub(super) fn captures_plan() -> Result<promlab::ingest::plan::Plan> {
-    Ok(promlab::ingest::plan::Plan::parse(CAPTURES_PLAN)?)
+    promlab::ingest::plan::Plan::parse(CAPTURES_PLAN)
 }
 
 /// The 27 requests a real Prometheus 2.42 sent, `passes` times over.

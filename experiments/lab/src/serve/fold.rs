@@ -46,7 +46,14 @@ impl FoldStats {
     /// The counters, in the text format, through the library's one encoder.
     pub fn render(&self, out: &mut Vec<u8>) {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let families: [(&str, &str, &str, Vec<(Option<(&str, &str)>, u64)>); 6] = [
+        // (name, type, help, samples: (one label, value)).
+        type Family<'a> = (
+            &'a str,
+            &'a str,
+            &'a str,
+            Vec<(Option<(&'a str, &'a str)>, u64)>,
+        );
+        let families: [Family; 6] = [
             (
                 "promlab_fold_runs_total",
                 "counter",

@@ -127,8 +127,9 @@ impl Counters {
 
 /// Where scrapes come from.
 pub enum Source {
-    /// A client_ruby store directory, exported on every scrape.
-    Store(Exporter),
+    /// A client_ruby store directory, exported on every scrape (boxed: an
+    /// exporter is much larger than the other source).
+    Store(Box<Exporter>),
     /// The RabbitMQ per-object scenario.
     Scenario(RabbitMqNode),
 }
@@ -183,7 +184,9 @@ pub fn app_folding(source: Source, fold: Option<Arc<super::fold::FoldStats>>) ->
         "/metrics/per-object and /metrics/detailed?family=..."
     };
     let source = match source {
-        Source::Store(exporter) => Source::Store(exporter.with_scrape_budget(SCRAPE_BUDGET)),
+        Source::Store(exporter) => {
+            Source::Store(Box::new(exporter.with_scrape_budget(SCRAPE_BUDGET)))
+        }
         scenario => scenario,
     };
     let shared = Arc::new(Shared {

@@ -186,8 +186,7 @@ fn feed_at_once<'a>(
             .collect();
         workers
             .into_iter()
-            .map(|w| w.join().expect("a feeding thread panicked"))
-            .collect()
+            .try_for_each(|w| w.join().expect("a feeding thread panicked"))
     })
 }
 
