@@ -183,8 +183,10 @@ pub fn decode_body(body: &[u8]) -> anyhow::Result<Vec<Series>> {
 /// reached; every window once `flushed`), each group's labels, count and
 /// quantiles — those of a `sketches_ddsketch::DDSketch` (the crate, not the
 /// pipeline's sketches) fed the pane's values as they arrived, with the
-/// aggregation's α, 2,048 bins and zero bucket 1e-9. Groups are ordered by
-/// their labels as a sorted map.
+/// aggregation's α, room for every key of the normal f64 range (so it never
+/// collapses its lowest bins: the receiver's promise, issue 23) and a zero
+/// bucket of `±0` and the subnormals. Groups are ordered by their labels as a
+/// sorted map.
 pub fn answer(outcome: &Outcome, plan: &Plan, agg: usize, flushed: bool) -> serde_json::Value {
     use serde_json::{json, Map, Value};
     let agg = &plan.aggregations[agg];
@@ -212,8 +214,7 @@ pub fn answer(outcome: &Outcome, plan: &Plan, agg: usize, flushed: bool) -> serd
     let groups: Vec<Value> = groups
         .into_iter()
         .map(|(labels, values)| {
-            let config = sketches_ddsketch::Config::new(agg.relative_accuracy, 2048, 1e-9);
-            let mut sketch = sketches_ddsketch::DDSketch::new(config);
+            let mut sketch = sketches_ddsketch::DDSketch::new(uncollapsed(agg.relative_accuracy));
             values.iter().for_each(|&v| sketch.add(v));
             let quantiles: Map<String, Value> = agg
                 .quantiles
@@ -227,6 +228,17 @@ pub fn answer(outcome: &Outcome, plan: &Plan, agg: usize, flushed: bool) -> serd
         })
         .collect();
     json!({"aggregation": agg.id, "window_start_ms": window, "groups": groups})
+}
+
+/// The crate's configuration at accuracy `alpha` with no bin limit in reach:
+/// `max_num_bins` is the key span from the smallest normal f64 to the largest,
+/// computed here from the crate's own key function, and values up to the
+/// largest subnormal count as zeros.
+fn uncollapsed(alpha: f64) -> sketches_ddsketch::Config {
+    let largest_subnormal = f64::from_bits((1 << 52) - 1);
+    let keys = sketches_ddsketch::Config::new(alpha, 1, largest_subnormal);
+    let span = i64::from(keys.key(f64::MAX)) - i64::from(keys.key(f64::MIN_POSITIVE)) + 1;
+    sketches_ddsketch::Config::new(alpha, span as u32, largest_subnormal)
 }
 
 /// [`answer`] for every aggregation, in plan order (what `query_all` gives).

@@ -116,6 +116,16 @@ fn check_export(case: &Case, strategies: StrategySet) -> Result<(), TestCaseErro
         };
         write(&one, dir.path(), StrategySet::NONE);
         let want = reference::exposition::export(dir.path(), &case.registry).unwrap();
+        if strategies.contains(S::FoldExited) {
+            // Every writer so far has exited: fold their files (exactly, so
+            // the reference's answer on the unfolded store still holds).
+            let config = promlab::fold::FoldConfig {
+                grace: std::time::Duration::ZERO,
+                durable: false,
+                ..promlab::fold::FoldConfig::default()
+            };
+            promlab::fold::fold_store(dir.path(), &case.registry, &config).unwrap();
+        }
         exporter.export_into(&mut out).unwrap();
         let once = promlab::export::export(dir.path(), &case.registry, strategies).unwrap();
         for (what, got) in [("long-lived", &out), ("one-shot", &once)] {
@@ -192,8 +202,9 @@ against_reference! {
     export_single_read: check_export, small(), [SingleRead];
     export_decode_once: check_export, small(), [DecodeOnce];
     export_fast_unescape: check_export, small(), [FastUnescape];
+    export_fold_exited: check_export, small(), [FoldExited];
     export_prerender: check_export, small(), [Prerender];
-    export_all: check_export, small(), [SingleRead, DecodeOnce, FastUnescape, Prerender];
+    export_all: check_export, small(), [SingleRead, DecodeOnce, FastUnescape, FoldExited, Prerender];
     ingest_baseline: check_ingest, big(), [];
     ingest_borrowed_decode: check_ingest, big(), [BorrowedDecode];
     ingest_series_cache: check_ingest, big(), [SeriesCache];

@@ -757,7 +757,7 @@ mod tests {
         assert!(select(&["nope".to_string()]).is_err());
         let ingest = select(&["ingest".to_string(), "ingest-lanes".to_string()]).unwrap();
         assert!(ingest.iter().all(|a| a.stage() == "ingest"));
-        assert_eq!(ingest.len(), 4);
+        assert_eq!(ingest.len(), 3);
     }
 
     /// A point's parameters at a size a test runs in a moment.

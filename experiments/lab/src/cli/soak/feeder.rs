@@ -19,6 +19,8 @@ pub(super) const REMOTE_WRITE: [(&str, &str); 3] = [
 pub(super) const FEEDER: &str = "feeder (asap-1e5)";
 pub(super) const CARDINALITY: &str = "cardinality (fresh label_0 values)";
 pub(super) const PROBE: &str = "probe during slow clients";
+pub(super) const WRITE_PROBE: &str = "write probe during slow clients";
+pub(super) const SIDECAR_PROBE: &str = "sidecar probe during slow clients";
 
 /// The timestamp of the feeder's current tick: what the other clients stamp their
 /// valid samples with, so none is ahead of the feed (the feeder may fall behind the

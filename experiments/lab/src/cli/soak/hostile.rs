@@ -1,9 +1,12 @@
 //! The receiver's hostile clients: malformed, mislabelled, oversized and
 //! far-future requests (each with the statuses a correct receiver answers), a
 //! cardinality flood of fresh groups, and a crowd of slow clients holding
-//! connections open while a probe checks the receiver still answers.
+//! connections open (to the receiver, then the sidecar) while probes check
+//! that a scrape and a write are still answered in time.
 
-use super::feeder::{now_ms, samples_body, FeedClock, CARDINALITY, PROBE, REMOTE_WRITE};
+use super::feeder::{
+    now_ms, samples_body, FeedClock, CARDINALITY, PROBE, REMOTE_WRITE, SIDECAR_PROBE, WRITE_PROBE,
+};
 use super::server::Server;
 use super::tally::{timed, Outcome, Tallies};
 use super::{Run, CARDINALITY_BATCH, CARDINALITY_CAP, REQUEST_TIMEOUT, SLOW_CLIENTS};
@@ -260,7 +263,8 @@ pub(super) struct SlowState {
     active: AtomicBool,
     opened: AtomicU64,
     refused: AtomicU64,
-    /// Slow connections the receiver closed (a header-read timeout or a connection cap).
+    /// Slow connections the server closed (a header or body deadline, or the
+    /// connection cap evicting the slowest).
     closed_by_server: AtomicU64,
     held_secs: Mutex<f64>,
 }
@@ -268,76 +272,134 @@ pub(super) struct SlowState {
 impl SlowState {
     pub(super) fn summary(&self) -> String {
         format!(
-            "{} slow connections opened ({} refused), held {:.0} s sending a byte a second; the receiver closed {} of them",
+            "{} slow connections opened ({} refused; half trickling a request header, half a body, a byte a second each, reopened when closed, {} at once against the receiver, then the sidecar), held {:.0} s; the servers closed {} of them",
             self.opened.load(Ordering::Relaxed),
             self.refused.load(Ordering::Relaxed),
+            SLOW_CLIENTS,
             self.held_secs.lock().unwrap(),
             self.closed_by_server.load(Ordering::Relaxed),
         )
     }
 }
 
-/// From 50 % to 80 % of the run: [`SLOW_CLIENTS`] connections that send a request
-/// header one byte a second, while a probe on fresh connections checks the receiver
-/// still answers.
-pub(super) fn slow_clients(run: &Run, rx: &Server, tallies: &Tallies, slow: &SlowState) {
+/// From 50 % to 80 % of the run: [`SLOW_CLIENTS`] connections, half sending a
+/// request header and half a request body one byte a second (each reopened
+/// when the server closes it), against the receiver from 50 % to 65 % and the
+/// sidecar from 65 % to 80 %, while probes on fresh connections check that a
+/// normal scrape and a normal write are still answered in time.
+pub(super) fn slow_clients(
+    run: &Run,
+    rx: &Server,
+    sidecar: &Server,
+    tallies: &Tallies,
+    clock: &FeedClock,
+    slow: &SlowState,
+) {
     run.sleep(run.at(0.5).saturating_duration_since(Instant::now()));
     if run.over() {
         return;
     }
     let began = Instant::now();
     slow.active.store(true, Ordering::Relaxed);
-    let window_end = run.at(0.8);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while Instant::now() < window_end && !run.over() {
-                // A fresh connection every time: what a new legitimate client gets.
-                let client = Client::new(Some(REQUEST_TIMEOUT), 1);
-                let (result, elapsed) = timed(|| client.get(&rx.url("/metrics"), &[]));
-                tallies.record(PROBE, &Outcome::of(&result), elapsed, 0);
-                run.sleep(Duration::from_millis(500));
-            }
+    for (server, from, until) in [(rx, 0.5, 0.65), (sidecar, 0.65, 0.8)] {
+        let (start, window_end) = (run.at(from), run.at(until));
+        run.sleep(start.saturating_duration_since(Instant::now()));
+        if run.over() {
+            break;
+        }
+        let is_receiver = std::ptr::eq(server, rx);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while Instant::now() < window_end && !run.over() {
+                    // A fresh connection every time: what a new legitimate client gets.
+                    let client = Client::new(Some(REQUEST_TIMEOUT), 1);
+                    let (result, elapsed) = timed(|| client.get(&server.url("/metrics"), &[]));
+                    let name = if is_receiver { PROBE } else { SIDECAR_PROBE };
+                    tallies.record(name, &Outcome::of(&result), elapsed, 0);
+                    if is_receiver {
+                        let (body, samples) =
+                            samples_body(std::iter::once("slow-probe".to_owned()), clock.now());
+                        let (result, elapsed) = timed(|| {
+                            client.post(&server.url("/api/v1/write"), &REMOTE_WRITE, &body)
+                        });
+                        tallies.record(WRITE_PROBE, &Outcome::of(&result), elapsed, samples);
+                    }
+                    run.sleep(Duration::from_millis(500));
+                }
+            });
+            hold_slow_connections(run, server, is_receiver, slow, window_end);
         });
-        hold_slow_connections(run, rx, slow, window_end);
-    });
+    }
     *slow.held_secs.lock().unwrap() = began.elapsed().as_secs_f64();
     slow.active.store(false, Ordering::Relaxed);
 }
 
-/// Opens the slow connections and sends each a byte a second until `until`.
-fn hold_slow_connections(run: &Run, rx: &Server, slow: &SlowState, until: Instant) {
-    let addr: Option<SocketAddr> = rx
+/// What a slow connection sends first: a request header left open (then a
+/// byte a second of more header), or a whole header announcing a body (then
+/// the body a byte a second).
+fn slow_start(trickle_body: bool, is_receiver: bool) -> &'static [u8] {
+    match (trickle_body, is_receiver) {
+        (false, _) => b"POST /api/v1/write HTTP/1.1\r\nHost: soak\r\n",
+        (true, true) => b"POST /api/v1/write HTTP/1.1\r\nHost: soak\r\nContent-Type: application/x-protobuf\r\nContent-Encoding: snappy\r\nContent-Length: 1000000\r\n\r\n",
+        (true, false) => b"POST /metrics HTTP/1.1\r\nHost: soak\r\nContent-Length: 1000000\r\n\r\n",
+    }
+}
+
+/// Opens the slow connections and sends each a byte a second until `until`,
+/// reopening those the server closed.
+fn hold_slow_connections(
+    run: &Run,
+    server: &Server,
+    is_receiver: bool,
+    slow: &SlowState,
+    until: Instant,
+) {
+    let Some(addr): Option<SocketAddr> = server
         .url("")
         .strip_prefix("http://")
-        .and_then(|a| a.parse().ok());
-    let mut conns: Vec<Option<TcpStream>> = Vec::new();
-    if let Some(addr) = addr {
-        for _ in 0..SLOW_CLIENTS {
-            if Instant::now() >= until || run.over() {
-                break;
+        .and_then(|a| a.parse().ok())
+    else {
+        return;
+    };
+    let open = |i: usize| -> Option<TcpStream> {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            Ok(mut s) => {
+                let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+                if s.write_all(slow_start(i % 2 == 1, is_receiver)).is_err() {
+                    slow.closed_by_server.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                slow.opened.fetch_add(1, Ordering::Relaxed);
+                Some(s)
             }
-            match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-                Ok(mut s) => {
-                    let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-                    let _ = s.write_all(b"POST /api/v1/write HTTP/1.1\r\nHost: soak\r\n");
-                    slow.opened.fetch_add(1, Ordering::Relaxed);
-                    conns.push(Some(s));
-                }
-                Err(_) => {
-                    slow.refused.fetch_add(1, Ordering::Relaxed);
-                }
+            Err(_) => {
+                slow.refused.fetch_add(1, Ordering::Relaxed);
+                None
             }
         }
+    };
+    let mut conns: Vec<Option<TcpStream>> = Vec::with_capacity(SLOW_CLIENTS);
+    for i in 0..SLOW_CLIENTS {
+        if Instant::now() >= until || run.over() {
+            break;
+        }
+        conns.push(open(i));
     }
     let mut next_byte = Instant::now();
     while Instant::now() < until && !run.over() {
         if Instant::now() >= next_byte {
-            for conn in conns.iter_mut() {
-                if let Some(s) = conn {
-                    if s.write_all(b"X").is_err() {
-                        slow.closed_by_server.fetch_add(1, Ordering::Relaxed);
-                        *conn = None;
+            for (i, conn) in conns.iter_mut().enumerate() {
+                match conn {
+                    Some(s) => {
+                        if s.write_all(b"X").is_err() {
+                            slow.closed_by_server.fetch_add(1, Ordering::Relaxed);
+                            *conn = None;
+                        }
                     }
+                    // Closed by the server (or refused): try again, as a
+                    // determined slow client does.
+                    None if Instant::now() < until => *conn = open(i),
+                    None => {}
                 }
             }
             next_byte += Duration::from_secs(1);

@@ -212,7 +212,7 @@ pub fn soak(args: SoakArgs) -> Result<()> {
             );
             *cardinality_stop.lock().unwrap() = why;
         });
-        scope.spawn(|| slow_clients(&run, &receiver, &tallies, &slow));
+        scope.spawn(|| slow_clients(&run, &receiver, &sidecar, &tallies, &clock, &slow));
         for ops in &ops {
             let (exe, store, registry, strategies, writers, run) =
                 (&exe, &store, &registry, &strategies, &writers, &run);

@@ -42,12 +42,18 @@ impl Tally {
     }
 
     pub(super) fn p99_ms(&self) -> f64 {
+        self.quantile_ms(0.99)
+    }
+
+    /// The latency at quantile `q` (nearest rank; 1.0 is the slowest), in ms.
+    pub(super) fn quantile_ms(&self, q: f64) -> f64 {
         let mut l = self.latencies_us.clone();
         if l.is_empty() {
             return 0.0;
         }
         l.sort_unstable();
-        l[(l.len() * 99).div_ceil(100) - 1] as f64 / 1000.0
+        let rank = ((l.len() as f64 * q).ceil() as usize).clamp(1, l.len());
+        l[rank - 1] as f64 / 1000.0
     }
 
     pub(super) fn outcomes_text(&self) -> String {
