@@ -390,12 +390,11 @@ fn hold_slow_connections(
         if Instant::now() >= next_byte {
             for (i, conn) in conns.iter_mut().enumerate() {
                 match conn {
-                    Some(s) => {
-                        if s.write_all(b"X").is_err() {
-                            slow.closed_by_server.fetch_add(1, Ordering::Relaxed);
-                            *conn = None;
-                        }
+                    Some(s) if s.write_all(b"X").is_err() => {
+                        slow.closed_by_server.fetch_add(1, Ordering::Relaxed);
+                        *conn = None;
                     }
+                    Some(_) => {}
                     // Closed by the server (or refused): try again, as a
                     // determined slow client does.
                     None if Instant::now() < until => *conn = open(i),
