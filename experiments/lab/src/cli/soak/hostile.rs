@@ -389,8 +389,9 @@ fn hold_slow_connections(
     while Instant::now() < until && !run.over() {
         if Instant::now() >= next_byte {
             for (i, conn) in conns.iter_mut().enumerate() {
+                // `&TcpStream` is `Write`: a guard may not borrow `s` mutably.
                 match conn {
-                    Some(s) if s.write_all(b"X").is_err() => {
+                    Some(s) if (&*s).write_all(b"X").is_err() => {
                         slow.closed_by_server.fetch_add(1, Ordering::Relaxed);
                         *conn = None;
                     }
