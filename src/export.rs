@@ -282,8 +282,13 @@ impl Drop for KeptFile {
 static KEPT_MAPS: AtomicUsize = AtomicUsize::new(0);
 static MAP_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
 
+/// Map entries set aside by [`reserve_maps`] for mappings the exporters do
+/// not make.
+static RESERVED_MAPS: AtomicUsize = AtomicUsize::new(0);
+
 /// `vm.max_map_count` less 8,192 entries (or half of it, if larger) for the
-/// rest of the process: thread stacks, libraries, allocator arenas.
+/// rest of the process — thread stacks, libraries, allocator arenas — and
+/// less what [`reserve_maps`] set aside.
 fn map_limit() -> usize {
     let limit = MAP_LIMIT.load(Ordering::Relaxed);
     if limit != usize::MAX {
@@ -293,9 +298,39 @@ fn map_limit() -> usize {
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
         .unwrap_or(65_530);
-    let limit = max.saturating_sub(8192).max(max / 2);
+    let limit = max
+        .saturating_sub(8192)
+        .max(max / 2)
+        .saturating_sub(RESERVED_MAPS.load(Ordering::Relaxed));
     MAP_LIMIT.store(limit, Ordering::Relaxed);
     limit
+}
+
+/// Sets aside `n` entries of the process's map table for mappings of its
+/// own, beside its exporters' (a benchmark's floor that maps store files
+/// itself), until the reservation is dropped: meanwhile the exporters
+/// together keep `n` fewer. Take it before those mappings are made; what the
+/// exporters keep already stays kept.
+#[must_use = "the entries are set aside until the reservation is dropped"]
+pub fn reserve_maps(n: usize) -> MapReservation {
+    RESERVED_MAPS.fetch_add(n, Ordering::Relaxed);
+    let _ = MAP_LIMIT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |limit| {
+        (limit != usize::MAX).then(|| limit.saturating_sub(n))
+    });
+    MapReservation(n)
+}
+
+/// Map entries set aside by [`reserve_maps`]; given back when dropped.
+#[derive(Debug)]
+pub struct MapReservation(usize);
+
+impl Drop for MapReservation {
+    fn drop(&mut self) {
+        RESERVED_MAPS.fetch_sub(self.0, Ordering::Relaxed);
+        let _ = MAP_LIMIT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |limit| {
+            (limit != usize::MAX).then(|| limit.saturating_add(self.0))
+        });
+    }
 }
 
 /// How often (in scrapes) a kept file whose writer is live is probed again

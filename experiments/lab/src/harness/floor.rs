@@ -85,6 +85,8 @@ pub struct ExportFloor {
     out: Vec<u8>,
     /// The used region of a file read, not mapped.
     read: Vec<u8>,
+    /// The floor's maps, set aside in the exporters' map budget.
+    _reserved: promlab::export::MapReservation,
 }
 
 /// How the floor reaches a store file's bytes.
@@ -118,7 +120,12 @@ impl ExportFloor {
             .map(|e| e.map(|e| e.path()))
             .collect::<Result<_, _>>()?;
         paths.sort();
-        let budget = map_budget();
+        let files_to_map = paths.len().min(map_budget());
+        // The floor's maps come out of the exporters' budget (the process's
+        // map table is one), or the arms' kept maps and these together would
+        // exhaust it and the next allocation would fail.
+        let reserved = promlab::export::reserve_maps(files_to_map);
+        let budget = files_to_map;
         let mut files = Vec::new();
         let mut plans = Vec::new();
         let mut distinct = Vec::new();
@@ -159,6 +166,7 @@ impl ExportFloor {
             exposition,
             out: Vec::new(),
             read: Vec::new(),
+            _reserved: reserved,
         })
     }
 
