@@ -115,6 +115,11 @@ struct FilePlan {
 
 impl ExportFloor {
     /// The store in `dir` and the exposition it must give (already verified).
+    /// The exposition the floor writes.
+    pub fn exposition(&self) -> &[u8] {
+        &self.exposition
+    }
+
     pub fn new(dir: &Path, exposition: Vec<u8>) -> Result<ExportFloor> {
         let mut paths: Vec<_> = std::fs::read_dir(dir)?
             .map(|e| e.map(|e| e.path()))

@@ -271,9 +271,10 @@ pub trait Workload {
     fn extra_floors(&self) -> Vec<&'static str> {
         Vec::new()
     }
-    /// The floor arm the arm `name` is held to: the stage's (`floor`) unless
-    /// the arm keeps another contract ([`Workload::extra_floors`]).
-    fn floor_of(&self, _arm: &str) -> &'static str {
+    /// The floor arm the arm `name` (run under `strategies`) is held to: the
+    /// stage's (`floor`) unless the arm keeps another contract
+    /// ([`Workload::extra_floors`]).
+    fn floor_of(&self, _arm: &str, _strategies: StrategySet) -> &'static str {
         FLOOR
     }
 }
@@ -808,7 +809,7 @@ pub fn measure(
             kind: *kind,
             floor: match kind {
                 ArmKind::Floor => arm.clone(),
-                _ => workload.floor_of(arm).to_string(),
+                _ => workload.floor_of(arm, *s).to_string(),
             },
             samples: Vec::new(),
             cpu: Vec::new(),

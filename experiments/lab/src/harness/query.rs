@@ -176,7 +176,7 @@ impl Workload for Query {
     }
 
     /// The answers computed afresh are held to the quantile scan.
-    fn floor_of(&self, arm: &str) -> &'static str {
+    fn floor_of(&self, arm: &str, _strategies: StrategySet) -> &'static str {
         match arm {
             "all-uncached" | "all-serde" => FLOOR_UNCACHED,
             _ => super::FLOOR,

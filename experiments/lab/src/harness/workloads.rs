@@ -107,7 +107,9 @@ pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::registry::
 /// Without `prerender` an exporter keeps only its read buffer between scrapes.
 /// With `fold-exited` it reads a copy of the store folded once before its
 /// first scrape (the sidecar folds in the background, between scrapes), whose
-/// files of live writers are held open for writing as in the original.
+/// files of live writers are held open for writing as in the original, and
+/// is held to `floor-folded`, the floor of that folded copy: the least work
+/// of a scrape of the directory it reads.
 struct Export {
     _dir: tempfile::TempDir,
     dir: std::path::PathBuf,
@@ -117,7 +119,12 @@ struct Export {
     out: Vec<u8>,
     lines: u64,
     floor: super::floor::ExportFloor,
+    /// The floor over the folded copy (made with it).
+    floor_folded: Option<super::floor::ExportFloor>,
 }
+
+/// The floor of the stores `fold-exited` reads: the folded copy's.
+const FLOOR_FOLDED: &str = "floor-folded";
 
 impl Export {
     fn new(workload: StoreWorkload) -> Result<Export> {
@@ -160,14 +167,21 @@ impl Export {
             out: Vec::new(),
             lines,
             floor,
+            floor_folded: None,
         })
+    }
+
+    /// The folded copy, made on first use.
+    fn folded(&mut self) -> Result<&Path> {
+        if self.folded.is_none() {
+            self.folded = Some(FoldedCopy::new(&self.dir, &self.registry)?);
+        }
+        Ok(self.folded.as_ref().expect("made above").dir())
     }
 
     fn scrape(&mut self, strategies: StrategySet) -> Result<&[u8]> {
         let dir = if strategies.contains(promlab::strategy::Strategy::FoldExited) {
-            if self.folded.is_none() {
-                self.folded = Some(FoldedCopy::new(&self.dir, &self.registry)?);
-            }
+            self.folded()?;
             self.folded.as_ref().expect("made above").dir()
         } else {
             self.dir.as_path()
@@ -240,6 +254,35 @@ impl Workload for Export {
     /// Every store file's used region read once, and the exposition written.
     fn floor(&mut self) -> Result<Output<'_>> {
         Ok(Output::Bytes(self.floor.run()?))
+    }
+
+    fn extra_floors(&self) -> Vec<&'static str> {
+        vec![FLOOR_FOLDED]
+    }
+
+    fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
+        vec![(FLOOR_FOLDED, StrategySet::NONE)]
+    }
+
+    /// `floor-folded`: [`Workload::floor`] over the folded copy.
+    fn run_extra(&mut self, name: &str, _strategies: StrategySet) -> Result<Output<'_>> {
+        anyhow::ensure!(name == FLOOR_FOLDED, "no extra arm `{name}` in this workload");
+        if self.floor_folded.is_none() {
+            let text = self.floor.exposition().to_vec();
+            let dir = self.folded()?.to_path_buf();
+            self.floor_folded = Some(super::floor::ExportFloor::new(&dir, text)?);
+        }
+        let floor = self.floor_folded.as_mut().expect("made above");
+        Ok(Output::Bytes(floor.run()?))
+    }
+
+    /// An arm that reads the folded copy is held to its floor.
+    fn floor_of(&self, _arm: &str, strategies: StrategySet) -> &'static str {
+        if strategies.contains(promlab::strategy::Strategy::FoldExited) {
+            FLOOR_FOLDED
+        } else {
+            super::FLOOR
+        }
     }
 }
 
