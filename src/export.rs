@@ -255,7 +255,7 @@ struct KeptFile {
     /// `None` while the file is shorter than a header.
     map: Option<memmap2::Mmap>,
     /// Kept while the file's writer may be live (its lock is taken every scrape).
-    fd: Option<File>,
+    fd: Option<KeptFd>,
     writers: Writers,
     /// The scrape of the last liveness probe.
     probed: u64,
@@ -271,6 +271,28 @@ impl Drop for KeptFile {
         if self.map.is_some() {
             KEPT_MAPS.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// Descriptors kept by every exporter of this process: the open-file limit
+/// is the process's, so [`kept_limit`] bounds them together (several
+/// exporters in one process, each keeping its own share, ran out of
+/// descriptors and skipped files as unreadable).
+static KEPT_FDS: AtomicUsize = AtomicUsize::new(0);
+
+/// A descriptor a [`KeptFile`] keeps, counted in [`KEPT_FDS`] while it lives.
+struct KeptFd(File);
+
+impl KeptFd {
+    fn new(file: File) -> KeptFd {
+        KEPT_FDS.fetch_add(1, Ordering::Relaxed);
+        KeptFd(file)
+    }
+}
+
+impl Drop for KeptFd {
+    fn drop(&mut self) {
+        KEPT_FDS.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -356,6 +378,13 @@ fn kept_limit() -> usize {
         1024
     };
     soft.saturating_sub(2048).max(soft / 4).clamp(16, 1 << 20) as usize
+}
+
+/// [`kept_limit`] as the process started scraping: the bound on the
+/// descriptors all its exporters keep together ([`KEPT_FDS`]).
+fn process_kept_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(kept_limit)
 }
 
 /// What a walk of a kept mapping found.
@@ -552,7 +581,7 @@ impl FileReader {
             self.kept[metric][slot] = Some(KeptFile {
                 ino: listed.ino,
                 map,
-                fd: Some(file),
+                fd: Some(KeptFd::new(file)),
                 writers: Writers::Unknown,
                 probed: 0,
             });
@@ -599,7 +628,8 @@ impl FileReader {
             Liveness::AssumeLive => true,
             Liveness::Leases => kept.writers != Writers::None,
         };
-        if kept.fd.is_some() && (!wanted || self.fds > self.fd_limit) {
+        let over = self.fds > self.fd_limit || KEPT_FDS.load(Ordering::Relaxed) > process_kept_limit();
+        if kept.fd.is_some() && (!wanted || over) {
             kept.fd = None;
             self.fds -= 1;
         }
@@ -630,10 +660,10 @@ fn read_kept_locked(
             .custom_flags(libc::O_NONBLOCK)
             .open(listed.path(dir))
             .map_err(open_failure)?;
-        kept.fd = Some(file);
+        kept.fd = Some(KeptFd::new(file));
         *fds += 1;
     }
-    let file = kept.fd.as_ref().expect("opened above");
+    let file = &kept.fd.as_ref().expect("opened above").0;
     let fd = file.as_raw_fd();
     lock_until(fd, clock)?;
     let map = &mut kept.map;

@@ -71,6 +71,18 @@ pub struct LanedIngester {
     closing: Mutex<()>,
 }
 
+/// The counters a `/metrics` scrape reads, summed over the lanes
+/// ([`LanedIngester::counters`]).
+#[derive(Clone, Debug)]
+pub struct LaneCounters {
+    pub totals: Stats,
+    pub cache: CacheStats,
+    /// Panes and bins held (open + closed).
+    pub footprint: (usize, usize),
+    pub generation: u64,
+    pub limits: Limits,
+}
+
 impl LanedIngester {
     /// `lanes` lanes (clamped to `1..=MAX_LANES`), each made by `make` (all
     /// alike, before any request), sharing the first one's budget and groups.
@@ -270,6 +282,37 @@ impl LanedIngester {
             sum.invalidated += c.invalidated;
         }
         sum
+    }
+
+    /// [`LanedIngester::totals`], [`LanedIngester::cache_stats`],
+    /// [`LanedIngester::footprint`], the plan's generation and the limits, in
+    /// one pass that takes each lane's lock once: what a `/metrics` scrape
+    /// reads. Under a full ingest queue each lock waits for the request the
+    /// lane is applying; five separate reads waited for five of them.
+    pub fn counters(&self) -> LaneCounters {
+        let mut c: Option<LaneCounters> = None;
+        for i in 0..self.lanes.len() {
+            let lane = self.lock(i);
+            let c = c.get_or_insert_with(|| LaneCounters {
+                totals: Stats::default(),
+                cache: CacheStats::default(),
+                footprint: (0, 0),
+                generation: lane.plan().generation,
+                limits: *lane.limits(),
+            });
+            c.totals.merge(&lane.totals());
+            let cache = lane.cache_stats();
+            c.cache.entries += cache.entries;
+            c.cache.capacity += cache.capacity;
+            c.cache.hits += cache.hits;
+            c.cache.misses += cache.misses;
+            c.cache.evicted += cache.evicted;
+            c.cache.invalidated += cache.invalidated;
+            let (panes, bins) = lane.footprint();
+            c.footprint.0 += panes;
+            c.footprint.1 += bins;
+        }
+        c.expect("a laned ingester has a lane")
     }
 
     /// What the lanes hold together of what the limits bound (no lane's lock taken).

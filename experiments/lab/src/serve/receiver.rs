@@ -463,20 +463,22 @@ async fn reload(State(rx): State<Arc<Receiver>>) -> Response {
 
 async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
     let receiver = Arc::clone(&rx);
-    let (totals, cache, generation, footprint, held, limits, reclaimed) =
-        off_the_runtime(move || {
-            let ingester = &receiver.ingester;
-            (
-                ingester.totals(),
-                ingester.cache_stats(),
-                ingester.generation(),
-                ingester.footprint(),
-                ingester.held(),
-                ingester.limits(),
-                ingester.groups_reclaimed(),
-            )
-        })
-        .await;
+    let (counters, held, reclaimed) = off_the_runtime(move || {
+        let ingester = &receiver.ingester;
+        (
+            ingester.counters(),
+            ingester.held(),
+            ingester.groups_reclaimed(),
+        )
+    })
+    .await;
+    let promlab::ingest::lanes::LaneCounters {
+        totals,
+        cache,
+        footprint,
+        generation,
+        limits,
+    } = counters;
     let lookups = cache.hits + cache.misses;
     let hit_rate = if lookups == 0 {
         0.0
