@@ -628,7 +628,8 @@ impl FileReader {
             Liveness::AssumeLive => true,
             Liveness::Leases => kept.writers != Writers::None,
         };
-        let over = self.fds > self.fd_limit || KEPT_FDS.load(Ordering::Relaxed) > process_kept_limit();
+        let over =
+            self.fds > self.fd_limit || KEPT_FDS.load(Ordering::Relaxed) > process_kept_limit();
         if kept.fd.is_some() && (!wanted || over) {
             kept.fd = None;
             self.fds -= 1;

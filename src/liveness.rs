@@ -55,6 +55,7 @@ pub struct ReadLease<'f> {
 impl<'f> ReadLease<'f> {
     /// Takes a read lease on `file` (any open file; read-only is enough).
     pub fn take(file: &'f File) -> Result<ReadLease<'f>, Writers> {
+        ignore_sigio();
         let fd = file.as_raw_fd();
         // SAFETY: fcntl on a descriptor `file` holds open.
         if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) } != 0 {
@@ -66,7 +67,8 @@ impl<'f> ReadLease<'f> {
         }
         // Taking a lease makes this process the descriptor's owner, so a
         // break would send it SIGIO, whose default action ends the process.
-        // No owner, no signal: breaks are polled with `intact`.
+        // No owner, no signal: breaks are polled with `intact`. (A break
+        // between the two calls still signals: `ignore_sigio` covers it.)
         // SAFETY: as above.
         unsafe { libc::fcntl(fd, libc::F_SETOWN, 0) };
         Ok(ReadLease { file })
@@ -87,6 +89,29 @@ impl Drop for ReadLease<'_> {
     }
 }
 
+/// Sets SIGIO to be ignored if it has its default action (which ends the
+/// process), once per process. `F_SETLEASE` makes the caller the file's
+/// owner before [`ReadLease::take`] can clear it, so a writer opening the
+/// file in between sends SIGIO: under a soak's writers that killed the
+/// sidecar three times in a minute. Breaks are polled, never signalled, so
+/// nothing here needs the signal; a handler the host installed is left as it
+/// is.
+fn ignore_sigio() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sigaction with a zeroed struct to read the current action,
+        // then `signal` to install SIG_IGN only where the default stood.
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGIO, std::ptr::null(), &mut current) == 0
+                && current.sa_sigaction == libc::SIG_DFL
+            {
+                libc::signal(libc::SIGIO, libc::SIG_IGN);
+            }
+        }
+    });
+}
+
 /// Whether `file`'s writer is gone, now: a read lease taken and released.
 pub fn probe(file: &File) -> Writers {
     match ReadLease::take(file) {
@@ -98,6 +123,20 @@ pub fn probe(file: &File) -> Writers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lease break that lands before `F_SETOWN` clears the owner sends
+    /// SIGIO; after a probe, SIGIO no longer ends the process.
+    #[test]
+    fn after_a_probe_sigio_does_not_end_the_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.bin");
+        std::fs::write(&path, b"x").unwrap();
+        let file = File::open(&path).unwrap();
+        let _ = probe(&file);
+        // SAFETY: raising a signal whose action is now SIG_IGN (or the
+        // host's own handler, which a test process does not have).
+        assert_eq!(unsafe { libc::raise(libc::SIGIO) }, 0);
+    }
 
     #[test]
     fn a_file_open_for_writing_has_a_writer_until_closed() {

@@ -232,11 +232,19 @@ pub struct AxisResult {
 fn expected_from(params: &Generator) -> &'static str {
     match params {
         Generator::RubyStore { .. } => "client_ruby's expected.prom",
-        Generator::SeedRepro { .. } | Generator::Large { .. } => {
+        Generator::SeedRepro { .. } | Generator::Large { .. } | Generator::ManyMetrics { .. } => {
             "reference writer + reference exporter"
         }
-        Generator::AsapLanes { .. } => "one ingester's answer (asap at the same size)",
-        _ => "the baseline's run (promlab verify checks it against the references)",
+        Generator::RubyClones { .. } => "reference exporter over the cloned client_ruby store",
+        Generator::LongLabel { .. } => "reference writer's files",
+        Generator::Rabbitmq { .. } => "reference renderer",
+        Generator::AsapLanes { .. } => {
+            "reference window rules + sketches-ddsketch (asap at the same size)"
+        }
+        Generator::Asap { .. }
+        | Generator::AsapChurn { .. }
+        | Generator::PrometheusCaptures { .. }
+        | Generator::AsapQuery { .. } => "reference window rules + sketches-ddsketch",
     }
 }
 
@@ -302,6 +310,11 @@ fn run_point(
     let all = StrategySet::all().restrict(stage);
     let arms: Vec<(String, StrategySet, ArmKind)> = all_arms(stage, all, workload.as_ref())
         .into_iter()
+        // A stage of one strategy has no arm named `all`: that strategy alone is it.
+        .map(|(name, set, kind)| {
+            let is_all = kind == ArmKind::Strategies && set == all && !set.is_empty();
+            (if is_all { "all".to_string() } else { name }, set, kind)
+        })
         .filter(|(name, _, kind)| {
             name == "baseline"
                 || name == "all"

@@ -213,7 +213,7 @@ impl FoldedCopy {
                 continue;
             }
             let copy = dir.path().join(entry.file_name());
-            std::fs::copy(entry.path(), &copy)?;
+            copy_sparse(&entry.path(), &copy)?;
             if probe(&std::fs::File::open(entry.path())?) == Writers::Open {
                 writers.push(
                     std::fs::OpenOptions::new()
@@ -238,6 +238,34 @@ impl FoldedCopy {
     fn dir(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// Copies a store file as sparse as client_ruby leaves it: its used region
+/// written, the rest (zeros) left a hole at the same length. `fs::copy`
+/// fills the holes here (`copy_file_range` without reflinks): 40,000 files of
+/// 1 MiB each took 40 GB for a store of 160 MB.
+fn copy_sparse(from: &Path, to: &Path) -> Result<()> {
+    let bytes = std::fs::read(from)?;
+    let used = match bytes.get(..4) {
+        Some(header) => i32::from_le_bytes(header.try_into().expect("4 bytes")),
+        None => -1,
+    };
+    let keep = if used >= 8 && used as usize <= bytes.len() {
+        // The rest must be zeros, or it is written as it is.
+        let tail_zero = bytes[used as usize..].iter().all(|&b| b == 0);
+        if tail_zero {
+            used as usize
+        } else {
+            bytes.len()
+        }
+    } else {
+        bytes.len()
+    };
+    let file = std::fs::File::create(to)?;
+    use std::io::Write;
+    (&file).write_all(&bytes[..keep])?;
+    file.set_len(bytes.len() as u64)?;
+    Ok(())
 }
 
 impl Workload for Export {
@@ -266,7 +294,10 @@ impl Workload for Export {
 
     /// `floor-folded`: [`Workload::floor`] over the folded copy.
     fn run_extra(&mut self, name: &str, _strategies: StrategySet) -> Result<Output<'_>> {
-        anyhow::ensure!(name == FLOOR_FOLDED, "no extra arm `{name}` in this workload");
+        anyhow::ensure!(
+            name == FLOOR_FOLDED,
+            "no extra arm `{name}` in this workload"
+        );
         if self.floor_folded.is_none() {
             let text = self.floor.exposition().to_vec();
             let dir = self.folded()?.to_path_buf();
