@@ -6,7 +6,7 @@
 //! reports `VmHWM` less that resident set: the run's own peak, without the
 //! input the harness built and holds (request bodies, a store on disk).
 
-use super::{all_arms, digest, load_scenario, run_arm, workloads, Generator, Output};
+use super::{all_arms, digest, load_scenario, run_arm, workloads, ArmKind, Generator, Output};
 use crate::machine::ProcessStats;
 use anyhow::{bail, Context, Result};
 use promlab::strategy::StrategySet;
@@ -64,7 +64,12 @@ pub fn measure_params(params: &Generator, expected: &str, arm: &str) -> Result<(
     let stage = params.stage();
     let mut workload = workloads::build(params)?;
     let arms = all_arms(stage, StrategySet::all().restrict(stage), workload.as_ref());
-    let Some((name, set, kind)) = arms.into_iter().find(|(name, _, _)| name == arm) else {
+    let all = StrategySet::all().restrict(stage);
+    // `all` of a one-strategy stage is that strategy's arm (as `promlab scale` names it).
+    let Some((name, set, kind)) = arms.into_iter().find(|(name, set, kind)| {
+        name == arm
+            || (arm == "all" && *kind == ArmKind::Strategies && *set == all && !all.is_empty())
+    }) else {
         bail!("no arm `{arm}`")
     };
     std::fs::write("/proc/self/clear_refs", "5")

@@ -321,6 +321,11 @@ struct Connection {
     since_ms: AtomicU64,
     /// Bytes read from it since then.
     bytes: AtomicU64,
+    /// Whether a request of it has been answered: a client that completed a
+    /// request and waits on its keep-alive connection is closed at the cap
+    /// only after every connection that never completed one (closing a
+    /// good sender's idle connection races its next request).
+    answered_once: AtomicBool,
     /// Notified to close it.
     evicted: tokio::sync::Notify,
 }
@@ -332,6 +337,9 @@ impl Connection {
 
     /// A new phase: `answering` a request, or (false) receiving one.
     fn start(&self, answering: bool) {
+        if !answering && self.answering.load(Ordering::Acquire) {
+            self.answered_once.store(true, Ordering::Relaxed);
+        }
         self.since_ms.store(self.now_ms(), Ordering::Relaxed);
         self.bytes.store(0, Ordering::Relaxed);
         self.in_body.store(false, Ordering::Relaxed);
@@ -362,6 +370,7 @@ impl Connections {
             in_body: AtomicBool::new(false),
             since_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
             bytes: AtomicU64::new(0),
+            answered_once: AtomicBool::new(false),
             evicted: tokio::sync::Notify::new(),
         });
         let mut guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
@@ -379,8 +388,8 @@ impl Connections {
 
     /// Closes the connection sending slowest — fewest bytes a second since
     /// its current request began, the one waiting longest among equals —
-    /// among those receiving a request for at least `min_age`; false when
-    /// there is none.
+    /// among those receiving a request for at least `min_age`, those that
+    /// never had a request answered first; false when there is none.
     fn evict_slowest(&self, min_age: Duration) -> bool {
         let now = self.epoch.elapsed().as_millis() as u64;
         let min_age = min_age.as_millis() as u64;
@@ -393,11 +402,12 @@ impl Connections {
                 let age = now.saturating_sub(c.since_ms.load(Ordering::Relaxed));
                 (age >= min_age).then(|| {
                     let rate = c.bytes.load(Ordering::Relaxed) as f64 / age as f64;
-                    (rate, std::cmp::Reverse(age), id)
+                    let served = c.answered_once.load(Ordering::Relaxed);
+                    (served, rate, std::cmp::Reverse(age), id)
                 })
             })
             .min_by(|a, b| a.partial_cmp(b).expect("rates are finite"));
-        let Some((_, _, id)) = slowest else {
+        let Some((_, _, _, id)) = slowest else {
             return false;
         };
         let connection = guard.1.remove(&id).expect("found above");
