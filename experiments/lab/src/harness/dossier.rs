@@ -188,13 +188,31 @@ pub fn floors_table(rows: &[ResultRow], source: &Path) -> String {
                     format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
                 })
         };
+        // `all` held to another contract's floor (the folded copy's): named, with its per unit.
+        let all_floor = all
+            .map(|r| r.floor_arm.as_str())
+            .filter(|f| !f.is_empty() && *f != "floor")
+            .and_then(|f| find(f));
+        let all_ratio = match all_floor {
+            Some(f) => format!("{} of `{}`", ratio(all), f.arm),
+            None => ratio(all),
+        };
+        let floor_per_unit = match all_floor {
+            Some(f) => format!(
+                "{}; `{}` {}",
+                per_unit(Some(floor)),
+                f.arm,
+                per_unit(Some(f))
+            ),
+            None => per_unit(Some(floor)),
+        };
         let _ = writeln!(
             out,
             "| {scenario} | {size} | {} | {} | {} | {} | {} | {} | {} / {} / {} |",
             base.unit,
             ratio(Some(base)),
-            ratio(all),
-            per_unit(Some(floor)),
+            all_ratio,
+            floor_per_unit,
             per_unit(all),
             if others.is_empty() {
                 "–".to_string()
