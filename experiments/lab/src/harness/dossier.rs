@@ -192,7 +192,7 @@ pub fn floors_table(rows: &[ResultRow], source: &Path) -> String {
         let all_floor = all
             .map(|r| r.floor_arm.as_str())
             .filter(|f| !f.is_empty() && *f != "floor")
-            .and_then(|f| find(f));
+            .and_then(find);
         let all_ratio = match all_floor {
             Some(f) => format!("{} of `{}`", ratio(all), f.arm),
             None => ratio(all),
