@@ -15,10 +15,9 @@
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The script, carried in the binary so a copied `promlab` still runs it.
 const SCRIPT: &str = include_str!("../../../../peers/client_ruby_export.rb");
@@ -110,42 +109,16 @@ fn unpack(archive: &Path, into: &Path) -> Result<()> {
 
 /// Runs the script to completion, or kills its process group at [`TIMEOUT`].
 fn run_script(dir: &Path, repeats: usize) -> Result<ScriptReport> {
-    let (out_path, err_path) = (dir.join("stdout.json"), dir.join("stderr.txt"));
-    let mut child = Command::new("ruby")
+    let mut command = Command::new("ruby");
+    command
         .arg("-I")
         .arg(dir.join("client_ruby/lib"))
         .arg(dir.join("client_ruby_export.rb"))
         .arg(dir.join("registry.json"))
         .arg(dir.join("store"))
         .arg(repeats.to_string())
-        .arg(dir.join("client_ruby.prom"))
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path)?)
-        .stderr(std::fs::File::create(&err_path)?)
-        .process_group(0)
-        .spawn()
-        .context("cannot start ruby")?;
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if started.elapsed() > TIMEOUT {
-            // SAFETY: signals only the process group this function started.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
-            bail!("client_ruby_export.rb ran past {TIMEOUT:?} and was killed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    if !status.success() {
-        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-        let tail: Vec<&str> = stderr.lines().rev().take(12).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        bail!("client_ruby_export.rb {status}:\n{}", tail.join("\n"));
-    }
-    let stdout = std::fs::read_to_string(&out_path)?;
-    serde_json::from_str(stdout.trim()).context("client_ruby_export.rb printed no report")
+        .arg(dir.join("client_ruby.prom"));
+    super::run_script(command, "client_ruby_export.rb", dir, TIMEOUT)
 }
 
 impl Peer for ClientRuby {

@@ -163,3 +163,46 @@ pub fn run_for(
     }
     (measured, skipped)
 }
+
+/// Runs a peer's script to completion in a process group of its own (so a
+/// timeout ends whatever it started too), its stdout and stderr into `dir`'s
+/// `stdout.json` and `stderr.txt`; kills the group past `timeout`; reads the
+/// JSON report it printed. `name` names the script in errors.
+fn run_script<T: serde::de::DeserializeOwned>(
+    mut command: std::process::Command,
+    name: &str,
+    dir: &std::path::Path,
+    timeout: std::time::Duration,
+) -> Result<T> {
+    use anyhow::{bail, Context};
+    use std::os::unix::process::CommandExt;
+    let (out_path, err_path) = (dir.join("stdout.json"), dir.join("stderr.txt"));
+    let mut child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(std::fs::File::create(&err_path)?)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {name}"))?;
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > timeout {
+            // SAFETY: signals only the process group this function started.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            bail!("{name} ran past {timeout:?} and was killed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    if !status.success() {
+        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+        let tail: Vec<&str> = stderr.lines().rev().take(12).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!("{name} {status}:\n{}", tail.join("\n"));
+    }
+    let stdout = std::fs::read_to_string(&out_path)?;
+    serde_json::from_str(stdout.trim()).with_context(|| format!("{name} printed no report"))
+}

@@ -11,14 +11,13 @@
 
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use crate::harness::Generator;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use promlab::strategy::StrategySet;
 use promlab::workload::{self, StoreWorkload};
 use serde::Deserialize;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The script, carried in the binary so a copied `promlab` still runs it.
 const SCRIPT: &str = include_str!("../../../../peers/python_export.py");
@@ -97,41 +96,15 @@ fn write_inputs(dir: &Path, work: &StoreWorkload) -> Result<()> {
     Ok(())
 }
 
-/// Runs the script to completion, or kills its process group at [`TIMEOUT`].
+/// Runs the script to completion, or kills its process group (the writers
+/// too) at [`TIMEOUT`].
 fn run_script(dir: &Path, repeats: usize) -> Result<ScriptReport> {
-    let (out_path, err_path) = (dir.join("stdout.json"), dir.join("stderr.txt"));
-    let mut child = Command::new(python())
+    let mut command = Command::new(python());
+    command
         .arg(dir.join("python_export.py"))
         .arg(dir)
-        .arg(repeats.to_string())
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path)?)
-        .stderr(std::fs::File::create(&err_path)?)
-        // Its own process group, so a timeout ends the writers too.
-        .process_group(0)
-        .spawn()
-        .context("cannot start python3")?;
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if started.elapsed() > TIMEOUT {
-            // SAFETY: signals only the process group this function started.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
-            bail!("python_export.py ran past {TIMEOUT:?} and was killed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    if !status.success() {
-        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-        let tail: Vec<&str> = stderr.lines().rev().take(12).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        bail!("python_export.py {status}:\n{}", tail.join("\n"));
-    }
-    let stdout = std::fs::read_to_string(&out_path)?;
-    serde_json::from_str(stdout.trim()).context("python_export.py printed no report")
+        .arg(repeats.to_string());
+    super::run_script(command, "python_export.py", dir, TIMEOUT)
 }
 
 /// `prometheus_client` (Python), multiprocess mode.
