@@ -273,13 +273,7 @@ impl LanedIngester {
     pub fn cache_stats(&self) -> CacheStats {
         let mut sum = CacheStats::default();
         for i in 0..self.lanes.len() {
-            let c = self.lock(i).cache_stats();
-            sum.entries += c.entries;
-            sum.capacity += c.capacity;
-            sum.hits += c.hits;
-            sum.misses += c.misses;
-            sum.evicted += c.evicted;
-            sum.invalidated += c.invalidated;
+            sum.add(&self.lock(i).cache_stats());
         }
         sum
     }
@@ -301,13 +295,7 @@ impl LanedIngester {
                 limits: *lane.limits(),
             });
             c.totals.merge(&lane.totals());
-            let cache = lane.cache_stats();
-            c.cache.entries += cache.entries;
-            c.cache.capacity += cache.capacity;
-            c.cache.hits += cache.hits;
-            c.cache.misses += cache.misses;
-            c.cache.evicted += cache.evicted;
-            c.cache.invalidated += cache.invalidated;
+            c.cache.add(&lane.cache_stats());
             let (panes, bins) = lane.footprint();
             c.footprint.0 += panes;
             c.footprint.1 += bins;

@@ -95,6 +95,18 @@ pub struct CacheStats {
     pub invalidated: u64,
 }
 
+impl CacheStats {
+    /// Adds another cache's counters (lanes' caches summed).
+    pub fn add(&mut self, other: &CacheStats) {
+        self.entries += other.entries;
+        self.capacity += other.capacity;
+        self.hits += other.hits;
+        self.misses += other.misses;
+        self.evicted += other.evicted;
+        self.invalidated += other.invalidated;
+    }
+}
+
 /// Default bound of the series cache (entries; about 200 bytes each).
 pub const DEFAULT_CACHE_CAPACITY: usize = 1 << 18;
 
