@@ -269,17 +269,8 @@ impl LanedIngester {
         sum
     }
 
-    /// Summed over the lanes (each caches the series it has seen).
-    pub fn cache_stats(&self) -> CacheStats {
-        let mut sum = CacheStats::default();
-        for i in 0..self.lanes.len() {
-            sum.add(&self.lock(i).cache_stats());
-        }
-        sum
-    }
-
-    /// [`LanedIngester::totals`], [`LanedIngester::cache_stats`],
-    /// [`LanedIngester::footprint`], the plan's generation and the limits, in
+    /// [`LanedIngester::totals`], the series caches' counters, the panes and
+    /// bins held (open + closed), the plan's generation and the limits, in
     /// one pass that takes each lane's lock once: what a `/metrics` scrape
     /// reads. Under a full ingest queue each lock waits for the request the
     /// lane is applying; five separate reads waited for five of them.
@@ -311,13 +302,6 @@ impl LanedIngester {
     /// Groups reclaimed since start.
     pub fn groups_reclaimed(&self) -> u64 {
         self.shared.budget.reclaimed()
-    }
-
-    /// Panes and bins held (open + closed), summed over the lanes.
-    pub fn footprint(&self) -> (usize, usize) {
-        (0..self.lanes.len())
-            .map(|i| self.lock(i).footprint())
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
     /// One aggregation's quantiles for its last closed window (or `window`),
