@@ -47,9 +47,10 @@ use crate::probe::probe;
 use crate::registry::{is_label_name, MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::render;
 use crate::seams::{ExportSeams, FileRead, Keep, KeyDecode, Listing, Liveness, Seams};
-use crate::storefile::{check_used, entries, flock, strip_padding, Entry, EntryError, HEADER_SIZE};
+use crate::storefile::{
+    self, check_used, entries, flock, strip_padding, Entry, EntryError, HEADER_SIZE,
+};
 use crate::strategy::StrategySet;
-use crate::text;
 use crate::values::{DecodedLabels, Group, HistogramValue, MetricValues, SummaryValue};
 use ahash::AHashMap;
 use anyhow::{anyhow, bail, Result};
@@ -514,7 +515,11 @@ impl FileReader {
 
     /// `Leases`: a few exited files are probed again each scrape, in turn;
     /// one found with a writer (a new process given the dead one's pid
-    /// reopened it) is read under its lock again.
+    /// reopened it) is read under its lock again. Fold files are not: their
+    /// ids are never pids ([`storefile::is_fold_id`]), so no writer opens one
+    /// (a fold replaces them by rename, under the fold lock this scrape
+    /// holds), and a folded store's scrape would otherwise pay a probe (an
+    /// open, two lease calls, a close) per metric.
     fn reprobe_exited(&mut self, dir: &Path, metric: usize, files: &[Listed], cursor: &mut usize) {
         if self.liveness != Liveness::Leases || files.is_empty() {
             return;
@@ -522,6 +527,11 @@ impl FileReader {
         for _ in 0..REPROBES_PER_SCRAPE.min(files.len()) {
             *cursor = (*cursor + 1) % files.len();
             let listed = &files[*cursor];
+            if storefile::parse_file_name(&listed.name)
+                .is_some_and(|(_, id)| storefile::is_fold_id(id))
+            {
+                continue;
+            }
             let kept = self
                 .kept
                 .get_mut(metric)
@@ -533,6 +543,7 @@ impl FileReader {
                 continue;
             }
             if let Ok(file) = open_regular(&listed.path(dir)) {
+                probe!("export.exited_reprobed");
                 kept.writers = liveness::probe(&file);
                 kept.probed = self.scrape;
             }
@@ -1030,6 +1041,9 @@ struct Series {
     group: usize,
     /// The group label's value, if the set has it (the last one, if repeated).
     slot: Option<Box<[u8]>>,
+    /// A histogram's: which declared bucket `slot` names, if one does
+    /// (found once here, not per scrape).
+    bucket: Option<u32>,
 }
 
 /// `decode-once`: each distinct raw key, decoded once, with its series.
@@ -1202,13 +1216,13 @@ impl Catalogue {
         }
     }
 
-    /// The series of an entry's key.
-    fn lookup(&mut self, entry: &Entry<'_>) -> Result<usize, BadEntry> {
+    /// The series of an entry's key (a key of `def`'s files).
+    fn lookup(&mut self, entry: &Entry<'_>, def: &MetricDef) -> Result<usize, BadEntry> {
         match self.decode {
             KeyDecode::EveryEntry(unescape) => {
                 probe!("export.key_decoded");
                 let raw = checked_key(entry)?;
-                self.find_or_insert(raw, unescape.decode_key(raw))
+                self.find_or_insert(raw, unescape.decode_key(raw), def)
             }
             KeyDecode::OncePerRawKey(unescape) => {
                 if let Some(series) = self.raw.find_hinted(entry) {
@@ -1220,7 +1234,7 @@ impl Catalogue {
                 }
                 probe!("export.key_decoded");
                 let decoded = formenc::decode_key_cached(raw, unescape, &mut self.components);
-                let series = self.find_or_insert(raw, decoded)?;
+                let series = self.find_or_insert(raw, decoded, def)?;
                 self.raw.insert(entry, raw, series);
                 Ok(series)
             }
@@ -1232,6 +1246,7 @@ impl Catalogue {
         &mut self,
         raw: &[u8],
         decoded: Result<Vec<formenc::Label<'_>>, formenc::KeyError>,
+        def: &MetricDef,
     ) -> Result<usize, BadEntry> {
         let decoded = decoded.map_err(|e| BadEntry::new(EntrySkip::BadKey, raw, e))?;
         let hash = self.hash(decoded.iter().map(|(n, v)| (&**n, &**v)));
@@ -1255,19 +1270,29 @@ impl Catalogue {
             .into_iter()
             .map(|(n, v)| (n.into_owned().into(), v.into_owned().into()))
             .collect();
-        let (group, slot) = self.group_of(&labels);
+        let (group, slot) = self.group_of(&labels, def);
+        let bucket = match (def.kind, &slot) {
+            // `le="sum"` is the sum whatever the buckets say (as per scrape before).
+            (MetricType::Histogram, Some(le)) if **le != *b"sum" => def
+                .buckets
+                .iter()
+                .position(|b| b.as_bytes() == &**le)
+                .map(|i| i as u32),
+            _ => None,
+        };
         let index = self.series.len();
         self.series.push(Series {
             labels,
             group,
             slot,
+            bucket,
         });
         self.by_hash.entry(hash).or_default().push(index);
         Ok(index)
     }
 
     /// The group of a new series, added if new, and the series' group label value.
-    fn group_of(&mut self, labels: &DecodedLabels) -> (usize, Option<Box<[u8]>>) {
+    fn group_of(&mut self, labels: &DecodedLabels, def: &MetricDef) -> (usize, Option<Box<[u8]>>) {
         let mut slot = None;
         let mut base: Vec<(&[u8], &[u8])> = Vec::with_capacity(labels.len());
         for (n, v) in labels {
@@ -1288,11 +1313,7 @@ impl Catalogue {
             probe!("export.group_created");
             let rendered = match self.keep {
                 Keep::Nothing => None,
-                Keep::Catalogue => {
-                    let mut out = Vec::new();
-                    text::write_label_pairs(&mut out, base.iter().copied());
-                    Some(out.into_boxed_slice())
-                }
+                Keep::Catalogue => Some(render::rendered_lines(def, base.iter().copied())),
             };
             self.groups.push(Group {
                 labels: base
@@ -1466,8 +1487,10 @@ fn metric_values<'t>(
 ) -> MetricValues<'t> {
     let groups = scrape.group_order.iter().map(|&g| {
         let slots = scrape.group_series[g].iter().map(|&series| {
+            let series_def = &catalogue.series[series];
             (
-                catalogue.series[series].slot.as_deref(),
+                series_def.slot.as_deref(),
+                series_def.bucket,
                 scrape.values[series].value,
             )
         });
@@ -1497,7 +1520,7 @@ fn metric_values<'t>(
                         sum: 0.0,
                         count: 0.0,
                     };
-                    for (quantile, v) in slots {
+                    for (quantile, _, v) in slots {
                         match quantile {
                             Some(b"sum") => value.sum = v,
                             Some(b"count") => value.count = v,
@@ -1514,18 +1537,18 @@ fn metric_values<'t>(
 fn histogram_value<'t>(
     def: &MetricDef,
     labels: &'t Group,
-    slots: impl Iterator<Item = (Option<&'t [u8]>, f64)>,
+    slots: impl Iterator<Item = (Option<&'t [u8]>, Option<u32>, f64)>,
 ) -> HistogramValue<'t> {
     let mut buckets = vec![0.0; def.buckets.len()];
     let mut others: Vec<(&'t [u8], f64)> = Vec::new();
     let mut sum = None;
-    for (le, value) in slots {
+    for (le, bucket, value) in slots {
         // Ruby: `label_set[:le].to_s`, so a missing `le` is the bucket "".
         let le = le.unwrap_or_default();
-        if le == b"sum" {
+        if let Some(i) = bucket {
+            buckets[i as usize] = value;
+        } else if le == b"sum" {
             sum = Some(value);
-        } else if let Some(i) = def.buckets.iter().position(|b| b.as_bytes() == le) {
-            buckets[i] = value;
         } else if let Some(slot) = others.iter_mut().find(|(name, _)| *name == le) {
             slot.1 = value;
         } else {
@@ -1671,6 +1694,7 @@ type StagedEntry = (u32, [u8; 16]);
 struct FilePass<'a> {
     dir: &'a Path,
     metric: usize,
+    def: &'a MetricDef,
     reader: &'a mut FileReader,
     catalogue: &'a mut Catalogue,
     staged: &'a mut Vec<StagedEntry>,
@@ -1709,7 +1733,7 @@ impl FilePass<'_> {
         let mut skipped = [0u64; EntrySkip::ALL.len()];
         let mut details: Vec<String> = Vec::new();
         let room = ENTRY_DETAILS_KEPT.saturating_sub(self.report.entry_details.len());
-        let (catalogue, staged) = (&mut *self.catalogue, &mut *self.staged);
+        let (catalogue, staged, def) = (&mut *self.catalogue, &mut *self.staged, self.def);
         catalogue.raw.start_file(file.slot);
         let read = self
             .reader
@@ -1718,7 +1742,7 @@ impl FilePass<'_> {
                 self.metric,
                 file,
                 lock_deadline,
-                &mut |entry| match catalogue.lookup(&entry) {
+                &mut |entry| match catalogue.lookup(&entry, def) {
                     Ok(series) => staged.push((series as u32, *entry.value_bytes)),
                     Err(bad) => {
                         skipped[bad.reason as usize] += 1;
@@ -1895,6 +1919,7 @@ impl Exporter {
         let mut pass = FilePass {
             dir: &self.dir,
             metric: def_index,
+            def,
             reader: &mut self.reader,
             catalogue,
             staged: &mut self.staged,
@@ -2146,5 +2171,42 @@ mod tests {
             drop(exporter);
             assert_eq!(mappings_of(dir.path()), 0, "{s}: dropped with the exporter");
         }
+    }
+
+    /// A long-lived exporter with leases probes exited processes' files again
+    /// in turn (a new process given a dead one's pid may reopen one), but not
+    /// fold files, whose ids no process has: a folded store's warm scrape
+    /// opens no file.
+    #[test]
+    fn fold_files_are_not_probed_again() {
+        let (dir, registry, _) = two_processes();
+        let all = StrategySet::combinations(Stage::Export)
+            .into_iter()
+            .max_by_key(|s| s.iter().count())
+            .unwrap();
+        let reprobes = |exporter: &mut Exporter| {
+            scrape(exporter);
+            (0..3)
+                .map(|_| scrape(exporter).0.get("export.exited_reprobed"))
+                .sum::<u64>()
+        };
+        let mut unfolded = Exporter::new(dir.path(), registry.clone(), all);
+        assert!(reprobes(&mut unfolded) > 0);
+        drop(unfolded);
+
+        let config = crate::fold::FoldConfig {
+            grace: Duration::ZERO,
+            durable: false,
+            ..crate::fold::FoldConfig::default()
+        };
+        crate::fold::fold_store(dir.path(), &registry, &config).unwrap();
+        let files = std::fs::read_dir(dir.path()).unwrap().flatten();
+        assert_eq!(
+            files.filter(|f| f.path().is_file()).count(),
+            1,
+            "folded into one file"
+        );
+        let mut folded = Exporter::new(dir.path(), registry, all);
+        assert_eq!(reprobes(&mut folded), 0);
     }
 }

@@ -11,8 +11,37 @@ pub type DecodedLabels = Vec<(Box<[u8]>, Box<[u8]>)>;
 /// summary, or one counter or gauge series.
 pub struct Group {
     pub labels: DecodedLabels,
-    /// `prerender`: the label pairs rendered and escaped once, `a="x",b="y"`.
-    pub rendered: Option<Box<[u8]>>,
+    /// `prerender`: the group's label pairs and line prefixes, rendered once.
+    pub rendered: Option<RenderedLines>,
+}
+
+/// `prerender`: a group's label pairs escaped once (`a="x",b="y"`), and the
+/// prefix (`name{labels} `) of every line its metric's definition fixes, in
+/// the order [`crate::render::rendered_lines`] lays them out; a scrape copies
+/// a prefix and writes the value.
+pub struct RenderedLines {
+    pub pairs: Box<[u8]>,
+    /// The prefixes back to back; prefix `i` ends at `ends[i]`.
+    prefixes: Box<[u8]>,
+    ends: Box<[u32]>,
+}
+
+impl RenderedLines {
+    /// The label pairs and the prefixes, in order.
+    pub fn new(pairs: Vec<u8>, prefixes: Vec<u8>, ends: Vec<u32>) -> RenderedLines {
+        RenderedLines {
+            pairs: pairs.into_boxed_slice(),
+            prefixes: prefixes.into_boxed_slice(),
+            ends: ends.into_boxed_slice(),
+        }
+    }
+
+    /// Line `i`'s prefix.
+    #[inline]
+    pub fn line(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.prefixes[start..self.ends[i] as usize]
+    }
 }
 
 impl fmt::Debug for Group {

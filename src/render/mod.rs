@@ -26,9 +26,9 @@
 //! [`live`] renders in-memory registries at scale;
 //! [`rabbitmq`] builds RabbitMQ's per-object families on one.
 
-use crate::registry::MetricDef;
-use crate::text::{FamilyEncoder, SampleEncoder};
-use crate::values::{Group, MetricValues};
+use crate::registry::{MetricDef, MetricType};
+use crate::text::{FamilyEncoder, SampleEncoder, ValueEncoder};
+use crate::values::{Group, MetricValues, RenderedLines};
 
 pub mod live;
 pub mod rabbitmq;
@@ -39,44 +39,51 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
     let mut family = FamilyEncoder::new(out, name, def.kind.name(), def.help.as_bytes());
     match values {
         MetricValues::Scalar(series) => {
-            for (labels, value) in series {
-                with_labels(family.sample(b""), labels)
-                    .value()
-                    .ruby_float(*value);
+            for (group, value) in series {
+                sample(&mut family, group, SCALAR_LINE, b"", None).ruby_float(*value);
             }
         }
         MetricValues::Histogram(groups) => {
+            let lines = HistogramLines(def.buckets.len());
             for group in groups {
                 let declared = def.buckets.iter().map(|b| b.as_bytes()).zip(&group.buckets);
-                let others = group.others.iter().map(|(le, v)| (*le, v));
-                for (le, value) in declared.chain(others) {
-                    with_labels(family.sample(b"_bucket"), group.labels)
-                        .label(b"le", le)
-                        .value()
-                        .ruby_float(*value);
+                for (i, (le, value)) in declared.enumerate() {
+                    sample(&mut family, group.labels, i, b"_bucket", Some(le)).ruby_float(*value);
+                }
+                for (le, value) in &group.others {
+                    let line = if *le == b"+Inf" {
+                        sample(&mut family, group.labels, lines.inf(), b"_bucket", Some(le))
+                    } else {
+                        // Not declared (a changed registry): no prefix kept.
+                        with_labels(family.sample(b"_bucket"), group.labels)
+                            .label(b"le", le)
+                            .value()
+                    };
+                    line.ruby_float(*value);
                 }
                 // No `sum` entry (a writer killed between a bucket's first
                 // write and its sum's): Ruby prints `_sum` with no value,
                 // which makes Prometheus refuse the whole target; the line is
                 // left out instead.
                 if let Some(sum) = group.sum {
-                    with_labels(family.sample(b"_sum"), group.labels)
-                        .value()
-                        .ruby_float(sum);
+                    sample(&mut family, group.labels, lines.sum(), b"_sum", None).ruby_float(sum);
                 }
-                with_labels(family.sample(b"_count"), group.labels)
-                    .value()
+                sample(&mut family, group.labels, lines.count(), b"_count", None)
                     .ruby_float(group.count);
             }
         }
         MetricValues::Summary(groups) => {
             for group in groups {
-                with_labels(family.sample(b"_sum"), group.labels)
-                    .value()
+                sample(&mut family, group.labels, SUMMARY_SUM_LINE, b"_sum", None)
                     .ruby_float(group.sum);
-                with_labels(family.sample(b"_count"), group.labels)
-                    .value()
-                    .ruby_float(group.count);
+                sample(
+                    &mut family,
+                    group.labels,
+                    SUMMARY_COUNT_LINE,
+                    b"_count",
+                    None,
+                )
+                .ruby_float(group.count);
             }
         }
     }
@@ -87,7 +94,91 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
 #[inline]
 fn with_labels<'o>(sample: SampleEncoder<'o>, group: &Group) -> SampleEncoder<'o> {
     match &group.rendered {
-        Some(rendered) => sample.rendered_labels(rendered),
+        Some(rendered) => sample.rendered_labels(&rendered.pairs),
         None => sample.labels(group.labels.iter().map(|(n, v)| (&**n, &**v))),
     }
+}
+
+/// One line of a group, up to its value: the prefix copied if the group's
+/// lines were rendered ([`rendered_lines`]: `line` is its index there),
+/// else `name<suffix>{labels[,le]} ` encoded now.
+#[inline]
+fn sample<'f>(
+    family: &'f mut FamilyEncoder<'_>,
+    group: &Group,
+    line: usize,
+    suffix: &[u8],
+    le: Option<&[u8]>,
+) -> ValueEncoder<'f> {
+    if let Some(rendered) = &group.rendered {
+        return family.prerendered(rendered.line(line));
+    }
+    let sample = with_labels(family.sample(suffix), group);
+    match le {
+        Some(le) => sample.label(b"le", le),
+        None => sample,
+    }
+    .value()
+}
+
+/// A counter's or gauge's one line.
+const SCALAR_LINE: usize = 0;
+const SUMMARY_SUM_LINE: usize = 0;
+const SUMMARY_COUNT_LINE: usize = 1;
+
+/// A histogram's lines with `n` declared buckets: each declared bucket, then
+/// `+Inf`, `_sum`, `_count`.
+struct HistogramLines(usize);
+
+impl HistogramLines {
+    fn inf(&self) -> usize {
+        self.0
+    }
+    fn sum(&self) -> usize {
+        self.0 + 1
+    }
+    fn count(&self) -> usize {
+        self.0 + 2
+    }
+}
+
+/// `prerender`: a group's label pairs (`labels`, in order, the group label
+/// left out) escaped once, and the prefix of every line `def` fixes the name
+/// and labels of, encoded by the same chain as a line written per scrape, so
+/// the bytes are the same: the one line of a counter or gauge; a summary's
+/// `_sum` and `_count`; a histogram's declared buckets, `+Inf`, `_sum`,
+/// `_count` ([`HistogramLines`]).
+pub fn rendered_lines<'a>(
+    def: &MetricDef,
+    labels: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+) -> RenderedLines {
+    let mut pairs = Vec::new();
+    crate::text::write_label_pairs(&mut pairs, labels);
+    let name = def.name.as_bytes();
+    let (mut prefixes, mut ends) = (Vec::new(), Vec::new());
+    let mut prefix = |suffix: &[u8], le: Option<&[u8]>| {
+        let sample = SampleEncoder::new(&mut prefixes, name, suffix).rendered_labels(&pairs);
+        match le {
+            Some(le) => sample.label(b"le", le),
+            None => sample,
+        }
+        .end_prefix();
+        ends.push(u32::try_from(prefixes.len()).expect("a group's prefixes under 4 GiB"));
+    };
+    match def.kind {
+        MetricType::Counter | MetricType::Gauge => prefix(b"", None),
+        MetricType::Summary => {
+            prefix(b"_sum", None);
+            prefix(b"_count", None);
+        }
+        MetricType::Histogram => {
+            for le in &def.buckets {
+                prefix(b"_bucket", Some(le.as_bytes()));
+            }
+            prefix(b"_bucket", Some(b"+Inf"));
+            prefix(b"_sum", None);
+            prefix(b"_count", None);
+        }
+    }
+    RenderedLines::new(pairs, prefixes, ends)
 }
