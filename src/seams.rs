@@ -41,7 +41,7 @@
 //! | [`FileRead`] | `single-read` | `EntryByEntry`: two buffered passes of per-entry reads per file (positions, then values, as `FileMappedDict` does) | `Mapped`: the file mapped, its used region walked once |
 //! | [`KeyDecode`] | `decode-once` | `EveryEntry`: every entry's key decoded | `OncePerRawKey`: each distinct raw key decoded once, component by component through a cache (raw keys of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so series are still found by their decoded labels) |
 //! | [`Unescape`] (carried by `KeyDecode`) | `fast-unescape` | `Reference`: [`crate::formenc::decode_key_reference`] | `Fast`: the table-driven, borrowing [`crate::formenc::decode_key_fast`] |
-//! | [`Keep`] | `prerender` (the render strategy, applied to a long-lived exporter) | `Nothing`: every scrape starts from nothing | `Catalogue`: each metric's decoded, grouped label sets kept across scrapes with their label pairs rendered once, so a scrape of known keys compares raw key bytes and copies rendered bytes |
+//! | [`Keep`] | `prerender` (the render strategy, applied to a long-lived exporter) | `Nothing`: every scrape starts from nothing | `Catalogue`: each metric's decoded, grouped label sets kept across scrapes with their label pairs and line prefixes rendered once, so a scrape of known keys compares raw key bytes, copies a prefix and writes the value per line |
 //! | [`Listing`] | `single-read` | `PerMetric`: the directory listed once per metric (client_ruby's glob) | `OncePerScrape`: one listing, each name handed to its metric |
 //! | [`Liveness`] | `fold-exited` | `AssumeLive`: every file read under its `flock` | `Leases`: a kept file whose writer has exited ([`crate::liveness`]) read in place without its lock; the files of exited processes folded ([`crate::fold`]) where the runtime allows (`promlab serve --fold-exited`, `promlab fold`) |
 //!
@@ -65,7 +65,8 @@
 //! | [`LinePrefixes`] | `prerender` | `PerScrape`: each line of a live registry built from its label pairs in a fresh buffer, escaped byte by byte | `Prerendered`: each series' `name{labels} ` encoded once at creation, copied on every scrape |
 //!
 //! The store exposition's counterpart is the export stage's [`Keep`]: with
-//! it, each group's label pairs are rendered once ([`crate::values::Group`]).
+//! it, each group's label pairs and line prefixes are rendered once
+//! ([`crate::render::rendered_lines`]).
 //! No combined variant.
 //!
 //! # Ingest ([`crate::ingest`])
@@ -365,7 +366,7 @@ pub enum Keep {
     /// Every scrape starts from nothing.
     Nothing,
     /// `prerender`: each metric's catalogue is kept across scrapes, with
-    /// every group's label pairs rendered once.
+    /// every group's label pairs and line prefixes rendered once.
     Catalogue,
 }
 
