@@ -6,7 +6,11 @@
 //!   observe and increment, alone ([`WriteFloor`]);
 //! - export: one pass reading every store file's used region through a
 //!   mapping (what a sidecar cannot avoid reading), plus writing the
-//!   exposition's bytes ([`ExportFloor`]);
+//!   exposition as the render floor writes it: its text copied, each value
+//!   formatted ([`ExportFloor`]). Until issue 26 it copied the exposition
+//!   whole, values included: a scrape whose values change cannot, so every
+//!   exporter's ratio counted formatting as overhead (a quarter of `all`'s
+//!   seed-repro scrape);
 //! - render: prerendered lines copied, each value formatted (`itoa` for
 //!   integers and integral floats, `ryu` for the others) ([`RenderFloor`]);
 //! - ingest: snappy decode, a zero-copy protobuf walk, finding each series'
@@ -19,7 +23,11 @@
 //!   measured below it on a loaded machine (0.94× prometheus-captures, 0.90×
 //!   asap-1e5); quiet, before and after side by side: asap-1e5 floor
 //!   25.6–25.9 → 23.2–23.9 ms (`all` ÷ floor 1.11–1.12 → 1.23–1.25),
-//!   prometheus-captures unchanged (`all` ÷ floor 1.2–1.3 both);
+//!   prometheus-captures unchanged (`all` ÷ floor 1.2–1.3 both). Until
+//!   issue 26 each new series cost it two allocations and two hashes where
+//!   the series cache appends to one buffer and hashes once: `all` measured
+//!   0.90× on prometheus-captures (27 requests, most of their series new);
+//!   with the floor keeping series as the cache does, 1.04× (same run);
 //! - query: the quantile scan alone (`Ingester::quantile_scan`, in the query
 //!   workload).
 //!
@@ -34,6 +42,7 @@ use promlab::ingest::wire;
 use promlab::seams::StoreIo;
 use promlab::store::StoreFile;
 use std::collections::HashMap;
+use std::hash::BuildHasher as _;
 use std::hint::black_box;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -65,10 +74,11 @@ impl WriteFloor {
 /// exposition. Each file's `used` and each entry's length and padded key are
 /// compared with a copy of what the store held when the floor was built
 /// (every distinct entry's bytes once, as an exporter's catalogue keeps its
-/// raw keys), each value is read, and the exposition's bytes are copied.
+/// raw keys), each value is read, and the exposition is written as
+/// [`RenderFloor`] writes it (text copied, each value formatted: the values
+/// read change between scrapes, so no exporter can keep the text whole).
 /// What is left out is all an exporter adds to that: walking the entries by
-/// their lengths, finding each key's series, folding values, grouping and
-/// formatting.
+/// their lengths, finding each key's series, folding values and grouping.
 ///
 /// Mappings are a per-process resource (`vm.max_map_count`, 65,530 by
 /// default) that the arms' exporters in the same process need too, so the
@@ -82,7 +92,8 @@ pub struct ExportFloor {
     plans: Vec<FilePlan>,
     distinct: Vec<u8>,
     exposition: Vec<u8>,
-    out: Vec<u8>,
+    /// Writes the exposition, each value formatted.
+    render: RenderFloor,
     /// The used region of a file read, not mapped.
     read: Vec<u8>,
     /// The floor's maps, set aside in the exporters' map budget.
@@ -168,8 +179,8 @@ impl ExportFloor {
             files,
             plans,
             distinct,
+            render: RenderFloor::new(&exposition),
             exposition,
-            out: Vec::new(),
             read: Vec::new(),
             _reserved: reserved,
         })
@@ -178,6 +189,17 @@ impl ExportFloor {
     /// Bytes of store the floor reads per scrape (the used regions).
     pub fn store_bytes(&self) -> usize {
         self.plans.iter().map(|p| p.used.max(0) as usize).sum()
+    }
+
+    /// The exposition's lines.
+    pub fn lines(&self) -> u64 {
+        self.render.lines()
+    }
+
+    /// Whether [`ExportFloor::run`] writes the exposition's bytes (every
+    /// value's shortest form is the one it prints; Ruby's `1.0e-05` is not).
+    pub fn same_bytes(&self) -> bool {
+        self.render.same_bytes
     }
 
     /// One scrape; fails if the store changed since the floor was built.
@@ -206,9 +228,7 @@ impl ExportFloor {
             }
         }
         black_box(sum);
-        self.out.clear();
-        self.out.extend_from_slice(&self.exposition);
-        Ok(&self.out)
+        Ok(self.render.run())
     }
 }
 
@@ -351,10 +371,14 @@ type BytesMap<V> = HashMap<Box<[u8]>, V, foldhash::fast::RandomState>;
 /// added in one slice per request.
 #[derive(Default)]
 struct IngestState {
-    /// Per series: its label bytes and its sketch.
-    series: Vec<(Box<[u8]>, Option<usize>)>,
-    /// Label bytes → index in `series`, for when the guess misses.
-    index: BytesMap<usize>,
+    /// Every series' label bytes, back to back (one buffer, as the series
+    /// cache keeps them: no allocation per series).
+    labels: Vec<u8>,
+    /// Per series: where its label bytes are in `labels`, and its sketch.
+    series: Vec<(std::ops::Range<usize>, Option<usize>)>,
+    /// Label bytes (by hash) → index in `series`, for when the guess misses.
+    index: hashbrown::HashTable<usize>,
+    hasher: foldhash::fast::RandomState,
     /// The series tried first: the one after the last found. Senders repeat
     /// their series in the same order, so this is one compare and no hash —
     /// what `series-cache` does, and no receiver needs less.
@@ -365,20 +389,33 @@ struct IngestState {
 }
 
 impl IngestState {
-    /// The sketch of the series with label bytes `key`, if it was seen.
+    /// The sketch of the series with label bytes `key`, if it was seen; else
+    /// the key's hash, for [`IngestState::insert`].
     #[inline]
-    fn lookup(&mut self, key: &[u8]) -> Option<Option<usize>> {
+    fn lookup(&mut self, key: &[u8]) -> Result<Option<usize>, u64> {
         let i = match self.series.get(self.next_guess) {
-            Some((guess, _)) if **guess == *key => self.next_guess,
-            _ => *self.index.get(key)?,
+            Some((guess, _)) if self.labels[guess.clone()] == *key => self.next_guess,
+            _ => {
+                let hash = self.hasher.hash_one(key);
+                let (labels, series) = (&self.labels, &self.series);
+                *self
+                    .index
+                    .find(hash, |&i| labels[series[i].0.clone()] == *key)
+                    .ok_or(hash)?
+            }
         };
         self.next_guess = i + 1;
-        Some(self.series[i].1)
+        Ok(self.series[i].1)
     }
 
-    fn insert(&mut self, key: &[u8], sketch: Option<usize>) {
-        self.index.insert(key.into(), self.series.len());
-        self.series.push((key.into(), sketch));
+    fn insert(&mut self, key: &[u8], hash: u64, sketch: Option<usize>) {
+        let start = self.labels.len();
+        self.labels.extend_from_slice(key);
+        self.series.push((start..self.labels.len(), sketch));
+        let (labels, series, hasher) = (&self.labels, &self.series, &self.hasher);
+        self.index.insert_unique(hash, series.len() - 1, |&i| {
+            hasher.hash_one(&labels[series[i].0.clone()])
+        });
         self.next_guess = self.series.len();
     }
 }
@@ -480,10 +517,10 @@ impl IngestFloor {
                     if samples == 0 {
                         let key = series.get(labels.0..labels.1).unwrap_or_default();
                         sketch = match state.lookup(key) {
-                            Some(found) => found,
-                            None => {
+                            Ok(found) => found,
+                            Err(hash) => {
                                 let found = self.first_sight(key, state)?;
-                                state.insert(key, found);
+                                state.insert(key, hash, found);
                                 found
                             }
                         };

@@ -194,6 +194,18 @@ impl Export {
     }
 }
 
+/// An export floor's scrape: its bytes where they are the exposition's,
+/// else its lines (its values printed in their shortest form, not Ruby's).
+fn floor_output(floor: &mut super::floor::ExportFloor) -> Result<Output<'_>> {
+    let (same_bytes, lines) = (floor.same_bytes(), floor.lines());
+    let bytes = floor.run()?;
+    Ok(if same_bytes {
+        Output::Bytes(bytes)
+    } else {
+        Output::Units(lines)
+    })
+}
+
 /// A store copied and folded (`fold-exited`): the copies of files whose
 /// writer is live in the original are held open for writing, so the fold
 /// and the exporters see the same writers there.
@@ -281,7 +293,7 @@ impl Workload for Export {
 
     /// Every store file's used region read once, and the exposition written.
     fn floor(&mut self) -> Result<Output<'_>> {
-        Ok(Output::Bytes(self.floor.run()?))
+        floor_output(&mut self.floor)
     }
 
     fn extra_floors(&self) -> Vec<&'static str> {
@@ -303,8 +315,7 @@ impl Workload for Export {
             let dir = self.folded()?.to_path_buf();
             self.floor_folded = Some(super::floor::ExportFloor::new(&dir, text)?);
         }
-        let floor = self.floor_folded.as_mut().expect("made above");
-        Ok(Output::Bytes(floor.run()?))
+        floor_output(self.floor_folded.as_mut().expect("made above"))
     }
 
     /// An arm that reads the folded copy is held to its floor.
