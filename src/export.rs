@@ -1046,6 +1046,14 @@ struct Series {
     bucket: Option<u32>,
 }
 
+impl Series {
+    /// A histogram series' bucket: Ruby's `label_set[:le].to_s`, so a
+    /// missing `le` is the bucket "".
+    fn le(&self) -> &[u8] {
+        self.slot.as_deref().unwrap_or_default()
+    }
+}
+
 /// `decode-once`: each distinct raw key, decoded once, with its series.
 #[derive(Default)]
 struct RawKeys {
@@ -1414,6 +1422,26 @@ struct Scrape {
     /// Per group: its series of this scrape, in order.
     group_series: Vec<Vec<usize>>,
     group_order: Vec<usize>,
+    /// A histogram's groups of this scrape, folded ([`Scrape::fold_histograms`]),
+    /// in `group_order`; kept from scrape to scrape so a scrape allocates nothing.
+    histograms: Vec<HistogramFold>,
+    /// Every group's cumulative declared buckets, back to back.
+    buckets: Vec<f64>,
+    /// Every group's series of undeclared buckets (series, value), back to back.
+    others: Vec<(usize, f64)>,
+}
+
+/// One histogram group of a scrape, as client_ruby's `Metric#values` folds it.
+struct HistogramFold {
+    /// Where its declared buckets start in [`Scrape::buckets`].
+    start: usize,
+    /// Its undeclared buckets in [`Scrape::others`], in order of first appearance.
+    others: std::ops::Range<usize>,
+    /// Where `+Inf` prints among them (see [`HistogramValue::inf_at`]).
+    inf_at: usize,
+    sum: Option<f64>,
+    /// The `+Inf` count.
+    count: f64,
 }
 
 impl Scrape {
@@ -1459,6 +1487,58 @@ impl Scrape {
         }
     }
 
+    /// Folds each histogram group's series as client_ruby's `Metric#values`
+    /// does: declared buckets by index (made cumulative, as
+    /// `accumulate_buckets` does), `le="sum"`, `+Inf` (plus every declared
+    /// bucket), and any other `le` in order of first appearance.
+    fn fold_histograms(&mut self, declared: usize, catalogue: &Catalogue) {
+        self.histograms.clear();
+        self.buckets.clear();
+        self.others.clear();
+        for &g in &self.group_order {
+            let start = self.buckets.len();
+            self.buckets.resize(start + declared, 0.0);
+            let first_other = self.others.len();
+            let (mut sum, mut inf) = (None, None::<(usize, f64)>);
+            for &series in &self.group_series[g] {
+                let (series_def, value) = (&catalogue.series[series], self.values[series].value);
+                let le = series_def.le();
+                if let Some(i) = series_def.bucket {
+                    self.buckets[start + i as usize] = value;
+                } else if le == b"sum" {
+                    sum = Some(value);
+                } else if le == b"+Inf" {
+                    let at = self.others.len() - first_other;
+                    inf = Some((inf.map_or(at, |(at, _)| at), value));
+                } else if let Some(other) = self.others[first_other..]
+                    .iter_mut()
+                    .find(|(other, _)| catalogue.series[*other].le() == le)
+                {
+                    other.1 = value;
+                } else {
+                    self.others.push((series, value));
+                }
+            }
+            let mut acc = 0.0;
+            for bucket in &mut self.buckets[start..] {
+                let own = *bucket;
+                *bucket += acc;
+                acc += own;
+            }
+            let (inf_at, count) = match inf {
+                Some((at, value)) => (at, value + acc),
+                None => (self.others.len() - first_other, acc),
+            };
+            self.histograms.push(HistogramFold {
+                start,
+                others: first_other..self.others.len(),
+                inf_at,
+                sum,
+                count,
+            });
+        }
+    }
+
     /// Groups this scrape's series, in order of first appearance.
     fn group(&mut self, catalogue: &Catalogue) {
         self.group_seen.resize(catalogue.groups.len(), 0);
@@ -1483,14 +1563,12 @@ impl Scrape {
 fn metric_values<'t>(
     def: &MetricDef,
     catalogue: &'t Catalogue,
-    scrape: &Scrape,
+    scrape: &'t Scrape,
 ) -> MetricValues<'t> {
     let groups = scrape.group_order.iter().map(|&g| {
         let slots = scrape.group_series[g].iter().map(|&series| {
-            let series_def = &catalogue.series[series];
             (
-                series_def.slot.as_deref(),
-                series_def.bucket,
+                catalogue.series[series].slot.as_deref(),
                 scrape.values[series].value,
             )
         });
@@ -1508,8 +1586,21 @@ fn metric_values<'t>(
                 .collect(),
         ),
         MetricType::Histogram => MetricValues::Histogram(
-            groups
-                .map(|(labels, slots)| histogram_value(def, labels, slots))
+            scrape
+                .group_order
+                .iter()
+                .zip(&scrape.histograms)
+                .map(|(&g, fold)| HistogramValue {
+                    labels: &catalogue.groups[g],
+                    buckets: &scrape.buckets[fold.start..fold.start + def.buckets.len()],
+                    others: scrape.others[fold.others.clone()]
+                        .iter()
+                        .map(|&(series, value)| (catalogue.series[series].le(), value))
+                        .collect(),
+                    inf_at: fold.inf_at,
+                    sum: fold.sum,
+                    count: fold.count,
+                })
                 .collect(),
         ),
         MetricType::Summary => MetricValues::Summary(
@@ -1520,7 +1611,7 @@ fn metric_values<'t>(
                         sum: 0.0,
                         count: 0.0,
                     };
-                    for (quantile, _, v) in slots {
+                    for (quantile, v) in slots {
                         match quantile {
                             Some(b"sum") => value.sum = v,
                             Some(b"count") => value.count = v,
@@ -1531,53 +1622,6 @@ fn metric_values<'t>(
                 })
                 .collect(),
         ),
-    }
-}
-
-fn histogram_value<'t>(
-    def: &MetricDef,
-    labels: &'t Group,
-    slots: impl Iterator<Item = (Option<&'t [u8]>, Option<u32>, f64)>,
-) -> HistogramValue<'t> {
-    let mut buckets = vec![0.0; def.buckets.len()];
-    let mut others: Vec<(&'t [u8], f64)> = Vec::new();
-    let mut sum = None;
-    for (le, bucket, value) in slots {
-        // Ruby: `label_set[:le].to_s`, so a missing `le` is the bucket "".
-        let le = le.unwrap_or_default();
-        if let Some(i) = bucket {
-            buckets[i as usize] = value;
-        } else if le == b"sum" {
-            sum = Some(value);
-        } else if let Some(slot) = others.iter_mut().find(|(name, _)| *name == le) {
-            slot.1 = value;
-        } else {
-            others.push((le, value));
-        }
-    }
-    // client_ruby's accumulate_buckets.
-    let mut acc = 0.0;
-    for bucket in &mut buckets {
-        let own = *bucket;
-        *bucket += acc;
-        acc += own;
-    }
-    let count = match others.iter_mut().find(|(name, _)| *name == b"+Inf") {
-        Some(inf) => {
-            inf.1 += acc;
-            inf.1
-        }
-        None => {
-            others.push((b"+Inf", acc));
-            acc
-        }
-    };
-    HistogramValue {
-        labels,
-        buckets,
-        others,
-        sum,
-        count,
     }
 }
 
@@ -1962,6 +2006,9 @@ impl Exporter {
             .reprobe_exited(&self.dir, def_index, files, reprobe);
         catalogue.raw.end_scrape();
         scrape.group(catalogue);
+        if def.kind == MetricType::Histogram {
+            scrape.fold_histograms(def.buckets.len(), catalogue);
+        }
         Ok(())
     }
 

@@ -78,10 +78,14 @@ pub enum MetricValues<'t> {
 pub struct HistogramValue<'t> {
     pub labels: &'t Group,
     /// Cumulative counts of the declared buckets, in declared order.
-    pub buckets: Vec<f64>,
-    /// `le` values not declared (a changed registry), and `+Inf`, in Ruby's hash
-    /// order: in order of first appearance, `+Inf` last if it never appeared.
+    pub buckets: &'t [f64],
+    /// `le` values not declared (a changed registry), but `+Inf`, in order of
+    /// first appearance (Ruby's hash order).
     pub others: Vec<(&'t [u8], f64)>,
+    /// Where `+Inf` prints among `others` (before `others[inf_at]`; at the
+    /// end when `inf_at == others.len()`): where it first appeared, or last
+    /// if it never did.
+    pub inf_at: usize,
     /// `None` if no `le="sum"` entry exists (Ruby prints an empty value; the
     /// renderer leaves the `_sum` line out).
     pub sum: Option<f64>,

@@ -121,6 +121,62 @@ fn nan_in_min_and_max_does_not_depend_on_file_order() {
     }
 }
 
+/// A histogram whose files do not match its declared buckets (a registry
+/// changed between deploys): undeclared `le` values print after the declared
+/// buckets in order of first appearance, `+Inf` where it first appeared (or
+/// last, with every bucket's count, when no file has it), a key without `le`
+/// as the bucket "", and `le="sum"` as the sum; with `prerender`'s kept line
+/// prefixes as without, scrape after scrape.
+#[test]
+fn undeclared_buckets_and_inf_print_as_ruby_orders_them() {
+    let reg = registry(
+        r#"{"name": "h", "type": "histogram", "help": "h", "labels": ["a"], "buckets": ["1", "5"]}"#,
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    write_file(
+        tmp.path(),
+        "h",
+        1,
+        &[
+            (b"a=x&le=1", 1.0),
+            (b"a=x&le=%2BInf", 2.0),
+            (b"a=x&le=2.5", 3.0),
+            (b"a=x&le=sum", 4.0),
+            (b"a=y&le=5", 5.0),
+            (b"a=y&le=10", 6.0),
+            (b"a=y", 7.0),
+        ],
+    );
+    write_file(
+        tmp.path(),
+        "h",
+        2,
+        &[
+            (b"a=x&le=2.5", 1.0),
+            (b"a=y&le=10", 1.0),
+            (b"a=z&le=%2BInf", 8.0),
+        ],
+    );
+    let (text, _) = export_everywhere(tmp.path(), &reg);
+    let x = text
+        .lines()
+        .filter(|l| l.contains("a=\"x\""))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        x,
+        [
+            "h_bucket{a=\"x\",le=\"1\"} 1.0",
+            "h_bucket{a=\"x\",le=\"5\"} 1.0",
+            "h_bucket{a=\"x\",le=\"+Inf\"} 3.0",
+            "h_bucket{a=\"x\",le=\"2.5\"} 4.0",
+            "h_sum{a=\"x\"} 4.0",
+            "h_count{a=\"x\"} 3.0",
+        ],
+        "{text}"
+    );
+    assert!(text.contains("h_bucket{a=\"y\",le=\"10\"} 7.0\nh_bucket{a=\"y\",le=\"\"} 7.0\nh_bucket{a=\"y\",le=\"+Inf\"} 5.0\n"), "{text}");
+}
+
 /// Item 7: the files of metric `a___b` (and stray names) are not metric `a`'s.
 #[test]
 fn file_names_are_parsed_exactly() {

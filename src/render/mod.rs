@@ -46,20 +46,36 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
         MetricValues::Histogram(groups) => {
             let lines = HistogramLines(def.buckets.len());
             for group in groups {
-                let declared = def.buckets.iter().map(|b| b.as_bytes()).zip(&group.buckets);
+                let declared = def.buckets.iter().map(|b| b.as_bytes()).zip(group.buckets);
                 for (i, (le, value)) in declared.enumerate() {
                     sample(&mut family, group.labels, i, b"_bucket", Some(le)).ruby_float(*value);
                 }
-                for (le, value) in &group.others {
-                    let line = if *le == b"+Inf" {
-                        sample(&mut family, group.labels, lines.inf(), b"_bucket", Some(le))
-                    } else {
-                        // Not declared (a changed registry): no prefix kept.
-                        with_labels(family.sample(b"_bucket"), group.labels)
-                            .label(b"le", le)
-                            .value()
-                    };
-                    line.ruby_float(*value);
+                for (i, (le, value)) in group.others.iter().enumerate() {
+                    if i == group.inf_at {
+                        sample(
+                            &mut family,
+                            group.labels,
+                            lines.inf(),
+                            b"_bucket",
+                            Some(b"+Inf"),
+                        )
+                        .ruby_float(group.count);
+                    }
+                    // Not declared (a changed registry): no prefix kept.
+                    with_labels(family.sample(b"_bucket"), group.labels)
+                        .label(b"le", le)
+                        .value()
+                        .ruby_float(*value);
+                }
+                if group.inf_at >= group.others.len() {
+                    sample(
+                        &mut family,
+                        group.labels,
+                        lines.inf(),
+                        b"_bucket",
+                        Some(b"+Inf"),
+                    )
+                    .ruby_float(group.count);
                 }
                 // No `sum` entry (a writer killed between a bucket's first
                 // write and its sum's): Ruby prints `_sum` with no value,
