@@ -50,7 +50,7 @@ impl Ingester {
                         wire::parse_label_fields(span_raw, &mut deferred)?;
                         labels = &deferred;
                     }
-                    let series = BaselineSeries::canonicalize(labels, &self.plan.plan)?;
+                    let series = NewSeries::canonicalize(labels, &self.plan.plan)?;
                     let mut dests = Vec::with_capacity(series.aggs.len());
                     for &agg in &series.aggs {
                         let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
@@ -58,8 +58,7 @@ impl Ingester {
                         let (_, dest) = self.intern(agg, group_key.as_bytes());
                         dests.push((dest, agg, group_key.into_boxed_str()));
                     }
-                    self.cache
-                        .insert(raw, series.series_key.into_boxed_str(), dests)
+                    self.cache.insert(raw, series.series_key, dests)
                 }
             };
             ids.push(id);
@@ -125,39 +124,50 @@ pub struct BaselineSeries {
     pub population: String,
 }
 
+/// Checks a series' labels as Prometheus requires them: UTF-8 names and
+/// values, valid names, sorted by name without duplicates. The first label
+/// that fails, in order, is the error.
+fn validate(labels: &[(&[u8], &[u8])]) -> Result<(), IngestError> {
+    let mut previous: Option<&[u8]> = None;
+    for &(name, value) in labels {
+        let name_str =
+            std::str::from_utf8(name).map_err(|_| invalid("a label name is not UTF-8"))?;
+        std::str::from_utf8(value)
+            .map_err(|_| invalid(format!("the value of label `{name_str}` is not UTF-8")))?;
+        if !crate::registry::is_label_name(name) {
+            return Err(invalid(format!(
+                "invalid label name `{}`",
+                name_str.escape_debug()
+            )));
+        }
+        if let Some(prev) = previous {
+            if prev == name {
+                return Err(invalid(format!("duplicate label name `{name_str}`")));
+            }
+            if prev > name {
+                return Err(invalid(format!(
+                    "label names are not sorted: `{name_str}` after `{}`",
+                    String::from_utf8_lossy(prev)
+                )));
+            }
+        }
+        previous = Some(name);
+    }
+    Ok(())
+}
+
 impl BaselineSeries {
     /// Validates a series and computes its canonical form, upstream-style.
     pub fn canonicalize(
         labels: &[(&[u8], &[u8])],
         plan: &Plan,
     ) -> Result<BaselineSeries, IngestError> {
-        let mut map: HashMap<String, String> = HashMap::new();
-        let mut previous: Option<&[u8]> = None;
-        for &(name, value) in labels {
-            let name_str =
-                std::str::from_utf8(name).map_err(|_| invalid("a label name is not UTF-8"))?;
-            let value_str = std::str::from_utf8(value)
-                .map_err(|_| invalid(format!("the value of label `{name_str}` is not UTF-8")))?;
-            if !crate::registry::is_label_name(name) {
-                return Err(invalid(format!(
-                    "invalid label name `{}`",
-                    name_str.escape_debug()
-                )));
-            }
-            if let Some(prev) = previous {
-                if prev == name {
-                    return Err(invalid(format!("duplicate label name `{name_str}`")));
-                }
-                if prev > name {
-                    return Err(invalid(format!(
-                        "label names are not sorted: `{name_str}` after `{}`",
-                        String::from_utf8_lossy(prev)
-                    )));
-                }
-            }
-            previous = Some(name);
-            map.insert(name_str.to_owned(), value_str.to_owned());
-        }
+        validate(labels)?;
+        let utf8 = |b: &[u8]| std::str::from_utf8(b).expect("validated").to_owned();
+        let map: HashMap<String, String> = labels
+            .iter()
+            .map(|&(name, value)| (utf8(name), utf8(value)))
+            .collect();
         let metric = match map.get("__name__") {
             Some(n) if !n.is_empty() => n.clone(),
             _ => return Err(invalid("a series has no `__name__` label")),
@@ -205,6 +215,85 @@ impl BaselineSeries {
     /// The group key for one aggregation (re-parsing the series key, upstream-style).
     pub fn group_key(&self, group_by: &[String]) -> String {
         group_key_of(&parse_series_key(&self.series_key), group_by)
+    }
+}
+
+/// `series-cache`'s canonical form of a series it has not seen: the
+/// validation, series key, aggregations and group keys of
+/// [`BaselineSeries`], without what upstream builds per series and nothing
+/// reads (a label map, a sorted copy of it, the fingerprint, the JSON
+/// population, the series key parsed back for each group key): validated
+/// labels are sorted and unique, so they are the sorted map. A series costs
+/// the cache this once (`verify` holds it to the baseline's answers).
+pub(super) struct NewSeries<'l> {
+    labels: &'l [(&'l [u8], &'l [u8])],
+    pub(super) series_key: Box<str>,
+    pub(super) aggs: Vec<u16>,
+}
+
+impl<'l> NewSeries<'l> {
+    pub(super) fn canonicalize(
+        labels: &'l [(&'l [u8], &'l [u8])],
+        plan: &Plan,
+    ) -> Result<NewSeries<'l>, IngestError> {
+        validate(labels)?;
+        let value_of = |name: &[u8]| {
+            labels
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(&b""[..], |(_, v)| *v)
+        };
+        let metric = value_of(b"__name__");
+        if metric.is_empty() {
+            return Err(invalid("a series has no `__name__` label"));
+        }
+        let mut key = Vec::with_capacity(metric.len() + 16 * labels.len());
+        key.extend_from_slice(metric);
+        key.push(b'{');
+        let pairs = labels.iter().filter(|(n, _)| *n != b"__name__");
+        for (i, (name, value)) in pairs.enumerate() {
+            if i > 0 {
+                key.push(b',');
+            }
+            key.extend_from_slice(name);
+            key.extend_from_slice(b"=\"");
+            write_escaped(&mut key, value, Escape::LabelValue);
+            key.push(b'"');
+        }
+        key.push(b'}');
+        let aggs = plan
+            .aggregations
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| {
+                a.metric.as_bytes() == metric
+                    && a.matchers
+                        .iter()
+                        .all(|(k, v)| value_of(k.as_bytes()) == v.as_bytes())
+            })
+            .map(|(i, _)| i as u16)
+            .collect();
+        let series_key = String::from_utf8(key).expect("validated labels are UTF-8");
+        Ok(NewSeries {
+            labels,
+            series_key: series_key.into_boxed_str(),
+            aggs,
+        })
+    }
+
+    /// The group key for one aggregation (see [`write_group_key`]).
+    pub(super) fn group_key(&self, group_by: &[String]) -> String {
+        let mut out = Vec::new();
+        write_group_key(
+            &mut out,
+            group_by.iter().map(|g| {
+                self.labels
+                    .iter()
+                    .find(|(n, _)| *n == g.as_bytes())
+                    .map_or(&b""[..], |(_, v)| *v)
+            }),
+        );
+        String::from_utf8(out).expect("group keys of UTF-8 values are UTF-8")
     }
 }
 
@@ -293,5 +382,53 @@ mod tests {
             .contains("sorted"));
         assert!(check(&[(b"__name__", b"m"), (b"a-b", b"1")]).is_err());
         assert!(check(&[(b"__name__", b"m"), (b"a", b"\xff")]).is_err());
+    }
+
+    /// The cache's canonicalizer gives the baseline's series key,
+    /// aggregations, group keys and errors (messages included), whatever
+    /// the labels: escapes, empty values, matchers, group labels missing,
+    /// every kind of invalid series.
+    #[test]
+    fn new_series_are_canonicalized_as_the_baseline_does() {
+        let plan = Plan::parse(
+            "[[aggregation]]\nid = \"a\"\nmetric = \"m\"\ngroup_by = [\"g\", \"__name__\", \"missing\"]\n\
+             [[aggregation]]\nid = \"b\"\nmetric = \"m\"\ngroup_by = [\"g\"]\nmatch = { k = \"v\" }\n\
+             [[aggregation]]\nid = \"c\"\nmetric = \"m\"\ngroup_by = [\"g\"]\nmatch = { k = \"\" }\n",
+        )
+        .unwrap();
+        type Labels<'a> = Vec<(&'a [u8], &'a [u8])>;
+        let cases: Vec<Labels<'_>> = vec![
+            vec![(b"__name__", b"m"), (b"g", b"x\"y\\z\n,}"), (b"k", b"v")],
+            vec![(b"__name__", b"m"), (b"g", b""), (b"k", b"")],
+            vec![(b"__name__", b"m")],
+            vec![(b"__name__", b"other"), (b"g", b"1")],
+            vec![(b"__name__", b"")],
+            vec![],
+            vec![(b"a", b"1")],
+            vec![(b"__name__", b"m"), (b"a", b"1"), (b"a", b"2")],
+            vec![(b"__name__", b"m"), (b"b", b"1"), (b"a", b"2")],
+            vec![(b"__name__", b"m"), (b"a-b", b"1")],
+            vec![(b"__name__", b"m"), (b"a", b"\xff")],
+            vec![(b"__name__", b"m"), (b"\xff", b"1")],
+        ];
+        for labels in &cases {
+            let baseline = BaselineSeries::canonicalize(labels, &plan);
+            let new = NewSeries::canonicalize(labels, &plan);
+            match (baseline, new) {
+                (Ok(b), Ok(n)) => {
+                    assert_eq!(&*n.series_key, b.series_key, "{labels:?}");
+                    assert_eq!(n.aggs, b.aggs, "{labels:?}");
+                    for agg in &plan.aggregations {
+                        assert_eq!(n.group_key(&agg.group_by), b.group_key(&agg.group_by));
+                    }
+                }
+                (Err(b), Err(n)) => assert_eq!(b, n, "{labels:?}"),
+                (b, n) => panic!(
+                    "{labels:?}: baseline {:?}, cache {:?}",
+                    b.is_ok(),
+                    n.is_ok()
+                ),
+            }
+        }
     }
 }
