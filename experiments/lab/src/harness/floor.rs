@@ -45,7 +45,6 @@ use std::collections::HashMap;
 use std::hash::BuildHasher as _;
 use std::hint::black_box;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Write: `steps` lock pairs on a real store file, as `Client::observe` takes them.
 pub struct WriteFloor {
@@ -472,15 +471,9 @@ impl IngestFloor {
         self.run_bodies(bodies.iter().map(Vec::as_slice))
     }
 
-    /// The bodies `next` hands this floor (each index once, across every
-    /// thread sharing `next`), into fresh sketches: one of N floors walking
-    /// their shares of a workload on N cores. Returns the samples walked.
-    pub fn run_shared(&mut self, bodies: &[Vec<u8>], next: &AtomicUsize) -> Result<u64> {
-        let taken = std::iter::from_fn(|| bodies.get(next.fetch_add(1, Ordering::Relaxed)));
-        self.run_bodies(taken.map(Vec::as_slice))
-    }
-
-    fn run_bodies<'b>(&mut self, bodies: impl Iterator<Item = &'b [u8]>) -> Result<u64> {
+    /// `bodies` through the floor into fresh sketches: one of N floors
+    /// walking its share of a workload on N cores. Returns the samples walked.
+    pub fn run_bodies<'b>(&mut self, bodies: impl Iterator<Item = &'b [u8]>) -> Result<u64> {
         let mut state = IngestState::default();
         let mut samples = 0;
         for body in bodies {

@@ -622,10 +622,29 @@ pub fn churn_bodies(
     ticks: u64,
     new_series_per_tick: u64,
 ) -> impl Iterator<Item = Vec<u8>> {
+    let batch_rows = promlab::ingest::feed::FeedWorkload::seed(0).batch_rows;
+    churn_bodies_batched(
+        groups,
+        series_per_group,
+        ticks,
+        new_series_per_tick,
+        batch_rows,
+    )
+}
+
+/// [`churn_bodies`] in requests of `batch_rows` rows (the last of a tick holds the rest).
+pub fn churn_bodies_batched(
+    groups: u64,
+    series_per_group: u64,
+    ticks: u64,
+    new_series_per_tick: u64,
+    batch_rows: usize,
+) -> impl Iterator<Item = Vec<u8>> {
     use promlab::ingest::wire;
     let workload = promlab::ingest::feed::FeedWorkload {
         groups,
         series_per_group,
+        batch_rows,
         ..promlab::ingest::feed::FeedWorkload::seed(1_700_000_000_000)
     };
     let series = workload.series();
@@ -675,65 +694,106 @@ fn churn_generation(n: u64, t: u64, churn: u64, series: u64) -> u64 {
     }
 }
 
-/// Ingest across cores: the feeder's request bodies through a laned ingester
-/// of `lanes` lanes (`promlab serve --ingest-threads`), fed by `lanes`
-/// threads at once, each taking the next request as soon as it is done with
-/// its last (a receiver's connections at saturation), a fresh ingester per
-/// run. The answer (every aggregation's last closed window after the flush,
-/// and the counters) is one ingester's, bit for bit: `asap` at the same sizes.
-/// The floor: `lanes` threads each walking its share of the requests through
-/// the ingest floor ([`super::floor::IngestFloor::run_shared`]) — the least
-/// work spread over as many cores, with nothing shared.
+/// Ingest across cores: the feeder's workload through a laned ingester of
+/// `lanes` lanes (`LanedIngester::handle`, as `promlab serve` takes a request
+/// on a free lane), a fresh ingester per run, fed by `lanes` threads standing
+/// for a sender's remote-write shards: Prometheus splits its series over
+/// shards by hash, each shard sending its own series on its own connection,
+/// so each thread sends the same share of every tick's requests (tick `t`'s
+/// about [`LANE_SHARDS`] requests, request `r` by thread `r mod lanes`) and waits
+/// for the others at the tick's end (senders paced by their scrapes; the lag
+/// stays under the plan's lateness, so no sample is late). A lane stays
+/// with its thread ([`LanedIngester`]'s free-lane choice), so each lane
+/// learns its shard's series, not every series. The answer (every
+/// aggregation's last closed window after the flush, and the counters) is
+/// one ingester's, bit for bit: `asap` at the same sizes. The floor: `lanes`
+/// threads each walking its shard's requests through the ingest floor
+/// ([`super::floor::IngestFloor::run_bodies`]) — the least work spread over
+/// as many cores, with nothing shared.
+///
+/// (Until issue 26 each thread took the next request, whichever shard it
+/// was: every lane learned every series, and a new series costs `all` about
+/// seven known ones, so 2 lanes on 2 cores measured 0.98× one lane at the
+/// full size.)
 struct Laned {
     plan: promlab::ingest::plan::Plan,
+    /// Tick by tick, `per_tick` requests a tick.
     bodies: Vec<Vec<u8>>,
+    per_tick: usize,
     lanes: usize,
     samples: u64,
     out: Vec<u8>,
     floors: Vec<super::floor::IngestFloor>,
 }
 
+/// Requests per tick of the lanes workload (about): the most lanes a ladder
+/// has, so every thread sends a share.
+const LANE_SHARDS: usize = 16;
+
 impl Laned {
     fn feeder(groups: u64, series_per_group: u64, ticks: u64, lanes: usize) -> Result<Laned> {
         anyhow::ensure!(
-            (1..=promlab::ingest::lanes::MAX_LANES).contains(&lanes),
-            "lanes = {lanes}: 1 to {}",
-            promlab::ingest::lanes::MAX_LANES
+            (1..=LANE_SHARDS.min(promlab::ingest::lanes::MAX_LANES)).contains(&lanes),
+            "lanes = {lanes}: 1 to {LANE_SHARDS}"
+        );
+        let series = (groups * series_per_group) as usize;
+        anyhow::ensure!(
+            series >= LANE_SHARDS,
+            "{series} series: the lanes workload splits each tick into {LANE_SHARDS} requests"
         );
         let plan = promlab::ingest::plan::Plan::default();
+        let batch_rows = series.div_ceil(LANE_SHARDS);
+        let per_tick = series.div_ceil(batch_rows);
+        let bodies: Vec<Vec<u8>> =
+            churn_bodies_batched(groups, series_per_group, ticks, 0, batch_rows).collect();
+        anyhow::ensure!(bodies.len() == ticks as usize * per_tick);
         Ok(Laned {
+            per_tick,
             floors: (0..lanes)
                 .map(|_| super::floor::IngestFloor::new(&plan))
                 .collect::<Result<_>>()?,
             plan,
-            bodies: churn_bodies(groups, series_per_group, ticks, 0).collect(),
+            bodies,
             lanes,
             samples: groups * series_per_group * ticks,
             out: Vec::new(),
         })
+    }
+
+    /// Thread `i`'s requests of one tick.
+    fn shard(tick: &[Vec<u8>], lanes: usize, i: usize) -> impl Iterator<Item = &[u8]> {
+        tick.iter().skip(i).step_by(lanes).map(Vec::as_slice)
     }
 }
 
 impl Workload for Laned {
     fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
         use promlab::ingest::lanes::LanedIngester;
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let laned = LanedIngester::with_plan(self.lanes, &self.plan, strategies);
-        let next = AtomicUsize::new(0);
-        let bodies = &self.bodies;
+        let (lanes, bodies, per_tick) = (self.lanes, &self.bodies, self.per_tick);
+        let tick_end = std::sync::Barrier::new(lanes);
         std::thread::scope(|s| -> Result<()> {
-            let feeders: Vec<_> = (0..self.lanes)
-                .map(|_| {
-                    s.spawn(|| -> Result<()> {
-                        while let Some(body) = bodies.get(next.fetch_add(1, Ordering::Relaxed)) {
-                            laned.handle(body)?;
+            let senders: Vec<_> = (0..lanes)
+                .map(|i| {
+                    let (laned, tick_end) = (&laned, &tick_end);
+                    s.spawn(move || -> Result<()> {
+                        // A failed request is kept and the sender goes on to
+                        // the barrier, so the others never wait for it.
+                        let mut failed = None;
+                        for tick in bodies.chunks(per_tick) {
+                            for body in Laned::shard(tick, lanes, i) {
+                                if let Err(e) = laned.handle(body) {
+                                    failed.get_or_insert(e);
+                                }
+                            }
+                            tick_end.wait();
                         }
-                        Ok(())
+                        failed.map_or(Ok(()), |e| Err(e.into()))
                     })
                 })
                 .collect();
-            for feeder in feeders {
-                feeder.join().expect("a feeder thread panicked")?;
+            for sender in senders {
+                sender.join().expect("a sender thread panicked")?;
             }
             Ok(())
         })?;
@@ -754,14 +814,20 @@ impl Workload for Laned {
     }
 
     fn floor(&mut self) -> Result<Output<'_>> {
-        use std::sync::atomic::AtomicUsize;
-        let next = AtomicUsize::new(0);
-        let bodies = &self.bodies;
+        let (lanes, bodies, per_tick) = (self.lanes, &self.bodies, self.per_tick);
         let walked = std::thread::scope(|s| -> Result<u64> {
             let threads: Vec<_> = self
                 .floors
                 .iter_mut()
-                .map(|floor| s.spawn(|| floor.run_shared(bodies, &next)))
+                .enumerate()
+                .map(|(i, floor)| {
+                    s.spawn(move || {
+                        let shard = bodies
+                            .chunks(per_tick)
+                            .flat_map(|tick| Laned::shard(tick, lanes, i));
+                        floor.run_bodies(shard)
+                    })
+                })
                 .collect();
             let mut walked = 0;
             for thread in threads {
