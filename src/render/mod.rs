@@ -50,16 +50,13 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
                 for (i, (le, value)) in declared.enumerate() {
                     sample(&mut family, group.labels, i, b"_bucket", Some(le)).ruby_float(*value);
                 }
+                let inf = |family: &mut FamilyEncoder<'_>| {
+                    sample(family, group.labels, lines.inf(), b"_bucket", Some(b"+Inf"))
+                        .ruby_float(group.count)
+                };
                 for (i, (le, value)) in group.others.iter().enumerate() {
                     if i == group.inf_at {
-                        sample(
-                            &mut family,
-                            group.labels,
-                            lines.inf(),
-                            b"_bucket",
-                            Some(b"+Inf"),
-                        )
-                        .ruby_float(group.count);
+                        inf(&mut family);
                     }
                     // Not declared (a changed registry): no prefix kept.
                     with_labels(family.sample(b"_bucket"), group.labels)
@@ -68,14 +65,7 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
                         .ruby_float(*value);
                 }
                 if group.inf_at >= group.others.len() {
-                    sample(
-                        &mut family,
-                        group.labels,
-                        lines.inf(),
-                        b"_bucket",
-                        Some(b"+Inf"),
-                    )
-                    .ruby_float(group.count);
+                    inf(&mut family);
                 }
                 // No `sum` entry (a writer killed between a bucket's first
                 // write and its sum's): Ruby prints `_sum` with no value,
