@@ -27,7 +27,9 @@
 //!   issue 26 each new series cost it two allocations and two hashes where
 //!   the series cache appends to one buffer and hashes once: `all` measured
 //!   0.90× on prometheus-captures (27 requests, most of their series new);
-//!   with the floor keeping series as the cache does, 1.04× (same run);
+//!   with the floor keeping series as the cache does, 1.04× (same run), and
+//!   0.96× once the cache's own miss path stopped building upstream's
+//!   by-products (the quiet run of 12:24; within noise of its floor);
 //! - query: the quantile scan alone (`Ingester::quantile_scan`, in the query
 //!   workload).
 //!
