@@ -1565,15 +1565,6 @@ fn metric_values<'t>(
     catalogue: &'t Catalogue,
     scrape: &'t Scrape,
 ) -> MetricValues<'t> {
-    let groups = scrape.group_order.iter().map(|&g| {
-        let slots = scrape.group_series[g].iter().map(|&series| {
-            (
-                catalogue.series[series].slot.as_deref(),
-                scrape.values[series].value,
-            )
-        });
-        (&catalogue.groups[g], slots)
-    });
     match def.kind {
         MetricType::Counter | MetricType::Gauge => MetricValues::Scalar(
             scrape
@@ -1604,15 +1595,18 @@ fn metric_values<'t>(
                 .collect(),
         ),
         MetricType::Summary => MetricValues::Summary(
-            groups
-                .map(|(labels, slots)| {
+            scrape
+                .group_order
+                .iter()
+                .map(|&g| {
                     let mut value = SummaryValue {
-                        labels,
+                        labels: &catalogue.groups[g],
                         sum: 0.0,
                         count: 0.0,
                     };
-                    for (quantile, v) in slots {
-                        match quantile {
+                    for &series in &scrape.group_series[g] {
+                        let v = scrape.values[series].value;
+                        match catalogue.series[series].slot.as_deref() {
                             Some(b"sum") => value.sum = v,
                             Some(b"count") => value.count = v,
                             _ => {}
