@@ -237,12 +237,7 @@ impl<'l> NewSeries<'l> {
         plan: &Plan,
     ) -> Result<NewSeries<'l>, IngestError> {
         validate(labels)?;
-        let value_of = |name: &[u8]| {
-            labels
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map_or(&b""[..], |(_, v)| *v)
-        };
+        let value_of = |name: &[u8]| label_value(labels, name);
         let metric = value_of(b"__name__");
         if metric.is_empty() {
             return Err(invalid("a series has no `__name__` label"));
@@ -286,15 +281,21 @@ impl<'l> NewSeries<'l> {
         let mut out = Vec::new();
         write_group_key(
             &mut out,
-            group_by.iter().map(|g| {
-                self.labels
-                    .iter()
-                    .find(|(n, _)| *n == g.as_bytes())
-                    .map_or(&b""[..], |(_, v)| *v)
-            }),
+            group_by
+                .iter()
+                .map(|g| label_value(self.labels, g.as_bytes())),
         );
         String::from_utf8(out).expect("group keys of UTF-8 values are UTF-8")
     }
+}
+
+/// The value of label `name` in validated labels, empty when absent (an
+/// empty value and no label are the same series to Prometheus).
+fn label_value<'l>(labels: &[(&'l [u8], &'l [u8])], name: &[u8]) -> &'l [u8] {
+    labels
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(&b""[..], |(_, v)| *v)
 }
 
 fn escape_value(v: &str) -> String {
