@@ -798,13 +798,12 @@ impl Workload for Laned {
             Ok(())
         })?;
         laned.flush();
-        let totals = laned.totals();
+        let t = laned.totals();
         self.out.clear();
         serde_json::to_writer(&mut self.out, &laned.query_all())?;
-        write!(
-            self.out,
-            "\naccepted={} late={} stale={} rejected={} unrouted={}\n",
-            totals.accepted, totals.late, totals.stale, totals.rejected, totals.unrouted
+        write_counters(
+            &mut self.out,
+            [t.accepted, t.late, t.stale, t.rejected, t.unrouted],
         )?;
         Ok(Output::Bytes(&self.out))
     }
