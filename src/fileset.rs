@@ -36,9 +36,21 @@ pub(crate) struct Listed {
     pub(crate) ino: u64,
     /// Stable while the same inode sits at the same name.
     pub(crate) slot: u32,
+    /// A fold file ([`crate::storefile::is_fold_id`]): no process writes it.
+    pub(crate) fold: bool,
 }
 
 impl Listed {
+    fn new(name: Box<[u8]>, ino: u64, slot: u32) -> Listed {
+        let fold = parse_file_name(&name).is_some_and(|(_, id)| crate::storefile::is_fold_id(id));
+        Listed {
+            name,
+            ino,
+            slot,
+            fold,
+        }
+    }
+
     pub(crate) fn path(&self, dir: &Path) -> PathBuf {
         dir.join(OsStr::from_bytes(&self.name))
     }
@@ -71,6 +83,13 @@ pub(crate) struct FileSet {
     /// Whether the store has `.fold/`.
     folded: bool,
     excluded: HashMap<Vec<u8>, u64>,
+    /// Whether `excluded` must be read again from `.fold/`: always for a
+    /// listed store; for a watched one only after a listing or a change in
+    /// the store (a batch commits by renaming its fold file into the store
+    /// and ends by moving its sources out, under the fold lock).
+    sources_stale: bool,
+    /// A watched store's fold lock file, kept open.
+    fold_lock: Option<std::sync::Arc<std::fs::File>>,
 }
 
 impl FileSet {
@@ -95,6 +114,8 @@ impl FileSet {
             listed_at: None,
             folded: false,
             excluded: HashMap::new(),
+            sources_stale: true,
+            fold_lock: None,
         }
     }
 
@@ -109,15 +130,37 @@ impl FileSet {
             Listing::OncePerScrape => self.list_all()?,
             Listing::Watched => self.follow()?,
         }
-        self.excluded.clear();
         if !self.folded {
+            self.fold_lock = None;
+            self.excluded.clear();
             return Ok(None);
         }
-        let lock = fold::SharedLock::take(&self.dir);
-        if lock.is_some() {
+        let lock = self.take_fold_lock();
+        if lock.is_none() {
+            self.excluded.clear();
+            self.sources_stale = true;
+        } else if self.sources_stale || self.listing != Listing::Watched {
             self.excluded = fold::committed_sources(&self.dir);
+            self.sources_stale = false;
         }
         Ok(lock)
+    }
+
+    /// The fold lock, shared. A watched store keeps its descriptor (the
+    /// watch sees `.fold/` go and come back, and the descriptor is dropped
+    /// then); a listed one opens it each scrape, as it lists.
+    fn take_fold_lock(&mut self) -> Option<fold::SharedLock> {
+        if self.listing != Listing::Watched {
+            return fold::SharedLock::take(&self.dir);
+        }
+        if self.fold_lock.is_none() {
+            self.fold_lock = fold::SharedLock::open(&self.dir).map(std::sync::Arc::new);
+        }
+        let lock = fold::SharedLock::hold(self.fold_lock.clone()?);
+        if lock.is_none() {
+            self.fold_lock = None;
+        }
+        lock
     }
 
     /// Lists metric `index`'s files, if the listing is per metric (the
@@ -127,6 +170,12 @@ impl FileSet {
             self.list_metric(index)?;
         }
         Ok(())
+    }
+
+    /// Whether an inotify watch follows the store (a removed directory
+    /// then shows as a lost watch and a failed listing).
+    pub(crate) fn watching(&self) -> bool {
+        self.watch.is_some()
     }
 
     /// Metric `index`'s files, sorted by name, and the files to leave out.
@@ -184,6 +233,7 @@ impl FileSet {
             }
         }
         self.folded = folded;
+        self.sources_stale = true;
         for (index, files) in found.into_iter().enumerate() {
             self.replace_metric(index, files);
         }
@@ -210,7 +260,7 @@ impl FileSet {
             // A name listed again keeps its slot if its inode is the same.
             let _ = gone.next_if(|old| old.name == name);
             let slot = self.slot_for(index, &name, ino);
-            next.push(Listed { name, ino, slot });
+            next.push(Listed::new(name, ino, slot));
         }
         for old in gone {
             self.release(index, &old.name);
@@ -284,8 +334,10 @@ impl FileSet {
     fn apply(&mut self, change: Change) {
         match change {
             Change::Appeared(name) => {
+                self.sources_stale = true;
                 if *name == *fold::FOLD_DIR.as_bytes() {
                     self.folded = true;
+                    self.fold_lock = None;
                     return;
                 }
                 let Some(index) = self.metric_of(&name) else {
@@ -299,19 +351,17 @@ impl FileSet {
                 use std::os::unix::fs::MetadataExt;
                 let slot = self.slot_for(index, &name, meta.ino());
                 let files = &mut self.files[index];
-                let listed = Listed {
-                    name,
-                    ino: meta.ino(),
-                    slot,
-                };
+                let listed = Listed::new(name, meta.ino(), slot);
                 match files.binary_search_by(|f| f.name.cmp(&listed.name)) {
                     Ok(at) => files[at] = listed,
                     Err(at) => files.insert(at, listed),
                 }
             }
             Change::Gone(name) => {
+                self.sources_stale = true;
                 if *name == *fold::FOLD_DIR.as_bytes() {
                     self.folded = false;
+                    self.fold_lock = None;
                     return;
                 }
                 let Some(index) = self.metric_of(&name) else {

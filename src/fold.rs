@@ -1149,14 +1149,31 @@ pub fn committed_sources(store: &Path) -> HashMap<Vec<u8>, u64> {
 /// batch never commits in the middle of one. `None` when the store was never
 /// folded (no `.fold/`).
 pub struct SharedLock {
-    _file: File,
+    file: std::sync::Arc<File>,
 }
 
 impl SharedLock {
+    /// Opens the store's fold lock and takes it.
     pub fn take(store: &Path) -> Option<SharedLock> {
-        let file = File::open(store.join(FOLD_DIR).join(LOCK_FILE)).ok()?;
+        SharedLock::hold(std::sync::Arc::new(SharedLock::open(store)?))
+    }
+
+    /// The store's fold lock file, opened (to be held again and again).
+    pub fn open(store: &Path) -> Option<File> {
+        File::open(store.join(FOLD_DIR).join(LOCK_FILE)).ok()
+    }
+
+    /// Takes the lock through a descriptor kept open ([`SharedLock::open`]).
+    pub fn hold(file: std::sync::Arc<File>) -> Option<SharedLock> {
         flock(file.as_raw_fd(), libc::LOCK_SH).ok()?;
-        Some(SharedLock { _file: file })
+        Some(SharedLock { file })
+    }
+}
+
+impl Drop for SharedLock {
+    /// Released explicitly: a kept descriptor outlives the lock.
+    fn drop(&mut self) {
+        let _ = flock(self.file.as_raw_fd(), libc::LOCK_UN);
     }
 }
 
