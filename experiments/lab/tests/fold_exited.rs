@@ -52,6 +52,28 @@ fn export(dir: &Path) -> Vec<u8> {
     first
 }
 
+/// Long-lived exporters of `dir`, one per export combination, as sidecars
+/// keep them (a watched file set, the fold lock's descriptor kept).
+fn exporters(dir: &Path) -> Vec<promlab::export::Exporter> {
+    StrategySet::combinations(Stage::Export)
+        .into_iter()
+        .map(|s| promlab::export::Exporter::new(dir, registry(), s))
+        .collect()
+}
+
+/// A scrape by each long-lived exporter; all must print `want`.
+fn scrape_all(exporters: &mut [promlab::export::Exporter], want: &[u8], when: &str) {
+    let mut out = Vec::new();
+    for exporter in exporters {
+        exporter.export_into(&mut out).unwrap();
+        assert!(
+            out == want,
+            "{when}: {}",
+            promlab::compare::first_difference(&out, want, "long-lived", "expected")
+        );
+    }
+}
+
 /// Processes that wrote and exited (pids spread over name order), and one
 /// live writer, its client returned (its files stay open for writing).
 fn write_store(dir: &Path) -> Client {
@@ -119,7 +141,9 @@ fn store_files(dir: &Path) -> Vec<String> {
 /// store as left exports the same bytes (promlab's exporters honour the
 /// fold's journal and lock), the next fold finishes or undoes the batch,
 /// and then the store exports the same bytes again, with every exited file
-/// folded. The live writer writes between the crash and the recovery.
+/// folded. The live writer writes between the crash and the recovery. So do
+/// exporters kept from before the crash, which follow the store's changes
+/// and read `.fold/` only after one.
 #[test]
 fn a_crash_at_every_step_loses_nothing_and_counts_nothing_twice() {
     for step in FoldStep::ALL {
@@ -129,6 +153,9 @@ fn a_crash_at_every_step_loses_nothing_and_counts_nothing_twice() {
         let mut twin_live = write_store(&twin);
         let before = export(&twin);
         assert_eq!(export(&folded), before);
+        // Made before the store is first folded: `.fold/` appears under them.
+        let mut kept = exporters(&folded);
+        scrape_all(&mut kept, &before, "before the fold");
         let registry_file = tmp.path().join("registry.json");
         std::fs::write(&registry_file, REGISTRY).unwrap();
         let fold = |kill: Option<FoldStep>| {
@@ -152,6 +179,7 @@ fn a_crash_at_every_step_loses_nothing_and_counts_nothing_twice() {
             "{step:?}: {crashed:?}"
         );
         assert!(export(&folded) == before, "{step:?}: after the crash");
+        scrape_all(&mut kept, &before, &format!("{step:?}: after the crash"));
         // The live writer goes on, in both stores.
         for client in [&mut live, &mut twin_live] {
             let id = client.metric("requests_total").unwrap();
@@ -162,9 +190,19 @@ fn a_crash_at_every_step_loses_nothing_and_counts_nothing_twice() {
             export(&folded) == after_writes,
             "{step:?}: the live writer's increment"
         );
+        scrape_all(
+            &mut kept,
+            &after_writes,
+            &format!("{step:?}: the increment"),
+        );
         let recovered = fold(None);
         assert!(recovered.status.success(), "{step:?}: {recovered:?}");
         assert!(export(&folded) == after_writes, "{step:?}: after recovery");
+        scrape_all(
+            &mut kept,
+            &after_writes,
+            &format!("{step:?}: after recovery"),
+        );
         // Per metric, the exited `310`, `3100`, `312`, `4`, `40000` sort
         // before the live `5000` and fold into one file; `7777`, alone after
         // it, stays: three files a metric.
@@ -180,6 +218,22 @@ fn a_crash_at_every_step_loses_nothing_and_counts_nothing_twice() {
             leftovers.iter().all(|n| n == "lock" || n == "trash"),
             "{step:?}: {leftovers:?}"
         );
+        // A second batch crashes under exporters that already follow the
+        // store as folded: they must read the new journal, not keep the set
+        // of sources to leave out they read before.
+        for dir in [&folded, &twin] {
+            let mut exited = Client::new(dir, &registry(), config(320, Dialect::Uri)).unwrap();
+            let id = exited.metric("requests_total").unwrap();
+            exited.increment(id, &[("path", "/a")], 3.0).unwrap();
+        }
+        let again = export(&twin);
+        scrape_all(&mut kept, &again, &format!("{step:?}: a new exited writer"));
+        let crashed = fold(Some(step));
+        assert_eq!(crashed.status.signal(), Some(libc::SIGKILL), "{step:?}");
+        scrape_all(&mut kept, &again, &format!("{step:?}: second crash"));
+        assert!(export(&folded) == again, "{step:?}: second crash");
+        assert!(fold(None).status.success(), "{step:?}");
+        scrape_all(&mut kept, &again, &format!("{step:?}: second recovery"));
     }
 }
 
