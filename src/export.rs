@@ -1065,9 +1065,43 @@ struct Series {
     group: usize,
     /// The group label's value, if the set has it (the last one, if repeated).
     slot: Option<Box<[u8]>>,
-    /// A histogram's: which declared bucket `slot` names, if one does
-    /// (found once here, not per scrape).
-    bucket: Option<u32>,
+    /// What `slot` makes the series in its group, found once here: a scrape
+    /// reads this, not the label value (a separate allocation per series,
+    /// a cache miss each when the scrape's state is cold).
+    role: SlotRole,
+}
+
+/// A series' place in its group, by its group label's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotRole {
+    /// A histogram's declared bucket (its index).
+    Bucket(u32),
+    /// `le="sum"` / `quantile="sum"`.
+    Sum,
+    /// A summary's `quantile="count"`.
+    Count,
+    /// A histogram's `le="+Inf"`.
+    Inf,
+    /// Anything else (a histogram's undeclared `le`, a counter's series).
+    Other,
+}
+
+impl SlotRole {
+    fn of(def: &MetricDef, slot: Option<&[u8]>) -> SlotRole {
+        match (def.kind, slot) {
+            // `le="sum"` is the sum whatever the buckets say.
+            (MetricType::Histogram | MetricType::Summary, Some(b"sum")) => SlotRole::Sum,
+            (MetricType::Summary, Some(b"count")) => SlotRole::Count,
+            (MetricType::Histogram, Some(le)) => {
+                match def.buckets.iter().position(|b| b.as_bytes() == le) {
+                    Some(i) => SlotRole::Bucket(i as u32),
+                    None if le == b"+Inf" => SlotRole::Inf,
+                    None => SlotRole::Other,
+                }
+            }
+            _ => SlotRole::Other,
+        }
+    }
 }
 
 impl Series {
@@ -1303,21 +1337,13 @@ impl Catalogue {
             .map(|(n, v)| (n.into_owned().into(), v.into_owned().into()))
             .collect();
         let (group, slot) = self.group_of(&labels, def);
-        let bucket = match (def.kind, &slot) {
-            // `le="sum"` is the sum whatever the buckets say (as per scrape before).
-            (MetricType::Histogram, Some(le)) if **le != *b"sum" => def
-                .buckets
-                .iter()
-                .position(|b| b.as_bytes() == &**le)
-                .map(|i| i as u32),
-            _ => None,
-        };
+        let role = SlotRole::of(def, slot.as_deref());
         let index = self.series.len();
         self.series.push(Series {
             labels,
             group,
             slot,
-            bucket,
+            role,
         });
         self.by_hash.entry(hash).or_default().push(index);
         Ok(index)
@@ -1443,9 +1469,16 @@ struct Scrape {
     values: Vec<Aggregate>,
     series_order: Vec<usize>,
     group_seen: Vec<u32>,
-    /// Per group: its series of this scrape, in order.
-    group_series: Vec<Vec<usize>>,
+    /// Per group, while grouping: how many series it has, then where its
+    /// next one goes in `members`.
+    group_start: Vec<u32>,
+    /// Every group's series of this scrape, group after group in
+    /// `group_order`, each group's in order: one buffer, read front to back
+    /// (a vector per group was a cache miss per group on a cold scrape).
+    members: Vec<usize>,
     group_order: Vec<usize>,
+    /// Per group of `group_order`: where its series are in `members`.
+    group_members: Vec<std::ops::Range<usize>>,
     /// A histogram's groups of this scrape, folded ([`Scrape::fold_histograms`]),
     /// in `group_order`; kept from scrape to scrape so a scrape allocates nothing.
     histograms: Vec<HistogramFold>,
@@ -1519,28 +1552,31 @@ impl Scrape {
         self.histograms.clear();
         self.buckets.clear();
         self.others.clear();
-        for &g in &self.group_order {
+        for k in 0..self.group_order.len() {
             let start = self.buckets.len();
             self.buckets.resize(start + declared, 0.0);
             let first_other = self.others.len();
             let (mut sum, mut inf) = (None, None::<(usize, f64)>);
-            for &series in &self.group_series[g] {
+            for at in self.group_members[k].clone() {
+                let series = self.members[at];
                 let (series_def, value) = (&catalogue.series[series], self.values[series].value);
-                let le = series_def.le();
-                if let Some(i) = series_def.bucket {
-                    self.buckets[start + i as usize] = value;
-                } else if le == b"sum" {
-                    sum = Some(value);
-                } else if le == b"+Inf" {
-                    let at = self.others.len() - first_other;
-                    inf = Some((inf.map_or(at, |(at, _)| at), value));
-                } else if let Some(other) = self.others[first_other..]
-                    .iter_mut()
-                    .find(|(other, _)| catalogue.series[*other].le() == le)
-                {
-                    other.1 = value;
-                } else {
-                    self.others.push((series, value));
+                match series_def.role {
+                    SlotRole::Bucket(i) => self.buckets[start + i as usize] = value,
+                    SlotRole::Sum => sum = Some(value),
+                    SlotRole::Inf => {
+                        let at = self.others.len() - first_other;
+                        inf = Some((inf.map_or(at, |(at, _)| at), value));
+                    }
+                    SlotRole::Count | SlotRole::Other => {
+                        let le = series_def.le();
+                        match self.others[first_other..]
+                            .iter_mut()
+                            .find(|(other, _)| catalogue.series[*other].le() == le)
+                        {
+                            Some(other) => other.1 = value,
+                            None => self.others.push((series, value)),
+                        }
+                    }
                 }
             }
             let mut acc = 0.0;
@@ -1565,17 +1601,35 @@ impl Scrape {
 
     /// Groups this scrape's series, in order of first appearance.
     fn group(&mut self, catalogue: &Catalogue) {
-        self.group_seen.resize(catalogue.groups.len(), 0);
-        self.group_series
-            .resize_with(catalogue.groups.len(), Vec::new);
+        let groups = catalogue.groups.len();
+        self.group_seen.resize(groups, 0);
+        self.group_start.resize(groups, 0);
+        // Count each group's series (in `group_start`), then lay the groups
+        // out in order of first appearance, then place each series.
         for &series in &self.series_order {
             let group = catalogue.series[series].group;
             if self.group_seen[group] != self.number {
                 self.group_seen[group] = self.number;
-                self.group_series[group].clear();
+                self.group_start[group] = 0;
                 self.group_order.push(group);
             }
-            self.group_series[group].push(series);
+            self.group_start[group] += 1;
+        }
+        let mut next = 0;
+        self.group_members.clear();
+        for &group in &self.group_order {
+            let count = self.group_start[group];
+            self.group_start[group] = next;
+            self.group_members
+                .push(next as usize..(next + count) as usize);
+            next += count;
+        }
+        self.members.clear();
+        self.members.resize(next as usize, 0);
+        for &series in &self.series_order {
+            let at = &mut self.group_start[catalogue.series[series].group];
+            self.members[*at as usize] = series;
+            *at += 1;
         }
     }
 }
@@ -1622,17 +1676,18 @@ fn metric_values<'t>(
             scrape
                 .group_order
                 .iter()
-                .map(|&g| {
+                .zip(&scrape.group_members)
+                .map(|(&g, members)| {
                     let mut value = SummaryValue {
                         labels: &catalogue.groups[g],
                         sum: 0.0,
                         count: 0.0,
                     };
-                    for &series in &scrape.group_series[g] {
+                    for &series in &scrape.members[members.clone()] {
                         let v = scrape.values[series].value;
-                        match catalogue.series[series].slot.as_deref() {
-                            Some(b"sum") => value.sum = v,
-                            Some(b"count") => value.count = v,
+                        match catalogue.series[series].role {
+                            SlotRole::Sum => value.sum = v,
+                            SlotRole::Count => value.count = v,
                             _ => {}
                         }
                     }
