@@ -316,3 +316,46 @@ fn limits_are_the_ingesters_whatever_the_lanes_and_senders() {
         }
     }
 }
+
+/// A sender's shards each keep their lane across window closes: a close holds
+/// every lane and releases them one by one, and a thread that took another's
+/// lane then (the first released) made both lanes learn each other's series
+/// again. With a window a tick long every tick closes one; each of the
+/// workload's series is still learned once, by one lane.
+#[test]
+fn shards_keep_their_lanes_across_window_closes() {
+    let workload = FeedWorkload {
+        groups: 40,
+        series_per_group: 25,
+        batch_rows: 100,
+        ..FeedWorkload::seed(1_700_000_000_000)
+    };
+    let generator = workload.generator();
+    let ticks: Vec<Vec<Vec<u8>>> = (0..120).map(|t| generator.tick_bodies(t)).collect();
+    let mut plan = Plan::default();
+    plan.aggregations[0].window_secs = 1;
+    let (lanes, series) = (2, workload.groups * workload.series_per_group);
+    for round in 0..5 {
+        let laned = LanedIngester::with_plan(lanes, &plan, StrategySet::all());
+        let tick_end = std::sync::Barrier::new(lanes);
+        std::thread::scope(|s| {
+            for i in 0..lanes {
+                let (laned, ticks, tick_end) = (&laned, &ticks, &tick_end);
+                s.spawn(move || {
+                    for tick in ticks {
+                        for body in tick.iter().skip(i).step_by(lanes) {
+                            laned.handle(body).unwrap();
+                        }
+                        tick_end.wait();
+                    }
+                });
+            }
+        });
+        let counters = laned.counters();
+        assert_eq!(counters.totals.late, 0, "round {round}");
+        assert_eq!(
+            counters.cache.misses, series,
+            "round {round}: series learned again"
+        );
+    }
+}

@@ -700,9 +700,10 @@ fn churn_generation(n: u64, t: u64, churn: u64, series: u64) -> u64 {
 /// for a sender's remote-write shards: Prometheus splits its series over
 /// shards by hash, each shard sending its own series on its own connection,
 /// so each thread sends the same share of every tick's requests (tick `t`'s
-/// about [`LANE_SHARDS`] requests, request `r` by thread `r mod lanes`) and waits
-/// for the others at the tick's end (senders paced by their scrapes; the lag
-/// stays under the plan's lateness, so no sample is late). A lane stays
+/// about [`LANE_SHARDS`] requests, request `r` by thread `r mod lanes`), as
+/// fast as it can but never more than [`LAG_TICKS`] ticks ahead of the
+/// slowest ([`ShardPacing`]; the lag stays under the plan's lateness, so no
+/// sample is late). A lane stays
 /// with its thread ([`LanedIngester`]'s free-lane choice), so each lane
 /// learns its shard's series, not every series. The answer (every
 /// aggregation's last closed window after the flush, and the counters) is
@@ -714,7 +715,8 @@ fn churn_generation(n: u64, t: u64, churn: u64, series: u64) -> u64 {
 /// (Until issue 26 each thread took the next request, whichever shard it
 /// was: every lane learned every series, and a new series costs `all` about
 /// seven known ones, so 2 lanes on 2 cores measured 0.98× one lane at the
-/// full size.)
+/// full size. Then the threads met at every tick's end, a barrier: 1.74×,
+/// a sixth of the wall clock waiting there for the slower one.)
 struct Laned {
     plan: promlab::ingest::plan::Plan,
     /// Tick by tick, `per_tick` requests a tick.
@@ -729,6 +731,43 @@ struct Laned {
 /// Requests per tick of the lanes workload (about): the most lanes a ladder
 /// has, so every thread sends a share.
 const LANE_SHARDS: usize = 16;
+
+/// How many ticks a shard may send ahead of the slowest: a sender at
+/// saturation sends from its backlog without waiting for its other shards,
+/// but not unboundedly ahead of them. Ticks are a second apart and the
+/// plan's lateness is 5 s, so no sample arrives late.
+const LAG_TICKS: usize = 2;
+
+/// The lanes workload's senders: each counts the ticks it has sent, and
+/// waits before tick `t` while the slowest is more than [`LAG_TICKS`] behind.
+struct ShardPacing {
+    sent: std::sync::Mutex<Vec<usize>>,
+    progress: std::sync::Condvar,
+}
+
+impl ShardPacing {
+    fn new(shards: usize) -> ShardPacing {
+        ShardPacing {
+            sent: std::sync::Mutex::new(vec![0; shards]),
+            progress: std::sync::Condvar::new(),
+        }
+    }
+
+    fn wait_to_send(&self, tick: usize) {
+        let sent = self.sent.lock().expect("pacing lock");
+        let _sent = self
+            .progress
+            .wait_while(sent, |sent| {
+                sent.iter().min().copied().unwrap_or(tick) + LAG_TICKS < tick
+            })
+            .expect("pacing lock");
+    }
+
+    fn sent(&self, shard: usize) {
+        self.sent.lock().expect("pacing lock")[shard] += 1;
+        self.progress.notify_all();
+    }
+}
 
 impl Laned {
     fn feeder(groups: u64, series_per_group: u64, ticks: u64, lanes: usize) -> Result<Laned> {
@@ -771,22 +810,23 @@ impl Workload for Laned {
         use promlab::ingest::lanes::LanedIngester;
         let laned = LanedIngester::with_plan(self.lanes, &self.plan, strategies);
         let (lanes, bodies, per_tick) = (self.lanes, &self.bodies, self.per_tick);
-        let tick_end = std::sync::Barrier::new(lanes);
+        let pacing = ShardPacing::new(lanes);
         std::thread::scope(|s| -> Result<()> {
             let senders: Vec<_> = (0..lanes)
                 .map(|i| {
-                    let (laned, tick_end) = (&laned, &tick_end);
+                    let (laned, pacing) = (&laned, &pacing);
                     s.spawn(move || -> Result<()> {
-                        // A failed request is kept and the sender goes on to
-                        // the barrier, so the others never wait for it.
+                        // A failed request is kept and the sender goes on,
+                        // so the others never wait for it.
                         let mut failed = None;
-                        for tick in bodies.chunks(per_tick) {
+                        for (t, tick) in bodies.chunks(per_tick).enumerate() {
+                            pacing.wait_to_send(t);
                             for body in Laned::shard(tick, lanes, i) {
                                 if let Err(e) = laned.handle(body) {
                                     failed.get_or_insert(e);
                                 }
                             }
-                            tick_end.wait();
+                            pacing.sent(i);
                         }
                         failed.map_or(Ok(()), |e| Err(e.into()))
                     })
