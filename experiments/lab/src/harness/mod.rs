@@ -256,6 +256,12 @@ pub trait Workload {
     /// ([`floor`]). Checked like an arm: bytes against the verified answer, or
     /// ([`Output::Units`]) the units it handled against [`Workload::units`].
     fn floor(&mut self) -> Result<Output<'_>>;
+    /// Called once, before anything runs, when several arms will share this
+    /// workload (ablate, scale; not `arm-rss`'s child, which runs one): a
+    /// workload whose arms share a process-wide resource settles it here.
+    fn prepare_arms(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Arms besides the strategy sets and the floor (the query's other paths),
     /// by name, with the strategy set each runs under.
     fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
@@ -693,6 +699,7 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     let size = scenario.size(options.quick);
     let mut workload = workloads::build(&size.params)
         .with_context(|| format!("cannot build scenario {}", scenario.name))?;
+    workload.prepare_arms()?;
     let expected = if options.print_digests {
         let answer = digest(&expected_answer(&size.params)?);
         println!(

@@ -306,6 +306,7 @@ fn run_point(
     let stage = point.params.stage();
     let expected = expected_answer(&point.params).context("the expected answer")?;
     let mut workload = workloads::build(&point.params)?;
+    workload.prepare_arms()?;
     let setup_secs = started.elapsed().as_secs_f64();
     let all = StrategySet::all().restrict(stage);
     let arms: Vec<(String, StrategySet, ArmKind)> = all_arms(stage, all, workload.as_ref())

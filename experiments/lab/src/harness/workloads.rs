@@ -180,7 +180,7 @@ impl Export {
     }
 
     /// Every exporter that reads the folded copy, made and run once before
-    /// any other: a sidecar runs one exporter, with the process's budget of
+    /// any other ([`Workload::prepare_arms`]): a sidecar runs one exporter, with the process's budget of
     /// kept mappings to itself, but here 32 share one process, and the first
     /// to run took the budget whole with the unfolded store's files (40,000
     /// at many-metrics' full size), leaving `all` to open and read its 400
@@ -201,9 +201,6 @@ impl Export {
     }
 
     fn scrape(&mut self, strategies: StrategySet) -> Result<&[u8]> {
-        if self.exporters.is_empty() {
-            self.prime_folded()?;
-        }
         let dir = if strategies.contains(promlab::strategy::Strategy::FoldExited) {
             self.folded()?;
             self.folded.as_ref().expect("made above").dir()
@@ -322,6 +319,10 @@ impl Workload for Export {
 
     fn extra_floors(&self) -> Vec<&'static str> {
         vec![FLOOR_FOLDED]
+    }
+
+    fn prepare_arms(&mut self) -> Result<()> {
+        self.prime_folded()
     }
 
     fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
