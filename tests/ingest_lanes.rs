@@ -194,8 +194,9 @@ fn too_many_samples_are_refused_whole_and_bad_bodies_change_nothing() {
 /// Requests fed by several threads at once, each tick's requests racing (its
 /// samples within the lateness of each other) and windows closing meanwhile:
 /// every pane and answer is the one ingester's, fed in order.
-#[test]
-fn threads_feeding_at_once_give_the_one_ingesters_panes() {
+/// The feeder's workload at 40 groups × 25 series, 100 rows a request, and
+/// its first `ticks` ticks' request bodies.
+fn feeder_ticks(ticks: u64) -> (FeedWorkload, Vec<Vec<Vec<u8>>>) {
     let workload = FeedWorkload {
         groups: 40,
         series_per_group: 25,
@@ -203,7 +204,13 @@ fn threads_feeding_at_once_give_the_one_ingesters_panes() {
         ..FeedWorkload::seed(1_700_000_000_000)
     };
     let generator = workload.generator();
-    let ticks: Vec<Vec<Vec<u8>>> = (0..150).map(|t| generator.tick_bodies(t)).collect();
+    let bodies = (0..ticks).map(|t| generator.tick_bodies(t)).collect();
+    (workload, bodies)
+}
+
+#[test]
+fn threads_feeding_at_once_give_the_one_ingesters_panes() {
+    let (_, ticks) = feeder_ticks(150);
     for set in [StrategySet::all(), StrategySet::NONE] {
         let mut one = Ingester::new(Plan::default(), set);
         for body in ticks.iter().flatten() {
@@ -324,14 +331,7 @@ fn limits_are_the_ingesters_whatever_the_lanes_and_senders() {
 /// workload's series is still learned once, by one lane.
 #[test]
 fn shards_keep_their_lanes_across_window_closes() {
-    let workload = FeedWorkload {
-        groups: 40,
-        series_per_group: 25,
-        batch_rows: 100,
-        ..FeedWorkload::seed(1_700_000_000_000)
-    };
-    let generator = workload.generator();
-    let ticks: Vec<Vec<Vec<u8>>> = (0..120).map(|t| generator.tick_bodies(t)).collect();
+    let (workload, ticks) = feeder_ticks(120);
     let mut plan = Plan::default();
     plan.aggregations[0].window_secs = 1;
     let (lanes, series) = (2, workload.groups * workload.series_per_group);
