@@ -252,13 +252,7 @@ struct FileReader {
 /// checked before each file, where the fine clock's read (~30 ns here) was
 /// 15 % of a folded store's scrape, which reads one small file per metric.
 fn coarse_now() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid out-pointer; the clock exists on every Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) };
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    crate::store::clock_reading(libc::CLOCK_MONOTONIC_COARSE)
 }
 
 /// A store file kept mapped between scrapes, so a scrape of it is a walk of

@@ -72,14 +72,22 @@ impl Clock {
                 libc::CLOCK_MONOTONIC_COARSE
             }
         };
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec to write into.
-        unsafe { libc::clock_gettime(id, &mut ts) };
-        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+        let now = clock_reading(id);
+        now.as_secs() as f64 + now.subsec_nanos() as f64 * 1e-9
     }
+}
+
+/// `clock_gettime(id)`: the clock's time since its epoch (the export's
+/// deadline checks read the coarse clock through it too).
+pub(crate) fn clock_reading(id: libc::clockid_t) -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write into; the clocks asked for
+    // exist on every Linux.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 // ---------------------------------------------------------------------------
