@@ -51,7 +51,15 @@ pub fn write(out: &mut Vec<u8>, v: f64) {
         return;
     }
     let mut buf = ryu::Buffer::new();
-    let (negative, digits, decpt) = split_decimal(buf.format_finite(v));
+    let text = buf.format_finite(v);
+    if let Some(digits) = ryu_fixed_digits(text.as_bytes()) {
+        // Ryu laid it out as Ruby does; only a tie could change the digits.
+        if digits <= MAX_UNIQUE_DIGITS || !needs_exact_rounding(v, digits) {
+            out.extend_from_slice(text.as_bytes());
+            return;
+        }
+    }
+    let (negative, digits, decpt) = split_decimal(text);
     if digits.len > MAX_UNIQUE_DIGITS && needs_exact_rounding(v, digits.len) {
         // Ryu says the shortest has 16 or 17 digits, and `v` lies exactly
         // halfway between two such decimals: take the correctly rounded
@@ -66,6 +74,31 @@ pub fn write(out: &mut Vec<u8>, v: f64) {
         return;
     }
     layout(out, negative, &digits, decpt);
+}
+
+/// The significant digits of ryu's output of a non-integral value (or one of
+/// at least 1e15: [`write`] prints smaller integers itself) when ryu laid it
+/// out as Ruby does, else `None`. Ryu writes fixed notation for
+/// `-5 < decpt <= 16` and Ruby for `-4 < decpt <= 16` (fraction) or `<= 15`
+/// (integral); they part on `0.0000…` (decpt -4: Ruby `1.0e-05`), on an
+/// integral value's `…0.0` (decpt 16: Ruby `1.0e+15`), and on every exponent
+/// form (`1e30`: Ruby `1.0e+30`).
+#[inline]
+fn ryu_fixed_digits(text: &[u8]) -> Option<usize> {
+    let unsigned = text.strip_prefix(b"-").unwrap_or(text);
+    if unsigned.ends_with(b".0") || unsigned.contains(&b'e') {
+        return None;
+    }
+    match unsigned.strip_prefix(b"0.") {
+        Some(fraction) => {
+            let zeros = fraction.iter().take_while(|&&d| d == b'0').count();
+            // decpt = -zeros; Ruby's fixed notation stops at decpt -3.
+            (zeros <= (-MIN_FIXED_DECPT) as usize).then_some(fraction.len() - zeros)
+        }
+        // `D….D…`: every byte but the point is a significant digit (ryu
+        // prints no trailing zero in a fraction).
+        None => Some(unsigned.len() - 1),
+    }
 }
 
 /// Whether ryu's shortest output of `digits` (16 or 17) digits might not be

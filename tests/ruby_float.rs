@@ -87,6 +87,19 @@ mod properties {
             prop_assert_eq!(fast, reference);
         }
 
+        /// Decimal fractions across Ruby's fixed-notation range and both its
+        /// edges (1e-5 .. 1e17): the values a metric holds, where the fast
+        /// path copies ryu's text when its layout is Ruby's.
+        #[test]
+        fn fixed_range_equals_reference(m in -(1i64 << 53)..(1i64 << 53), scale in -22..=1i32) {
+            let v = m as f64 * f64::powi(10.0, scale);
+            let mut fast = Vec::new();
+            rubyfloat::write(&mut fast, v);
+            let mut reference = Vec::new();
+            rubyfloat::write_reference(&mut reference, v);
+            prop_assert_eq!(fast, reference);
+        }
+
         #[test]
         fn integers_equal_reference(i in -(1i64 << 54)..(1i64 << 54)) {
             let v = i as f64;
