@@ -49,7 +49,9 @@ use crate::render;
 use crate::seams::{ExportSeams, FileRead, Keep, KeyDecode, Listing, Liveness, Seams};
 use crate::storefile::{check_used, entries, flock, strip_padding, Entry, EntryError, HEADER_SIZE};
 use crate::strategy::StrategySet;
-use crate::values::{DecodedLabels, Group, HistogramValue, MetricValues, SummaryValue};
+use crate::values::{
+    DecodedLabels, Group, HistogramValue, MetricValues, RenderedText, SummaryValue,
+};
 use ahash::AHashMap;
 use anyhow::{anyhow, bail, Result};
 use std::fs::File;
@@ -1245,6 +1247,8 @@ struct Catalogue {
     series: Vec<Series>,
     by_hash: AHashMap<u64, Vec<usize>>,
     groups: Vec<Group>,
+    /// `prerender`: every group's rendered text, in the order met.
+    rendered: RenderedText,
     /// Group label sets → group; borrowed from `groups` only by hash, so the
     /// map holds indices.
     group_by_hash: AHashMap<u64, Vec<usize>>,
@@ -1267,6 +1271,7 @@ impl Catalogue {
             series: Vec::new(),
             by_hash: AHashMap::new(),
             groups: Vec::new(),
+            rendered: RenderedText::default(),
             group_by_hash: AHashMap::new(),
             raw: RawKeys::default(),
             components: formenc::ComponentCache::default(),
@@ -1365,7 +1370,11 @@ impl Catalogue {
             probe!("export.group_created");
             let rendered = match self.keep {
                 Keep::Nothing => None,
-                Keep::Catalogue => Some(render::rendered_lines(def, base.iter().copied())),
+                Keep::Catalogue => Some(render::rendered_lines(
+                    &mut self.rendered,
+                    def,
+                    base.iter().copied(),
+                )),
             };
             self.groups.push(Group {
                 labels: base
@@ -2094,7 +2103,7 @@ impl Exporter {
             self.scrape(i, deadline)?;
             let (def, state) = (&self.registry.metrics[i], &self.metrics[i]);
             let values = metric_values(def, &state.catalogue, &state.scrape);
-            render::write_family(out, def, &values);
+            render::write_family(out, def, &values, &state.catalogue.rendered);
         }
         Ok(())
     }

@@ -15,32 +15,76 @@ pub struct Group {
     pub rendered: Option<RenderedLines>,
 }
 
-/// `prerender`: a group's label pairs escaped once (`a="x",b="y"`), and the
+/// `prerender`: where a group's rendered text is in its metric's
+/// [`RenderedText`]: its label pairs escaped once (`a="x",b="y"`), and the
 /// prefix (`name{labels} `) of every line its metric's definition fixes, in
 /// the order [`crate::render::rendered_lines`] lays them out; a scrape copies
 /// a prefix and writes the value.
+#[derive(Clone, Debug)]
 pub struct RenderedLines {
-    pub pairs: Box<[u8]>,
-    /// The prefixes back to back; prefix `i` ends at `ends[i]`.
-    prefixes: Box<[u8]>,
-    ends: Box<[u32]>,
+    pairs: std::ops::Range<usize>,
+    /// Its first line's index in [`RenderedText`]'s line ends.
+    first_line: usize,
 }
 
-impl RenderedLines {
-    /// The label pairs and the prefixes, in order.
-    pub fn new(pairs: Vec<u8>, prefixes: Vec<u8>, ends: Vec<u32>) -> RenderedLines {
+/// `prerender`: every group's rendered text of one metric, in one buffer of
+/// prefixes, back to back in the order the groups were met, which is the
+/// order a scrape prints them in: a scrape reads it front to back (a buffer
+/// per group was a cache and TLB miss per group on a cold scrape).
+#[derive(Default)]
+pub struct RenderedText {
+    prefixes: Vec<u8>,
+    /// Where each line's prefix ends in `prefixes` (it starts where the
+    /// line before it ends).
+    ends: Vec<usize>,
+    /// Every group's label pairs, back to back (read only for a line the
+    /// definition does not fix, a bucket not declared).
+    pairs: Vec<u8>,
+}
+
+impl RenderedText {
+    /// Adds a group's text: `pairs`, then its prefixes, each written by one
+    /// call of `prefix` into the buffer it is given.
+    pub fn push(
+        &mut self,
+        pairs: &[u8],
+        prefixes: impl FnOnce(&mut LinePrefixWriter<'_>),
+    ) -> RenderedLines {
+        let start = self.pairs.len();
+        self.pairs.extend_from_slice(pairs);
+        let first_line = self.ends.len();
+        prefixes(&mut LinePrefixWriter { text: self });
         RenderedLines {
-            pairs: pairs.into_boxed_slice(),
-            prefixes: prefixes.into_boxed_slice(),
-            ends: ends.into_boxed_slice(),
+            pairs: start..self.pairs.len(),
+            first_line,
         }
     }
 
-    /// Line `i`'s prefix.
+    /// A group's label pairs.
     #[inline]
-    pub fn line(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.prefixes[start..self.ends[i] as usize]
+    pub fn pairs(&self, lines: &RenderedLines) -> &[u8] {
+        &self.pairs[lines.pairs.clone()]
+    }
+
+    /// Line `i`'s prefix of a group.
+    #[inline]
+    pub fn line(&self, lines: &RenderedLines, i: usize) -> &[u8] {
+        let at = lines.first_line + i;
+        let start = if at == 0 { 0 } else { self.ends[at - 1] };
+        &self.prefixes[start..self.ends[at]]
+    }
+}
+
+/// Writes a group's line prefixes into [`RenderedText`] ([`RenderedText::push`]).
+pub struct LinePrefixWriter<'t> {
+    text: &'t mut RenderedText,
+}
+
+impl LinePrefixWriter<'_> {
+    /// Writes one line's prefix with `write`, into the buffer it is given.
+    pub fn line(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        write(&mut self.text.prefixes);
+        self.text.ends.push(self.text.prefixes.len());
     }
 }
 

@@ -28,19 +28,25 @@
 
 use crate::registry::{MetricDef, MetricType};
 use crate::text::{FamilyEncoder, SampleEncoder, ValueEncoder};
-use crate::values::{Group, MetricValues, RenderedLines};
+use crate::values::{Group, MetricValues, RenderedLines, RenderedText};
 
 pub mod live;
 pub mod rabbitmq;
 
-/// Writes one metric family as client_ruby does.
-pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
+/// Writes one metric family as client_ruby does; `text` holds the groups'
+/// rendered lines, if they were rendered ([`Group::rendered`]).
+pub fn write_family(
+    out: &mut Vec<u8>,
+    def: &MetricDef,
+    values: &MetricValues,
+    text: &RenderedText,
+) {
     let name = def.name.as_bytes();
     let mut family = FamilyEncoder::new(out, name, def.kind.name(), def.help.as_bytes());
     match values {
         MetricValues::Scalar(series) => {
             for (group, value) in series {
-                sample(&mut family, group, SCALAR_LINE, b"", None).ruby_float(*value);
+                sample(&mut family, text, group, SCALAR_LINE, b"", None).ruby_float(*value);
             }
         }
         MetricValues::Histogram(groups) => {
@@ -48,18 +54,26 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
             for group in groups {
                 let declared = def.buckets.iter().map(|b| b.as_bytes()).zip(group.buckets);
                 for (i, (le, value)) in declared.enumerate() {
-                    sample(&mut family, group.labels, i, b"_bucket", Some(le)).ruby_float(*value);
+                    sample(&mut family, text, group.labels, i, b"_bucket", Some(le))
+                        .ruby_float(*value);
                 }
                 let inf = |family: &mut FamilyEncoder<'_>| {
-                    sample(family, group.labels, lines.inf(), b"_bucket", Some(b"+Inf"))
-                        .ruby_float(group.count)
+                    sample(
+                        family,
+                        text,
+                        group.labels,
+                        lines.inf(),
+                        b"_bucket",
+                        Some(b"+Inf"),
+                    )
+                    .ruby_float(group.count)
                 };
                 for (i, (le, value)) in group.others.iter().enumerate() {
                     if i == group.inf_at {
                         inf(&mut family);
                     }
                     // Not declared (a changed registry): no prefix kept.
-                    with_labels(family.sample(b"_bucket"), group.labels)
+                    with_labels(family.sample(b"_bucket"), text, group.labels)
                         .label(b"le", le)
                         .value()
                         .ruby_float(*value);
@@ -72,18 +86,34 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
                 // which makes Prometheus refuse the whole target; the line is
                 // left out instead.
                 if let Some(sum) = group.sum {
-                    sample(&mut family, group.labels, lines.sum(), b"_sum", None).ruby_float(sum);
+                    sample(&mut family, text, group.labels, lines.sum(), b"_sum", None)
+                        .ruby_float(sum);
                 }
-                sample(&mut family, group.labels, lines.count(), b"_count", None)
-                    .ruby_float(group.count);
+                sample(
+                    &mut family,
+                    text,
+                    group.labels,
+                    lines.count(),
+                    b"_count",
+                    None,
+                )
+                .ruby_float(group.count);
             }
         }
         MetricValues::Summary(groups) => {
             for group in groups {
-                sample(&mut family, group.labels, SUMMARY_SUM_LINE, b"_sum", None)
-                    .ruby_float(group.sum);
                 sample(
                     &mut family,
+                    text,
+                    group.labels,
+                    SUMMARY_SUM_LINE,
+                    b"_sum",
+                    None,
+                )
+                .ruby_float(group.sum);
+                sample(
+                    &mut family,
+                    text,
                     group.labels,
                     SUMMARY_COUNT_LINE,
                     b"_count",
@@ -98,9 +128,13 @@ pub fn write_family(out: &mut Vec<u8>, def: &MetricDef, values: &MetricValues) {
 /// A group's label pairs: rendered once with `prerender` (a long-lived
 /// exporter escaped them when it first met the set), else encoded now.
 #[inline]
-fn with_labels<'o>(sample: SampleEncoder<'o>, group: &Group) -> SampleEncoder<'o> {
+fn with_labels<'o>(
+    sample: SampleEncoder<'o>,
+    text: &RenderedText,
+    group: &Group,
+) -> SampleEncoder<'o> {
     match &group.rendered {
-        Some(rendered) => sample.rendered_labels(&rendered.pairs),
+        Some(rendered) => sample.rendered_labels(text.pairs(rendered)),
         None => sample.labels(group.labels.iter().map(|(n, v)| (&**n, &**v))),
     }
 }
@@ -111,15 +145,16 @@ fn with_labels<'o>(sample: SampleEncoder<'o>, group: &Group) -> SampleEncoder<'o
 #[inline]
 fn sample<'f>(
     family: &'f mut FamilyEncoder<'_>,
+    text: &RenderedText,
     group: &Group,
     line: usize,
     suffix: &[u8],
     le: Option<&[u8]>,
 ) -> ValueEncoder<'f> {
     if let Some(rendered) = &group.rendered {
-        return family.prerendered(rendered.line(line));
+        return family.prerendered(text.line(rendered, line));
     }
-    let sample = with_labels(family.sample(suffix), group);
+    let sample = with_labels(family.sample(suffix), text, group);
     match le {
         Some(le) => sample.label(b"le", le),
         None => sample,
@@ -155,36 +190,38 @@ impl HistogramLines {
 /// `_sum` and `_count`; a histogram's declared buckets, `+Inf`, `_sum`,
 /// `_count` ([`HistogramLines`]).
 pub fn rendered_lines<'a>(
+    text: &mut RenderedText,
     def: &MetricDef,
     labels: impl Iterator<Item = (&'a [u8], &'a [u8])>,
 ) -> RenderedLines {
     let mut pairs = Vec::new();
     crate::text::write_label_pairs(&mut pairs, labels);
     let name = def.name.as_bytes();
-    let (mut prefixes, mut ends) = (Vec::new(), Vec::new());
-    let mut prefix = |suffix: &[u8], le: Option<&[u8]>| {
-        let sample = SampleEncoder::new(&mut prefixes, name, suffix).rendered_labels(&pairs);
-        match le {
-            Some(le) => sample.label(b"le", le),
-            None => sample,
-        }
-        .end_prefix();
-        ends.push(u32::try_from(prefixes.len()).expect("a group's prefixes under 4 GiB"));
-    };
-    match def.kind {
-        MetricType::Counter | MetricType::Gauge => prefix(b"", None),
-        MetricType::Summary => {
-            prefix(b"_sum", None);
-            prefix(b"_count", None);
-        }
-        MetricType::Histogram => {
-            for le in &def.buckets {
-                prefix(b"_bucket", Some(le.as_bytes()));
+    text.push(&pairs, |lines| {
+        let mut prefix = |suffix: &[u8], le: Option<&[u8]>| {
+            lines.line(|out| {
+                let sample = SampleEncoder::new(out, name, suffix).rendered_labels(&pairs);
+                match le {
+                    Some(le) => sample.label(b"le", le),
+                    None => sample,
+                }
+                .end_prefix()
+            })
+        };
+        match def.kind {
+            MetricType::Counter | MetricType::Gauge => prefix(b"", None),
+            MetricType::Summary => {
+                prefix(b"_sum", None);
+                prefix(b"_count", None);
             }
-            prefix(b"_bucket", Some(b"+Inf"));
-            prefix(b"_sum", None);
-            prefix(b"_count", None);
+            MetricType::Histogram => {
+                for le in &def.buckets {
+                    prefix(b"_bucket", Some(le.as_bytes()));
+                }
+                prefix(b"_bucket", Some(b"+Inf"));
+                prefix(b"_sum", None);
+                prefix(b"_count", None);
+            }
         }
-    }
-    RenderedLines::new(pairs, prefixes, ends)
+    })
 }
