@@ -274,8 +274,7 @@ impl ValueEncoder<'_> {
     /// As Ruby's `Float#to_s`.
     #[inline]
     pub fn ruby_float(self, value: f64) {
-        rubyfloat::write(self.out, value);
-        self.out.push(b'\n');
+        rubyfloat::write_line(self.out, value);
     }
 
     /// `Some` as [`ValueEncoder::ruby_float`]; `None` prints empty, as Ruby's `nil.to_s`.

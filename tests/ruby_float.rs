@@ -100,6 +100,19 @@ mod properties {
             prop_assert_eq!(fast, reference);
         }
 
+        /// A sample line's value: integers (the stack path) and any bits.
+        #[test]
+        fn write_line_is_write_and_newline(i in -(1i64 << 54)..(1i64 << 54), bits in any::<u64>()) {
+            for v in [i as f64, f64::from_bits(bits), -0.0] {
+                let mut line = Vec::new();
+                rubyfloat::write_line(&mut line, v);
+                let mut expected = Vec::new();
+                rubyfloat::write_reference(&mut expected, v);
+                expected.push(b'\n');
+                prop_assert_eq!(line, expected);
+            }
+        }
+
         #[test]
         fn integers_equal_reference(i in -(1i64 << 54)..(1i64 << 54)) {
             let v = i as f64;
