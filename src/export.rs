@@ -1261,7 +1261,8 @@ struct Catalogue {
 }
 
 impl Catalogue {
-    fn new(kind: MetricType, seams: ExportSeams) -> Self {
+    fn new(def: &MetricDef, seams: ExportSeams) -> Self {
+        let kind = def.kind;
         Catalogue {
             group_label: match kind {
                 MetricType::Histogram => Some(b"le"),
@@ -1271,7 +1272,10 @@ impl Catalogue {
             series: Vec::new(),
             by_hash: AHashMap::new(),
             groups: Vec::new(),
-            rendered: RenderedText::default(),
+            rendered: RenderedText::new(match seams.keep {
+                Keep::Nothing => None,
+                Keep::Catalogue => Some(render::rendered_header(def)),
+            }),
             group_by_hash: AHashMap::new(),
             raw: RawKeys::default(),
             components: formenc::ComponentCache::default(),
@@ -1908,7 +1912,7 @@ impl Exporter {
             .metrics
             .iter()
             .map(|def| MetricState {
-                catalogue: Catalogue::new(def.kind, seams),
+                catalogue: Catalogue::new(def, seams),
                 scrape: Scrape::default(),
                 reprobe: 0,
             })
@@ -2020,7 +2024,7 @@ impl Exporter {
             }
         };
         if start_afresh {
-            state.catalogue = Catalogue::new(def.kind, self.seams);
+            state.catalogue = Catalogue::new(def, self.seams);
             state.scrape = Scrape::default();
         }
         let MetricState {

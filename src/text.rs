@@ -109,6 +109,19 @@ fn write_pair(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.push(b'"');
 }
 
+/// A family's `# TYPE name kind` and `# HELP name help` lines (help escaped).
+pub fn write_family_header(out: &mut Vec<u8>, name: &[u8], kind: &str, help: &[u8]) {
+    out.extend_from_slice(b"# TYPE ");
+    out.extend_from_slice(name);
+    out.push(b' ');
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\n# HELP ");
+    out.extend_from_slice(name);
+    out.push(b' ');
+    write_escaped(out, help, Escape::Help);
+    out.push(b'\n');
+}
+
 /// Writes one metric family: `# TYPE`, `# HELP`, then its samples.
 pub struct FamilyEncoder<'o> {
     out: &'o mut Vec<u8>,
@@ -119,15 +132,14 @@ impl<'o> FamilyEncoder<'o> {
     /// Writes the family's `# TYPE name kind` and `# HELP name help` lines.
     #[inline]
     pub fn new(out: &'o mut Vec<u8>, name: &'o [u8], kind: &str, help: &[u8]) -> Self {
-        out.extend_from_slice(b"# TYPE ");
-        out.extend_from_slice(name);
-        out.push(b' ');
-        out.extend_from_slice(kind.as_bytes());
-        out.extend_from_slice(b"\n# HELP ");
-        out.extend_from_slice(name);
-        out.push(b' ');
-        write_escaped(out, help, Escape::Help);
-        out.push(b'\n');
+        write_family_header(out, name, kind, help);
+        FamilyEncoder { out, name }
+    }
+
+    /// Copies the family's header lines, written before by [`write_family_header`].
+    #[inline]
+    pub fn with_header(out: &'o mut Vec<u8>, name: &'o [u8], header: &[u8]) -> Self {
+        out.extend_from_slice(header);
         FamilyEncoder { out, name }
     }
 

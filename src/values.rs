@@ -33,6 +33,9 @@ pub struct RenderedLines {
 /// per group was a cache and TLB miss per group on a cold scrape).
 #[derive(Default)]
 pub struct RenderedText {
+    /// The family's `# TYPE` and `# HELP` lines, once rendered
+    /// ([`crate::render::rendered_header`]).
+    header: Option<Box<[u8]>>,
     prefixes: Vec<u8>,
     /// Where each line's prefix ends in `prefixes` (it starts where the
     /// line before it ends).
@@ -43,6 +46,14 @@ pub struct RenderedText {
 }
 
 impl RenderedText {
+    /// No groups yet; the family's header lines, if rendered.
+    pub fn new(header: Option<Box<[u8]>>) -> RenderedText {
+        RenderedText {
+            header,
+            ..RenderedText::default()
+        }
+    }
+
     /// Adds a group's text: `pairs`, then its prefixes, each written by one
     /// call of `prefix` into the buffer it is given.
     pub fn push(
@@ -58,6 +69,12 @@ impl RenderedText {
             pairs: start..self.pairs.len(),
             first_line,
         }
+    }
+
+    /// The family's header lines, if rendered.
+    #[inline]
+    pub fn header(&self) -> Option<&[u8]> {
+        self.header.as_deref()
     }
 
     /// A group's label pairs.

@@ -42,7 +42,10 @@ pub fn write_family(
     text: &RenderedText,
 ) {
     let name = def.name.as_bytes();
-    let mut family = FamilyEncoder::new(out, name, def.kind.name(), def.help.as_bytes());
+    let mut family = match text.header() {
+        Some(header) => FamilyEncoder::with_header(out, name, header),
+        None => FamilyEncoder::new(out, name, def.kind.name(), def.help.as_bytes()),
+    };
     match values {
         MetricValues::Scalar(series) => {
             for (group, value) in series {
@@ -181,6 +184,19 @@ impl HistogramLines {
     fn count(&self) -> usize {
         self.0 + 2
     }
+}
+
+/// `prerender`: a family's `# TYPE` and `# HELP` lines, rendered once by the
+/// encoder that writes them per scrape.
+pub fn rendered_header(def: &MetricDef) -> Box<[u8]> {
+    let mut header = Vec::new();
+    crate::text::write_family_header(
+        &mut header,
+        def.name.as_bytes(),
+        def.kind.name(),
+        def.help.as_bytes(),
+    );
+    header.into_boxed_slice()
 }
 
 /// `prerender`: a group's label pairs (`labels`, in order, the group label
