@@ -1055,15 +1055,22 @@ fn nan_replaced(kept: f64, value: f64) -> bool {
 /// One decoded label set.
 struct Series {
     labels: DecodedLabels,
+    /// The group label's value, if the set has it (the last one, if repeated).
+    slot: Option<Box<[u8]>>,
+}
+
+/// Where a series sits, found once when it is met: what a scrape reads of a
+/// series to group and fold it. These sit in a vector of their own (four to a
+/// cache line) rather than in [`Series`], whose decoded labels a scrape never
+/// reads: a cold scrape read a cache line per series for these two fields.
+#[derive(Clone, Copy)]
+struct SeriesPlace {
     /// Its group: the label set without the metric's group label (`le` for a
     /// histogram, `quantile` for a summary; none for counters and gauges, whose
     /// groups are their series).
     group: usize,
-    /// The group label's value, if the set has it (the last one, if repeated).
-    slot: Option<Box<[u8]>>,
-    /// What `slot` makes the series in its group, found once here: a scrape
-    /// reads this, not the label value (a separate allocation per series,
-    /// a cache miss each when the scrape's state is cold).
+    /// What its group label's value makes it in its group (a scrape reads
+    /// this, not the label value: an allocation of its own per series).
     role: SlotRole,
 }
 
@@ -1245,6 +1252,8 @@ struct Catalogue {
     /// The metric's group label (`le`, `quantile`), if it has one.
     group_label: Option<&'static [u8]>,
     series: Vec<Series>,
+    /// Per series, its group and role (beside `series`, index for index).
+    places: Vec<SeriesPlace>,
     by_hash: AHashMap<u64, Vec<usize>>,
     groups: Vec<Group>,
     /// `prerender`: every group's rendered text, in the order met.
@@ -1270,6 +1279,7 @@ impl Catalogue {
                 MetricType::Counter | MetricType::Gauge => None,
             },
             series: Vec::new(),
+            places: Vec::new(),
             by_hash: AHashMap::new(),
             groups: Vec::new(),
             rendered: RenderedText::new(match seams.keep {
@@ -1342,12 +1352,8 @@ impl Catalogue {
         let (group, slot) = self.group_of(&labels, def);
         let role = SlotRole::of(def, slot.as_deref());
         let index = self.series.len();
-        self.series.push(Series {
-            labels,
-            group,
-            slot,
-            role,
-        });
+        self.series.push(Series { labels, slot });
+        self.places.push(SeriesPlace { group, role });
         self.by_hash.entry(hash).or_default().push(index);
         Ok(index)
     }
@@ -1566,8 +1572,8 @@ impl Scrape {
             let (mut sum, mut inf) = (None, None::<(usize, f64)>);
             for at in self.group_members[k].clone() {
                 let series = self.members[at];
-                let (series_def, value) = (&catalogue.series[series], self.values[series].value);
-                match series_def.role {
+                let value = self.values[series].value;
+                match catalogue.places[series].role {
                     SlotRole::Bucket(i) => self.buckets[start + i as usize] = value,
                     SlotRole::Sum => sum = Some(value),
                     SlotRole::Inf => {
@@ -1575,7 +1581,7 @@ impl Scrape {
                         inf = Some((inf.map_or(at, |(at, _)| at), value));
                     }
                     SlotRole::Count | SlotRole::Other => {
-                        let le = series_def.le();
+                        let le = catalogue.series[series].le();
                         match self.others[first_other..]
                             .iter_mut()
                             .find(|(other, _)| catalogue.series[*other].le() == le)
@@ -1614,7 +1620,7 @@ impl Scrape {
         // Count each group's series (in `group_start`), then lay the groups
         // out in order of first appearance, then place each series.
         for &series in &self.series_order {
-            let group = catalogue.series[series].group;
+            let group = catalogue.places[series].group;
             if self.group_seen[group] != self.number {
                 self.group_seen[group] = self.number;
                 self.group_start[group] = 0;
@@ -1634,7 +1640,7 @@ impl Scrape {
         self.members.clear();
         self.members.resize(next as usize, 0);
         for &series in &self.series_order {
-            let at = &mut self.group_start[catalogue.series[series].group];
+            let at = &mut self.group_start[catalogue.places[series].group];
             self.members[*at as usize] = series;
             *at += 1;
         }
@@ -1656,7 +1662,7 @@ fn metric_values<'t>(
                 .series_order
                 .iter()
                 .map(|&series| {
-                    let group = &catalogue.groups[catalogue.series[series].group];
+                    let group = &catalogue.groups[catalogue.places[series].group];
                     (group, scrape.values[series].value)
                 })
                 .collect(),
@@ -1692,7 +1698,7 @@ fn metric_values<'t>(
                     };
                     for &series in &scrape.members[members.clone()] {
                         let v = scrape.values[series].value;
-                        match catalogue.series[series].role {
+                        match catalogue.places[series].role {
                             SlotRole::Sum => value.sum = v,
                             SlotRole::Count => value.count = v,
                             _ => {}
