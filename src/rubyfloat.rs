@@ -47,6 +47,14 @@ pub fn write_line(out: &mut Vec<u8>, v: f64) {
     out.push(b'\n');
 }
 
+/// "00" to "99", back to back.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+    0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
+
 /// `<n>.0\n`, its bytes stored straight into `out`'s spare capacity: a
 /// digit string laid out in a buffer of its own and then copied was a
 /// store-forwarding stall per line (bytes stored one by one, loaded as one
@@ -61,9 +69,17 @@ fn write_integral_line(out: &mut Vec<u8>, n: i64) {
     line[len - 3].write(b'.');
     line[len - 2].write(b'0');
     line[len - 1].write(b'\n');
-    for at in (len - 3 - digits..len - 3).rev() {
-        line[at].write(b'0' + (rest % 10) as u8);
-        rest /= 10;
+    // Two digits a division, from the last.
+    let mut at = len - 3;
+    while at > len - 3 - digits + 1 {
+        let pair = (rest % 100) as usize * 2;
+        rest /= 100;
+        at -= 2;
+        line[at].write(DIGIT_PAIRS[pair]);
+        line[at + 1].write(DIGIT_PAIRS[pair + 1]);
+    }
+    if at > len - 3 - digits {
+        line[at - 1].write(b'0' + rest as u8);
     }
     if n < 0 {
         line[0].write(b'-');
