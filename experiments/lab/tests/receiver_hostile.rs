@@ -690,6 +690,28 @@ fn limits_are_the_receivers_across_lanes() {
     }
 }
 
+/// Issue 26: the series cache's bound is its bytes, `--max-series-cache-mib`
+/// (its entry cap, 262,144 until then, sat below the series of a large
+/// sender): 10,000 series overflow 1 MiB and the cache is dropped; under the
+/// default 128 MiB it keeps them all.
+#[test]
+fn the_series_cache_is_bounded_by_its_mib() {
+    for (mib, overflows) in [(Some("1"), true), (None, false)] {
+        let mut args = vec!["--ingest-threads", "1", "--strategies", "all"];
+        if let Some(mib) = mib {
+            args.extend(["--max-series-cache-mib", mib]);
+        }
+        let server = Server::start(&args, None);
+        let now = now_ms();
+        for r in 0..5 {
+            let body = request((0..2000).map(|g| (format!("r{r}series{g}"), now, 1.0)));
+            assert_eq!(server.write(&body).0, 204);
+        }
+        let evicted = server.metric("promlab_series_cache_evicted_total");
+        assert_eq!(evicted > 0.0, overflows, "{mib:?} MiB: {evicted} evicted");
+    }
+}
+
 /// Issue 23, finding 3: after a group flood no new group was ever admitted
 /// again — not after windows closed, not after `POST /-/reload`. Groups no
 /// window holds any more are reclaimed; the newcomer gets in.

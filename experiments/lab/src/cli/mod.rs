@@ -230,6 +230,12 @@ pub struct ServeArgs {
     /// Receiver: DDSketch bins held (8 bytes each), over every pane.
     #[arg(long, default_value_t = Limits::serving().capacity.bins, conflicts_with_all = ["store", "scenario"])]
     pub max_bins: usize,
+    /// Receiver: MiB of the series cache per lane (a series' raw labels and keys,
+    /// about 300 bytes a series). Keep it above the series senders keep sending:
+    /// a cache that fills is dropped whole, and until it is refilled every series
+    /// takes the slow path (`promlab_series_cache_evicted_total` counts them).
+    #[arg(long, default_value_t = Limits::serving().max_cache_bytes >> 20, conflicts_with_all = ["store", "scenario"])]
+    pub max_series_cache_mib: usize,
     /// Receiver: how far ahead of this machine's clock a sample may be stamped; later
     /// ones are counted (`too_far_ahead`) and dropped. 0 turns the drop off; the
     /// watermark still never passes the clock minus the plan's lateness, so a
@@ -363,6 +369,7 @@ impl ServeArgs {
         limits.capacity.groups = self.max_groups;
         limits.capacity.pane_slots = self.max_pane_slots;
         limits.capacity.bins = self.max_bins;
+        limits.max_cache_bytes = self.max_series_cache_mib.saturating_mul(1 << 20);
         limits.max_ahead_ms = (self.max_ahead_secs > 0)
             .then(|| i64::try_from(self.max_ahead_secs.saturating_mul(1000)).unwrap_or(i64::MAX));
         limits
