@@ -62,16 +62,22 @@ mod properties {
     use super::*;
     use proptest::prelude::*;
 
+    /// `v` by the fast path and by the reference.
+    fn fast_and_reference(v: f64) -> (Vec<u8>, Vec<u8>) {
+        let mut fast = Vec::new();
+        rubyfloat::write(&mut fast, v);
+        let mut reference = Vec::new();
+        rubyfloat::write_reference(&mut reference, v);
+        (fast, reference)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(20_000))]
         /// The fast path (integer shortcut + ryu) equals the reference on any bits.
         #[test]
         fn fast_path_equals_reference(bits in any::<u64>()) {
             let v = f64::from_bits(bits);
-            let mut fast = Vec::new();
-            rubyfloat::write(&mut fast, v);
-            let mut reference = Vec::new();
-            rubyfloat::write_reference(&mut reference, v);
+            let (fast, reference) = fast_and_reference(v);
             prop_assert_eq!(fast, reference);
         }
 
@@ -80,10 +86,7 @@ mod properties {
         #[test]
         fn ties_equal_reference(m in (1u64 << 49)..(1u64 << 53), k in 1..=6i32, negative in any::<bool>()) {
             let v = m as f64 / f64::powi(2.0, k) * if negative { -1.0 } else { 1.0 };
-            let mut fast = Vec::new();
-            rubyfloat::write(&mut fast, v);
-            let mut reference = Vec::new();
-            rubyfloat::write_reference(&mut reference, v);
+            let (fast, reference) = fast_and_reference(v);
             prop_assert_eq!(fast, reference);
         }
 
@@ -93,14 +96,11 @@ mod properties {
         #[test]
         fn fixed_range_equals_reference(m in -(1i64 << 53)..(1i64 << 53), scale in -22..=1i32) {
             let v = m as f64 * f64::powi(10.0, scale);
-            let mut fast = Vec::new();
-            rubyfloat::write(&mut fast, v);
-            let mut reference = Vec::new();
-            rubyfloat::write_reference(&mut reference, v);
+            let (fast, reference) = fast_and_reference(v);
             prop_assert_eq!(fast, reference);
         }
 
-        /// A sample line's value: integers (the stack path) and any bits.
+        /// A sample line's value: integers (written in place) and any bits.
         #[test]
         fn write_line_is_write_and_newline(i in -(1i64 << 54)..(1i64 << 54), bits in any::<u64>()) {
             for v in [i as f64, f64::from_bits(bits), -0.0] {
@@ -116,10 +116,7 @@ mod properties {
         #[test]
         fn integers_equal_reference(i in -(1i64 << 54)..(1i64 << 54)) {
             let v = i as f64;
-            let mut fast = Vec::new();
-            rubyfloat::write(&mut fast, v);
-            let mut reference = Vec::new();
-            rubyfloat::write_reference(&mut reference, v);
+            let (fast, reference) = fast_and_reference(v);
             prop_assert_eq!(fast, reference);
         }
     }
