@@ -19,8 +19,9 @@ use promlab::export::Exporter;
 use promlab::registry::Registry;
 use promlab::strategy::StrategySet;
 use promlab_lab::harness::floor::ExportFloor;
+use promlab_lab::harness::quantile;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -60,16 +61,11 @@ fn main() -> Result<()> {
                 "the floor's scrape differs"
             );
         }
-        let (all, least) = (median(all), median(least));
+        let (all, least) = (quantile(&all, 0.5), quantile(&least, 0.5));
         println!(
             "{mib:>3} MiB flushed: all {all:>10.1?}  floor {least:>10.1?}  all ÷ floor {:.2}",
             all.as_secs_f64() / least.as_secs_f64()
         );
     }
     Ok(())
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
 }

@@ -657,7 +657,7 @@ impl ArmResult {
 }
 
 /// The `q` quantile of `samples` (nearest rank); zero when there are none.
-fn quantile(samples: &[Duration], q: f64) -> Duration {
+pub fn quantile(samples: &[Duration], q: f64) -> Duration {
     let mut sorted = samples.to_vec();
     sorted.sort();
     match sorted.len() {
@@ -795,6 +795,9 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     Ok(result)
 }
 
+/// Seeds [`measure`]'s round orders: the same orders in every run.
+const ROUND_ORDER_SEED: u64 = 0x5eed_0fa7;
+
 /// Measures `arms` of `workload`: one untimed warm-up round, then `repeats`
 /// rounds, each running every arm once in an order of its own (shuffled, from
 /// a fixed seed), so drift on a shared machine hits every arm alike and no arm
@@ -805,9 +808,6 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
 /// copy the same bytes.) What
 /// every run returned is checked: bytes against `verified`, a floor's units
 /// against the workload's; stores are compared after the last round.
-/// Seeds the rounds' orders: the same orders in every run.
-const ROUND_ORDER_SEED: u64 = 0x5eed_0fa7;
-
 pub fn measure(
     label: &str,
     workload: &mut dyn Workload,
