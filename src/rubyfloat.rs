@@ -36,15 +36,22 @@ const MIN_FIXED_DECPT: i32 = -3;
 /// is written in place.
 #[inline]
 pub fn write_line(out: &mut Vec<u8>, v: f64) {
-    if v.abs() < INTEGER_FAST_PATH_LIMIT
-        && (v as i64) as f64 == v
-        && v.to_bits() != (-0.0f64).to_bits()
-    {
-        write_integral_line(out, v as i64);
-        return;
+    match small_integer(v) {
+        // -0.0 is integral too, but prints its sign: `write` has it.
+        Some(n) if v.to_bits() != (-0.0f64).to_bits() => write_integral_line(out, n),
+        _ => {
+            write(out, v);
+            out.push(b'\n');
+        }
     }
-    write(out, v);
-    out.push(b'\n');
+}
+
+/// `v` as an integer, if it is one below 1e15: Ruby prints those as
+/// `<integer>.0`. (A cast round trip tests integrality without calling
+/// libm's `trunc`.)
+#[inline]
+fn small_integer(v: f64) -> Option<i64> {
+    (v.abs() < INTEGER_FAST_PATH_LIMIT && (v as i64) as f64 == v).then_some(v as i64)
 }
 
 /// "00" to "99", back to back.
@@ -93,15 +100,13 @@ fn write_integral_line(out: &mut Vec<u8>, n: i64) {
 /// Appends Ruby's `Float#to_s` of `v` to `out` (fast path).
 #[inline]
 pub fn write(out: &mut Vec<u8>, v: f64) {
-    // Integral values below 1e15 print as `<integer>.0`. (A cast round trip
-    // tests integrality without calling libm's `trunc`.)
-    if v.abs() < INTEGER_FAST_PATH_LIMIT && (v as i64) as f64 == v {
+    if let Some(n) = small_integer(v) {
         if v == 0.0 && v.is_sign_negative() {
             out.extend_from_slice(b"-0.0");
             return;
         }
         let mut buf = itoa::Buffer::new();
-        out.extend_from_slice(buf.format(v as i64).as_bytes());
+        out.extend_from_slice(buf.format(n).as_bytes());
         out.extend_from_slice(b".0");
         return;
     }

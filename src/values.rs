@@ -54,8 +54,8 @@ impl RenderedText {
         }
     }
 
-    /// Adds a group's text: `pairs`, then its prefixes, each written by one
-    /// call of `prefix` into the buffer it is given.
+    /// Adds a group's text: `pairs`, then its line prefixes, which
+    /// `prefixes` writes one [`LinePrefixWriter::line`] call each.
     pub fn push(
         &mut self,
         pairs: &[u8],
