@@ -216,6 +216,26 @@ fn wait_written(served: &Served, through: i64) {
     }
 }
 
+/// Polls `served`'s `/metrics` until `ready` holds of the named values (a
+/// missing one reads as 0): the inserter works on its own thread, so a count
+/// read right after the feed may not have moved yet.
+fn wait_metrics(served: &Served, names: [&str; 2], ready: impl Fn([f64; 2]) -> bool) -> [f64; 2] {
+    let started = Instant::now();
+    loop {
+        let values = names.map(|name| metric(served, name).unwrap_or(0.0));
+        if ready(values) {
+            return values;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "receiver on {}: {names:?} = {values:?} after 90 s: {:?}",
+            served.addr,
+            served.stderr_lines()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The windows `ticks` ticks from `start_ms` close, with 1 s lateness: every
 /// one ending at or before the last tick's timestamp minus a second.
 fn closed_windows(start_ms: i64, ticks: u64) -> Vec<i64> {
@@ -440,11 +460,14 @@ fn clickhouse_stopped_under_a_running_feed_loses_nothing_within_the_bound() {
     for chunk in 0..5 {
         both(6 + chunk * 4..10 + chunk * 4);
     }
-    let failures = metric(&receivers[1], "promlab_clickhouse_insert_failures_total").unwrap();
-    let queued = metric(&receivers[1], "promlab_clickhouse_queue_batches").unwrap();
-    assert!(
-        failures >= 1.0 && queued >= 1.0,
-        "failures {failures}, queued {queued}"
+    // A failed insert stays queued while the node is down.
+    wait_metrics(
+        &receivers[1],
+        [
+            "promlab_clickhouse_insert_failures_total",
+            "promlab_clickhouse_queue_batches",
+        ],
+        |[failures, queued]| failures >= 1.0 && queued >= 1.0,
     );
     env.cluster.nodes[1].start(Duration::from_secs(90)).unwrap();
     let closed = closed_windows(start_ms, 26);
@@ -492,11 +515,13 @@ fn clickhouse_stopped_under_a_running_feed_loses_nothing_within_the_bound() {
         // Each close's batch meets a full queue or a dead node in turn.
         std::thread::sleep(Duration::from_millis(200));
     }
-    let dropped = metric(&bounded[2], "promlab_clickhouse_windows_dropped_total").unwrap();
-    let samples_dropped = metric(&bounded[2], "promlab_clickhouse_samples_dropped_total").unwrap();
-    assert!(
-        dropped >= 1.0 && samples_dropped > 0.0,
-        "dropped {dropped} windows, {samples_dropped} samples"
+    wait_metrics(
+        &bounded[2],
+        [
+            "promlab_clickhouse_windows_dropped_total",
+            "promlab_clickhouse_samples_dropped_total",
+        ],
+        |[windows, samples]| windows >= 1.0 && samples > 0.0,
     );
     env.cluster.nodes[2].start(Duration::from_secs(90)).unwrap();
     both(16..18);

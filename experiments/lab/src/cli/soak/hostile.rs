@@ -310,7 +310,8 @@ pub(super) fn slow_clients(
         let is_receiver = std::ptr::eq(server, rx);
         std::thread::scope(|scope| {
             scope.spawn(|| {
-                while Instant::now() < window_end && !run.over() {
+                // At least one probe per server, however late the window began.
+                loop {
                     // A fresh connection every time: what a new legitimate client gets.
                     let client = Client::new(Some(REQUEST_TIMEOUT), 1);
                     let (result, elapsed) = timed(|| client.get(&server.url("/metrics"), &[]));
@@ -323,6 +324,9 @@ pub(super) fn slow_clients(
                             client.post(&server.url("/api/v1/write"), &REMOTE_WRITE, &body)
                         });
                         tallies.record(WRITE_PROBE, &Outcome::of(&result), elapsed, samples);
+                    }
+                    if Instant::now() >= window_end || run.over() {
+                        break;
                     }
                     run.sleep(Duration::from_millis(500));
                 }
@@ -362,7 +366,12 @@ fn hold_slow_connections(
         return;
     };
     let open = |i: usize| -> Option<TcpStream> {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+        // Never past the window: a connect that hangs would eat the next server's window.
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(1))) {
             Ok(mut s) => {
                 let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
                 if s.write_all(slow_start(i % 2 == 1, is_receiver)).is_err() {
