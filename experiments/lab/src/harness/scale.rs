@@ -588,7 +588,23 @@ fn lanes_model(result: &AxisResult) -> Option<String> {
     };
     for point in &result.points {
         if let Some(t) = time_of(point.x) {
-            let _ = writeln!(out, "    {:>2} lanes: {:.2}× measured", point.x, one / t);
+            let _ = write!(out, "    {:>2} lanes: {:.2}× measured", point.x, one / t);
+            // The same run's one-lane arm, measured in the same rounds.
+            let side_by_side = point
+                .arms
+                .iter()
+                .find(|a| a.arm == super::workloads::ONE_LANE);
+            match side_by_side {
+                Some(one_lane) => {
+                    let _ = writeln!(
+                        out,
+                        "; {:.2}× `{}` in the same rounds",
+                        one_lane.median().as_secs_f64() / t,
+                        super::workloads::ONE_LANE
+                    );
+                }
+                None => out.push('\n'),
+            }
         }
     }
     let _ = writeln!(out, "    serial share s = {serial:.3}");

@@ -831,11 +831,18 @@ impl Laned {
     }
 }
 
-impl Workload for Laned {
-    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
+/// The lanes workload's arm of every strategy on one lane (one thread
+/// sending every request), measured in the same rounds as the point's lanes
+/// so the speed-up of N lanes is a ratio of one run, not of two points run
+/// one after the other while the machine drifts.
+pub const ONE_LANE: &str = "all-one-lane";
+
+impl Laned {
+    /// Every request through `lanes` lanes, one sender thread each.
+    fn run_lanes(&mut self, lanes: usize, strategies: StrategySet) -> Result<Output<'_>> {
         use promlab::ingest::lanes::LanedIngester;
-        let laned = LanedIngester::with_plan(self.lanes, &self.plan, strategies);
-        let (lanes, bodies, per_tick) = (self.lanes, &self.bodies, self.per_tick);
+        let laned = LanedIngester::with_plan(lanes, &self.plan, strategies);
+        let (bodies, per_tick) = (&self.bodies, self.per_tick);
         let pacing = ShardPacing::new(lanes);
         std::thread::scope(|s| -> Result<()> {
             let senders: Vec<_> = (0..lanes)
@@ -873,9 +880,33 @@ impl Workload for Laned {
         )?;
         Ok(Output::Bytes(&self.out))
     }
+}
+
+impl Workload for Laned {
+    fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
+        self.run_lanes(self.lanes, strategies)
+    }
 
     fn units(&self) -> (u64, &'static str) {
         (self.samples, "samples")
+    }
+
+    fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
+        vec![(ONE_LANE, StrategySet::all().restrict(Stage::Ingest))]
+    }
+
+    fn run_extra(&mut self, name: &str, strategies: StrategySet) -> Result<Output<'_>> {
+        anyhow::ensure!(name == ONE_LANE, "no extra arm `{name}` in this workload");
+        self.run_lanes(1, strategies)
+    }
+
+    /// `all-one-lane` is held to no floor: the floor runs the point's threads.
+    fn floor_of(&self, arm: &str, _strategies: StrategySet) -> &'static str {
+        if arm == ONE_LANE {
+            ""
+        } else {
+            super::FLOOR
+        }
     }
 
     fn floor(&mut self) -> Result<Output<'_>> {
@@ -946,7 +977,7 @@ mod tests {
     }
 
     #[test]
-    fn lanes_answer_as_one_ingester_and_the_floor_walks_every_sample() {
+    fn lanes_and_one_lane_answer_as_one_ingester_and_the_floor_walks_every_sample() {
         let mut one = build(&Generator::Asap {
             groups: 4,
             series_per_group: 50,
@@ -967,6 +998,18 @@ mod tests {
                 let got = laned.run(set).unwrap().bytes().unwrap().into_owned();
                 assert!(got == expected, "{lanes} lanes, {set}");
             }
+            // The one-lane arm, run beside the point's lanes, answers alike.
+            let extra = laned.extra_arms();
+            let [(name, set)] = extra[..] else {
+                panic!("one extra arm")
+            };
+            let got = laned
+                .run_extra(name, set)
+                .unwrap()
+                .bytes()
+                .unwrap()
+                .into_owned();
+            assert!(got == expected, "{name} at {lanes} lanes");
             match laned.floor().unwrap() {
                 Output::Units(n) => assert_eq!(n, 4 * 50 * 70),
                 _ => panic!("the floor counts samples"),
