@@ -279,7 +279,8 @@ fn run_with_cache(
 /// (`encode_query`) and kept per closed window (`query_json`, asked twice) is
 /// `serde_json`'s of the `QueryResult`, byte for byte, and the quantile scan
 /// finds the same quantiles, bit for bit — for the last closed window, every
-/// window with a pane, and one without.
+/// window with a pane, and one without; and every aggregation's at once
+/// (`query_all_json`) is `serde_json`'s of `query_all`.
 fn check_query_paths(ingester: &Ingester, plan: &Plan, panes: &[PaneReport]) {
     let mut windows: Vec<Option<i64>> = vec![None, Some(-1)];
     windows.extend(panes.iter().map(|p| Some(p.window_start_ms)));
@@ -315,6 +316,9 @@ fn check_query_paths(ingester: &Ingester, plan: &Plan, panes: &[PaneReport]) {
         }
     }
     assert!(!ingester.query_json("no such aggregation", None, &mut Vec::new()));
+    let mut all = Vec::new();
+    ingester.query_all_json(&mut all);
+    assert_eq!(all, serde_json::to_vec(&ingester.query_all()).unwrap());
 }
 
 proptest! {

@@ -290,8 +290,19 @@ struct QueryOrder {
     version: Option<u64>,
     /// Group ids in answer order.
     sorted: Vec<u32>,
-    /// Per group id: `{"labels":{…},"count":`.
-    heads: Vec<Box<[u8]>>,
+    /// Per group id, back to back: `{"labels":{…},"count":`.
+    heads: Vec<u8>,
+    /// Where each group id's head ends in `heads`.
+    head_ends: Vec<usize>,
+}
+
+impl QueryOrder {
+    /// Group `gid`'s `{"labels":{…},"count":`.
+    fn head(&self, gid: u32) -> &[u8] {
+        let gid = gid as usize;
+        let start = if gid == 0 { 0 } else { self.head_ends[gid - 1] };
+        &self.heads[start..self.head_ends[gid]]
+    }
 }
 
 /// A closed window: its panes never change again, so its query answer is
@@ -746,7 +757,7 @@ impl Accumulator {
                     out.push(b',');
                 }
                 first = false;
-                out.extend_from_slice(&order.heads[gid as usize]);
+                out.extend_from_slice(order.head(gid));
                 out.extend_from_slice(ints.format(pane.count()).as_bytes());
                 if pane.dropped() > 0 {
                     out.extend_from_slice(b",\"dropped\":");
@@ -894,41 +905,54 @@ fn labels_of(groups: &AggGroups, gid: u32) -> &[(String, String)] {
     groups.get(gid).map_or(&[], |g| &g.labels)
 }
 
-/// Every group's answer order and JSON head, computed afresh.
+/// Every group's answer order and JSON head, computed afresh: every group's
+/// label pairs sorted by name in one buffer (a map per group and a head
+/// allocated per group took 1.3 s at a million groups).
 fn query_order_now(groups: &AggGroups) -> QueryOrder {
-    let labels: Vec<BTreeMap<&str, &str>> = (0..groups.id_bound() as u32)
-        .map(|gid| {
+    let bound = groups.id_bound();
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    let mut pair_ends: Vec<usize> = Vec::with_capacity(bound);
+    for gid in 0..bound as u32 {
+        let start = pairs.len();
+        pairs.extend(
             labels_of(groups, gid)
                 .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect()
-        })
-        .collect();
-    let mut sorted: Vec<u32> = (0..labels.len() as u32)
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        // By name, as a map of them orders them (names are distinct).
+        pairs[start..].sort_unstable_by(|a, b| a.0.cmp(b.0));
+        pair_ends.push(pairs.len());
+    }
+    let labels = |gid: u32| {
+        let gid = gid as usize;
+        let start = if gid == 0 { 0 } else { pair_ends[gid - 1] };
+        &pairs[start..pair_ends[gid]]
+    };
+    let mut sorted: Vec<u32> = (0..bound as u32)
         .filter(|&gid| groups.get(gid).is_some())
         .collect();
-    // Stable, as `query`'s sort of the present groups in id order.
-    sorted.sort_by(|&a, &b| labels[a as usize].cmp(&labels[b as usize]));
-    let heads = labels
-        .iter()
-        .map(|labels| {
-            let mut head = b"{\"labels\":{".to_vec();
-            for (j, (k, v)) in labels.iter().enumerate() {
-                if j > 0 {
-                    head.push(b',');
-                }
-                json_string(&mut head, k);
-                head.push(b':');
-                json_string(&mut head, v);
+    // Stable, as `query`'s sort of the present groups in id order; slices of
+    // name-sorted pairs compare as the maps of them do.
+    sorted.sort_by(|&a, &b| labels(a).cmp(labels(b)));
+    let (mut heads, mut head_ends) = (Vec::new(), Vec::with_capacity(bound));
+    for gid in 0..bound as u32 {
+        heads.extend_from_slice(b"{\"labels\":{");
+        for (j, (k, v)) in labels(gid).iter().enumerate() {
+            if j > 0 {
+                heads.push(b',');
             }
-            head.extend_from_slice(b"},\"count\":");
-            head.into_boxed_slice()
-        })
-        .collect();
+            json_string(&mut heads, k);
+            heads.push(b':');
+            json_string(&mut heads, v);
+        }
+        heads.extend_from_slice(b"},\"count\":");
+        head_ends.push(heads.len());
+    }
     QueryOrder {
         version: Some(groups.version),
         sorted,
         heads,
+        head_ends,
     }
 }
 

@@ -618,6 +618,22 @@ impl Ingester {
             .collect()
     }
 
+    /// [`Ingester::query_all`]'s JSON (the bytes `serde_json` makes of it),
+    /// appended to `out`: each aggregation's [`Ingester::query_json`], as a
+    /// receiver serves it, with no `QueryResult` built (at a million groups,
+    /// building, serializing and freeing those took 2.2 s, the encoders 0.6).
+    pub fn query_all_json(&self, out: &mut Vec<u8>) {
+        let table = self.shared.groups.lock();
+        out.push(b'[');
+        for (a, acc) in self.accumulators.iter().enumerate() {
+            if a > 0 {
+                out.push(b',');
+            }
+            acc.query_json(None, table.agg(a), out);
+        }
+        out.push(b']');
+    }
+
     /// Every pane (open and closed) of every aggregation, sorted: the exact outcome.
     pub fn snapshot(&self) -> Vec<PaneReport> {
         let table = self.shared.groups.lock();
