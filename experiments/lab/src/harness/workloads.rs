@@ -607,7 +607,7 @@ impl Ingest {
 
 impl Workload for Ingest {
     /// Every request into a fresh ingester, the flush, and the query of every
-    /// aggregation (as JSON, with the counters).
+    /// aggregation (as JSON, as the receiver serves it, with the counters).
     fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
         let mut ingester = promlab::ingest::pipeline::Ingester::new(self.plan.clone(), strategies);
         for body in &self.bodies {
@@ -616,7 +616,7 @@ impl Workload for Ingest {
         ingester.flush();
         let t = ingester.totals();
         self.out.clear();
-        serde_json::to_writer(&mut self.out, &ingester.query_all())?;
+        ingester.query_all_json(&mut self.out);
         let counts = [t.accepted, t.late, t.stale, t.rejected, t.unrouted];
         write_counters(&mut self.out, counts)?;
         Ok(Output::Bytes(&self.out))
