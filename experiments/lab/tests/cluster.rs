@@ -199,21 +199,14 @@ fn metric(served: &Served, name: &str) -> Option<f64> {
 /// Waits (up to 90 s) until `served` has written every window ending at or
 /// before `through` and its queue is empty.
 fn wait_written(served: &Served, through: i64) {
-    let started = Instant::now();
-    loop {
-        let written = metric(served, "promlab_clickhouse_written_through_ms").unwrap_or(-1.0);
-        let queued = metric(served, "promlab_clickhouse_queue_batches").unwrap_or(1.0);
-        if written >= through as f64 && queued == 0.0 {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(90),
-            "receiver on {} has written through {written}, not {through} ({queued} batches queued): {:?}",
-            served.addr,
-            served.stderr_lines()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_metrics(
+        served,
+        [
+            "promlab_clickhouse_written_through_ms",
+            "promlab_clickhouse_queue_batches",
+        ],
+        |[written, queued]| written >= through as f64 && queued == 0.0,
+    );
 }
 
 /// Polls `served`'s `/metrics` until `ready` holds of the named values (a
