@@ -245,6 +245,13 @@ fn churn_phase(
 fn release_fifo(store: &Path, path: &Path) -> Result<u32> {
     let aside = store.with_extension("fifo-aside");
     std::fs::rename(path, &aside)?;
+    // The sidecar scrapes thousands of times a second, and each scrape opens the
+    // FIFO without blocking, sees it is no regular file and closes it: a write
+    // end opened right after the rename could meet such a reader between its
+    // open and close and count it as blocked (it did once, in a run of the suite). Once
+    // renamed, no new reader finds it; a blocked one stays blocked, so it is
+    // still found after this pause, and a passing one is gone.
+    std::thread::sleep(Duration::from_millis(500));
     let name = std::ffi::CString::new(aside.as_os_str().as_encoded_bytes())?;
     let mut stuck = 0;
     for _ in 0..20 {
@@ -306,5 +313,45 @@ mod tests {
             })
             .collect();
         assert_eq!(entries, [(b"k=a".to_vec(), 2.5), (b"k=bb".to_vec(), 1.0)]);
+    }
+
+    fn mkfifo(path: &Path) {
+        let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string; mkfifo only creates a node.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+    }
+
+    /// The pause after the rename must not hide a reader that is really
+    /// blocked opening the FIFO, and a reader that is gone is not counted.
+    #[test]
+    fn release_fifo_finds_a_blocked_reader_and_not_a_passing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        std::fs::create_dir(&store).unwrap();
+        let path = store.join("fifo_blocked.bin");
+        mkfifo(&path);
+        let reader = {
+            let path = path.clone();
+            // A blocking open: it returns only once a writer opens the FIFO.
+            std::thread::spawn(move || std::fs::File::open(path).map(drop))
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        // At least once: the reader, woken, may still hold it at the next probe.
+        assert!(release_fifo(&store, &path).unwrap() >= 1);
+        reader.join().unwrap().unwrap();
+        assert!(!path.exists());
+
+        let path = store.join("fifo_passing.bin");
+        mkfifo(&path);
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let passing = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .unwrap();
+            drop(passing);
+        }
+        assert_eq!(release_fifo(&store, &path).unwrap(), 0);
     }
 }
