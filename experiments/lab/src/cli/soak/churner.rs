@@ -224,11 +224,7 @@ fn churn_phase(
         }
         "fifo" => {
             let path = victim(store, 980_001);
-            let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
-            // SAFETY: a valid C string; mkfifo only creates a node.
-            if unsafe { libc::mkfifo(name.as_ptr(), 0o644) } != 0 {
-                bail!("mkfifo: {}", std::io::Error::last_os_error());
-            }
+            mkfifo(&path)?;
             // Held past a scrape's timeout, so a scrape stuck opening it shows as one.
             run.sleep(REQUEST_TIMEOUT + Duration::from_secs(1));
             let stuck = release_fifo(store, &path)?;
@@ -240,6 +236,16 @@ fn churn_phase(
     })
 }
 
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) -> Result<()> {
+    let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: a valid C string; mkfifo only creates a node.
+    if unsafe { libc::mkfifo(name.as_ptr(), 0o644) } != 0 {
+        bail!("mkfifo: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Moves a FIFO out of the store and opens its write end a few times, so a reader
 /// blocked opening it (a hung scrape) wakes up; returns how many were found blocked.
 fn release_fifo(store: &Path, path: &Path) -> Result<u32> {
@@ -248,9 +254,9 @@ fn release_fifo(store: &Path, path: &Path) -> Result<u32> {
     // The sidecar scrapes thousands of times a second, and each scrape opens the
     // FIFO without blocking, sees it is no regular file and closes it: a write
     // end opened right after the rename could meet such a reader between its
-    // open and close and count it as blocked (it did once, in a run of the suite). Once
-    // renamed, no new reader finds it; a blocked one stays blocked, so it is
-    // still found after this pause, and a passing one is gone.
+    // open and close and count it as blocked (it did once, in a run of the
+    // suite). Once renamed, no new reader finds it; a blocked one stays
+    // blocked, so it is still found after this pause, and a passing one is gone.
     std::thread::sleep(Duration::from_millis(500));
     let name = std::ffi::CString::new(aside.as_os_str().as_encoded_bytes())?;
     let mut stuck = 0;
@@ -315,12 +321,6 @@ mod tests {
         assert_eq!(entries, [(b"k=a".to_vec(), 2.5), (b"k=bb".to_vec(), 1.0)]);
     }
 
-    fn mkfifo(path: &Path) {
-        let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid C string; mkfifo only creates a node.
-        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
-    }
-
     /// The pause after the rename must not hide a reader that is really
     /// blocked opening the FIFO, and a reader that is gone is not counted.
     #[test]
@@ -329,7 +329,7 @@ mod tests {
         let store = dir.path().join("store");
         std::fs::create_dir(&store).unwrap();
         let path = store.join("fifo_blocked.bin");
-        mkfifo(&path);
+        mkfifo(&path).unwrap();
         let reader = {
             let path = path.clone();
             // A blocking open: it returns only once a writer opens the FIFO.
@@ -342,7 +342,7 @@ mod tests {
         assert!(!path.exists());
 
         let path = store.join("fifo_passing.bin");
-        mkfifo(&path);
+        mkfifo(&path).unwrap();
         {
             use std::os::unix::fs::OpenOptionsExt;
             let passing = std::fs::OpenOptions::new()
