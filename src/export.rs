@@ -533,6 +533,19 @@ impl FileReader {
         }
     }
 
+    /// The kept mapping of a file whose writers have all exited (`Leases`),
+    /// which [`FileReader::read_kept`] reads without its lock.
+    fn unlocked_map(&self, metric: usize, listed: &Listed) -> Option<&memmap2::Mmap> {
+        if self.read != FileRead::KeptMapped || self.liveness != Liveness::Leases {
+            return None;
+        }
+        let kept = self.kept.get(metric)?.get(listed.slot as usize)?.as_ref()?;
+        if kept.ino != listed.ino || kept.writers != Writers::None {
+            return None;
+        }
+        kept.map.as_ref()
+    }
+
     /// `Leases`: a few exited files are probed again each scrape, in turn;
     /// one found with a writer (a new process given the dead one's pid
     /// reopened it) is read under its lock again. Fold files are not: their
@@ -1134,10 +1147,25 @@ struct RawKeys {
     /// running the same code often write the same keys in the same order.
     /// Hints are only guesses: every key is compared in full.
     files: Vec<Vec<usize>>,
+    /// Per file, beside `files`: where each entry starts (its length field),
+    /// and where the last one ends if the file was last read whole with no
+    /// entry skipped. What [`FilePass::replay`] checks a file against.
+    starts: Vec<Vec<u32>>,
+    ends: Vec<Option<u32>>,
     /// The file read last in this scrape.
     last_read: Option<u32>,
     hint: Vec<usize>,
     this_file: Vec<usize>,
+    this_starts: Vec<u32>,
+}
+
+/// A file's entries as last read: [`RawKeys::layout`].
+struct Layout<'a> {
+    /// Raw-key ids and where their entries start, entry by entry.
+    ids: &'a [usize],
+    starts: &'a [u32],
+    /// Where the last entry ends: the file's `used` then.
+    end: usize,
 }
 
 struct RawKey {
@@ -1176,19 +1204,64 @@ impl RawKeys {
         };
         self.this_file = spare;
         self.this_file.clear();
+        if self.starts.len() <= slot {
+            self.starts.resize_with(slot + 1, Vec::new);
+            self.ends.resize(slot + 1, None);
+        }
+        self.this_starts = std::mem::take(&mut self.starts[slot]);
+        self.this_starts.clear();
+        self.ends[slot] = None;
     }
 
-    fn end_file(&mut self, slot: u32) {
+    /// The file at `slot` was read whole; `clean` if no entry was skipped
+    /// (only then is its layout one a scrape may replay).
+    fn end_file(&mut self, slot: u32, clean: bool) {
+        let slot_at = slot as usize;
         let ids = std::mem::take(&mut self.this_file);
-        self.files[slot as usize] = ids;
+        self.files[slot_at] = ids;
+        let end = match self.this_starts.last() {
+            Some(&start) => {
+                let id = self.files[slot_at][self.files[slot_at].len() - 1];
+                start as usize + 4 + self.spans[id].padded_len + 16
+            }
+            None => HEADER_SIZE,
+        };
+        let recorded = self.this_starts.len() == self.files[slot_at].len();
+        self.ends[slot_at] = (clean && recorded)
+            .then(|| u32::try_from(end).ok())
+            .flatten();
+        self.starts[slot_at] = std::mem::take(&mut self.this_starts);
         self.last_read = Some(slot);
     }
 
-    /// A file's slot was released: its hints go.
+    /// A file's slot was released: its hints and layout go.
     fn forget(&mut self, slot: u32) {
         if let Some(ids) = self.files.get_mut(slot as usize) {
             *ids = Vec::new();
         }
+        if let Some(starts) = self.starts.get_mut(slot as usize) {
+            *starts = Vec::new();
+            self.ends[slot as usize] = None;
+        }
+    }
+
+    /// The layout of the file at `slot` as last read, if it was read whole
+    /// with no entry skipped.
+    fn layout(&self, slot: u32) -> Option<Layout<'_>> {
+        let slot = slot as usize;
+        let end = (*self.ends.get(slot)?)? as usize;
+        Some(Layout {
+            ids: &self.files[slot],
+            starts: &self.starts[slot],
+            end,
+        })
+    }
+
+    /// Records that entry's key as the raw key `id`, met at the next ordinal.
+    #[inline]
+    fn met(&mut self, id: usize, entry: &Entry<'_>) {
+        self.this_file.push(id);
+        self.this_starts.push(entry.offset() as u32);
     }
 
     fn end_scrape(&mut self) {
@@ -1212,16 +1285,16 @@ impl RawKeys {
         if self.padded(id) != entry.padded_key {
             return None;
         }
-        self.this_file.push(id);
+        self.met(id, entry);
         Some(self.spans[id].series)
     }
 
-    /// The series of the raw key `key` (the entry's, unpadded), if met before.
-    fn find(&mut self, key: &[u8]) -> Option<usize> {
+    /// The series of the entry's raw key `key` (unpadded), if met before.
+    fn find(&mut self, entry: &Entry<'_>, key: &[u8]) -> Option<usize> {
         let id = *self
             .index
             .find(hash_raw_key(key), |&id| self.key(id) == key)?;
-        self.this_file.push(id);
+        self.met(id, entry);
         Some(self.spans[id].series)
     }
 
@@ -1240,7 +1313,7 @@ impl RawKeys {
             let span = &spans[id];
             hash_raw_key(&bytes[span.start..span.start + span.key_len])
         });
-        self.this_file.push(id);
+        self.met(id, entry);
     }
 }
 
@@ -1308,7 +1381,7 @@ impl Catalogue {
                     return Ok(series);
                 }
                 let raw = checked_key(entry)?;
-                if let Some(series) = self.raw.find(raw) {
+                if let Some(series) = self.raw.find(entry, raw) {
                     return Ok(series);
                 }
                 probe!("export.key_decoded");
@@ -1481,6 +1554,10 @@ struct Scrape {
     series_seen: Vec<u32>,
     values: Vec<Aggregate>,
     series_order: Vec<usize>,
+    /// The `series_order` the groups below were laid out from: a scrape that
+    /// met the same series in the same order (a store whose files kept their
+    /// entries) keeps them.
+    grouped: Vec<usize>,
     group_seen: Vec<u32>,
     /// Per group, while grouping: how many series it has, then where its
     /// next one goes in `members`.
@@ -1524,7 +1601,6 @@ impl Scrape {
             self.number = 1;
         }
         self.series_order.clear();
-        self.group_order.clear();
     }
 
     /// Folds the staged entries of one file, in order.
@@ -1612,8 +1688,15 @@ impl Scrape {
         }
     }
 
-    /// Groups this scrape's series, in order of first appearance.
+    /// Groups this scrape's series, in order of first appearance, unless
+    /// the last scrape grouped the same series in the same order (a series'
+    /// group never changes).
     fn group(&mut self, catalogue: &Catalogue) {
+        if self.series_order == self.grouped {
+            return;
+        }
+        self.grouped.clone_from(&self.series_order);
+        self.group_order.clear();
         let groups = catalogue.groups.len();
         self.group_seen.resize(groups, 0);
         self.group_start.resize(groups, 0);
@@ -1878,6 +1961,9 @@ impl FilePass<'_> {
                 anyhow!("the scrape's time budget ran out"),
             ));
         }
+        if let Some(staged) = self.replay(file) {
+            return Ok(staged);
+        }
         let mut tries = 0;
         loop {
             tries += 1;
@@ -1921,7 +2007,8 @@ impl FilePass<'_> {
             self.staged.truncate(start);
             return Err(failure);
         }
-        self.catalogue.raw.end_file(file.slot);
+        let clean = skipped.iter().all(|&n| n == 0);
+        self.catalogue.raw.end_file(file.slot, clean);
         for (reason, n) in EntrySkip::ALL.into_iter().zip(skipped) {
             if n > 0 {
                 *self.report.entries.entry(reason).or_default() += n;
@@ -1935,6 +2022,56 @@ impl FilePass<'_> {
                 .extend(details.into_iter().map(path_of));
         }
         Ok(start..self.staged.len())
+    }
+
+    /// Stages a kept file's entries without walking it, where that reads
+    /// what a walk would: its writers have all exited (so it is read without
+    /// its lock, [`FileReader::unlocked_map`]), it was last read whole with no
+    /// entry skipped, and its `used` and every entry's length and padded key
+    /// are still what they were, where they were. A walk finds its entries
+    /// by their lengths and its keys' series by a hint, one entry at a time;
+    /// this checks the same bytes, as the export floor does, and reads each
+    /// value where it was. `None` where it does not hold: the file is read
+    /// the usual way, which finds whatever changed.
+    fn replay(&mut self, file: &Listed) -> Option<std::ops::Range<usize>> {
+        let layout = self.catalogue.raw.layout(file.slot)?;
+        let map = self.reader.unlocked_map(self.metric, file)?;
+        let (raw, staged) = (&self.catalogue.raw, &mut *self.staged);
+        let start = staged.len();
+        let mut clock = ReadClock::new(Duration::ZERO, self.reader.deadline);
+        let replayed = mapguard::read_guarded(map, |map| {
+            let used = i32::from_le_bytes(map[..4].try_into().expect("4 bytes"));
+            let used = if used == 0 {
+                HEADER_SIZE
+            } else {
+                used as usize
+            };
+            if used != layout.end || used > map.len() {
+                return false;
+            }
+            for (&id, &at) in layout.ids.iter().zip(layout.starts) {
+                // In bounds: the entries tiled the file up to `end` when read.
+                let (at, padded) = (at as usize, raw.padded(id));
+                let key_at = at + 4;
+                let value_at = key_at + padded.len();
+                if map[at..key_at] != (padded.len() as u32).to_le_bytes()
+                    || map[key_at..value_at] != *padded
+                    || clock.tick(padded.len()).is_err()
+                {
+                    return false;
+                }
+                let value: [u8; 16] = map[value_at..value_at + 16].try_into().expect("16 bytes");
+                staged.push((raw.spans[id].series as u32, value));
+            }
+            true
+        });
+        if replayed != Ok(true) {
+            staged.truncate(start);
+            return None;
+        }
+        probe!("export.file_replayed");
+        self.catalogue.raw.last_read = Some(file.slot);
+        Some(start..self.staged.len())
     }
 
     fn skip(&mut self, file: &Listed, failure: FileFailure) {
@@ -2344,10 +2481,6 @@ mod tests {
         }
     }
 
-    /// A long-lived exporter with leases probes exited processes' files again
-    /// in turn (a new process given a dead one's pid may reopen one), but not
-    /// fold files, whose ids no process has: a folded store's warm scrape
-    /// opens no file.
     #[test]
     fn emptied_keeps_the_allocation() {
         let group = Group {
@@ -2362,6 +2495,10 @@ mod tests {
         assert_eq!((back.as_ptr() as usize, back.capacity()), (at, 100));
     }
 
+    /// A long-lived exporter with leases probes exited processes' files again
+    /// in turn (a new process given a dead one's pid may reopen one), but not
+    /// fold files, whose ids no process has: a folded store's warm scrape
+    /// opens no file.
     #[test]
     fn fold_files_are_not_probed_again() {
         let (dir, registry, _) = two_processes();
@@ -2393,5 +2530,59 @@ mod tests {
         );
         let mut folded = Exporter::new(dir.path(), registry, all);
         assert_eq!(reprobes(&mut folded), 0);
+    }
+
+    /// Exited processes' files are replayed (their entries staged from where
+    /// they were, keys compared, nothing walked) while each file's `used` and
+    /// keys stay put: a value changed in place is read, a file whose `used`
+    /// moved is walked again, and every scrape prints what a fresh baseline
+    /// export prints.
+    #[test]
+    fn exited_files_are_replayed_while_their_keys_stay_put() {
+        use std::os::unix::fs::FileExt;
+        let (dir, registry, _) = two_processes();
+        let all = StrategySet::combinations(Stage::Export)
+            .into_iter()
+            .max_by_key(|s| s.iter().count())
+            .unwrap();
+        let mut exporter = Exporter::new(dir.path(), registry.clone(), all);
+        let check = |exporter: &mut Exporter| {
+            let expected = export(dir.path(), &registry, StrategySet::NONE).unwrap();
+            let mut out = Vec::new();
+            let (result, counts) = counted(|| exporter.export_into(&mut out));
+            result.unwrap();
+            assert!(exporter.last_report().is_clean());
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&expected)
+            );
+            counts.get("export.file_replayed")
+        };
+        assert_eq!(check(&mut exporter), 0, "first read: walked");
+        assert_eq!(check(&mut exporter), 2);
+
+        // Written in place and closed (a file held open for writing has a
+        // writer, and is read under its lock).
+        let path = crate::storefile::file_path(dir.path(), "c_total", 1);
+        let write_at = |at: usize, bytes: &[u8]| {
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.write_all_at(bytes, at as u64).unwrap();
+        };
+        let bytes = std::fs::read(&path).unwrap();
+        let len = u32::from_le_bytes(bytes[HEADER_SIZE..HEADER_SIZE + 4].try_into().unwrap());
+        write_at(HEADER_SIZE + 4 + len as usize, &41.5f64.to_le_bytes());
+        assert_eq!(check(&mut exporter), 2, "a value changed in place");
+        assert!(export(dir.path(), &registry, StrategySet::NONE)
+            .unwrap()
+            .windows(5)
+            .any(|w| w == b"42.5\n"));
+
+        // The last entry given up: `used` moved, so that file is walked.
+        let bytes = std::fs::read(&path).unwrap();
+        let used = check_used(bytes[..4].try_into().unwrap(), bytes.len() as u64).unwrap();
+        let last = entries(&bytes, used).last().unwrap().unwrap().offset() as u32;
+        write_at(0, &last.to_le_bytes());
+        assert_eq!(check(&mut exporter), 1, "one file walked again");
+        assert_eq!(check(&mut exporter), 2, "and replayed after");
     }
 }
