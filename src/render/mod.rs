@@ -144,8 +144,10 @@ fn with_labels<'o>(
 
 /// One line of a group, up to its value: the prefix copied if the group's
 /// lines were rendered ([`rendered_lines`]: `line` is its index there),
-/// else `name<suffix>{labels[,le]} ` encoded now.
-#[inline]
+/// else `name<suffix>{labels[,le]} ` encoded now ([`encoded_sample`]).
+/// Always inlined, the encoding kept out of line: called as a function, its
+/// prologue and epilogue were a sixth of a prerendered line's instructions.
+#[inline(always)]
 fn sample<'f>(
     family: &'f mut FamilyEncoder<'_>,
     text: &RenderedText,
@@ -154,9 +156,21 @@ fn sample<'f>(
     suffix: &[u8],
     le: Option<&[u8]>,
 ) -> ValueEncoder<'f> {
-    if let Some(rendered) = &group.rendered {
-        return family.prerendered(text.line(rendered, line));
+    match &group.rendered {
+        Some(rendered) => family.prerendered(text.line(rendered, line)),
+        None => encoded_sample(family, text, group, suffix, le),
     }
+}
+
+/// [`sample`] of a group whose lines were not rendered.
+#[inline(never)]
+fn encoded_sample<'f>(
+    family: &'f mut FamilyEncoder<'_>,
+    text: &RenderedText,
+    group: &Group,
+    suffix: &[u8],
+    le: Option<&[u8]>,
+) -> ValueEncoder<'f> {
     let sample = with_labels(family.sample(suffix), text, group);
     match le {
         Some(le) => sample.label(b"le", le),
