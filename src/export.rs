@@ -2502,10 +2502,7 @@ mod tests {
     #[test]
     fn fold_files_are_not_probed_again() {
         let (dir, registry, _) = two_processes();
-        let all = StrategySet::combinations(Stage::Export)
-            .into_iter()
-            .max_by_key(|s| s.iter().count())
-            .unwrap();
+        let all = StrategySet::all().restrict(Stage::Export);
         let reprobes = |exporter: &mut Exporter| {
             scrape(exporter);
             (0..3)
@@ -2541,10 +2538,7 @@ mod tests {
     fn exited_files_are_replayed_while_their_keys_stay_put() {
         use std::os::unix::fs::FileExt;
         let (dir, registry, _) = two_processes();
-        let all = StrategySet::combinations(Stage::Export)
-            .into_iter()
-            .max_by_key(|s| s.iter().count())
-            .unwrap();
+        let all = StrategySet::all().restrict(Stage::Export);
         let mut exporter = Exporter::new(dir.path(), registry.clone(), all);
         let check = |exporter: &mut Exporter| {
             let expected = export(dir.path(), &registry, StrategySet::NONE).unwrap();
