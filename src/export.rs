@@ -1146,12 +1146,7 @@ struct RawKeys {
     /// not read before is hinted by the one read just before it, as processes
     /// running the same code often write the same keys in the same order.
     /// Hints are only guesses: every key is compared in full.
-    files: Vec<Vec<usize>>,
-    /// Per file, beside `files`: where each entry starts (its length field),
-    /// and where the last one ends if the file was last read whole with no
-    /// entry skipped. What [`FilePass::replay`] checks a file against.
-    starts: Vec<Vec<u32>>,
-    ends: Vec<Option<u32>>,
+    files: Vec<FileKeys>,
     /// The file read last in this scrape.
     last_read: Option<u32>,
     hint: Vec<usize>,
@@ -1159,13 +1154,17 @@ struct RawKeys {
     this_starts: Vec<u32>,
 }
 
-/// A file's entries as last read: [`RawKeys::layout`].
-struct Layout<'a> {
-    /// Raw-key ids and where their entries start, entry by entry.
-    ids: &'a [usize],
-    starts: &'a [u32],
-    /// Where the last entry ends: the file's `used` then.
-    end: usize,
+/// One file's raw keys as of its last read.
+#[derive(Default)]
+struct FileKeys {
+    /// Raw-key ids by entry ordinal.
+    ids: Vec<usize>,
+    /// Where each entry starts (its length field), ordinal for ordinal.
+    starts: Vec<u32>,
+    /// Where the last entry ends, if the file was read whole with no entry
+    /// skipped: with `ids` and `starts`, what [`FilePass::replay`] checks the
+    /// file against.
+    end: Option<u32>,
 }
 
 struct RawKey {
@@ -1186,17 +1185,21 @@ impl RawKeys {
     fn start_file(&mut self, slot: u32) {
         let slot = slot as usize;
         if self.files.len() <= slot {
-            self.files.resize_with(slot + 1, Vec::new);
+            self.files.resize_with(slot + 1, FileKeys::default);
         }
-        // The file's own list of the last read is its hint, and its buffer
-        // takes this read's ids: a warm scrape moves id lists, not copies.
-        let own = std::mem::take(&mut self.files[slot]);
+        // The file's own list of the last read is its hint, and its buffers
+        // take this read's ids and starts: a warm scrape moves lists, not copies.
+        let file = &mut self.files[slot];
+        let own = std::mem::take(&mut file.ids);
+        self.this_starts = std::mem::take(&mut file.starts);
+        self.this_starts.clear();
+        file.end = None;
         let spare = if own.is_empty() {
             // Not read before (or empty): hinted by the file read just before.
             let mut hint = std::mem::take(&mut self.this_file);
             hint.clear();
             if let Some(last) = self.last_read {
-                hint.extend_from_slice(&self.files[last as usize]);
+                hint.extend_from_slice(&self.files[last as usize].ids);
             }
             std::mem::replace(&mut self.hint, hint)
         } else {
@@ -1204,57 +1207,35 @@ impl RawKeys {
         };
         self.this_file = spare;
         self.this_file.clear();
-        if self.starts.len() <= slot {
-            self.starts.resize_with(slot + 1, Vec::new);
-            self.ends.resize(slot + 1, None);
-        }
-        self.this_starts = std::mem::take(&mut self.starts[slot]);
-        self.this_starts.clear();
-        self.ends[slot] = None;
     }
 
-    /// The file at `slot` was read whole; `clean` if no entry was skipped
-    /// (only then is its layout one a scrape may replay).
-    fn end_file(&mut self, slot: u32, clean: bool) {
-        let slot_at = slot as usize;
-        let ids = std::mem::take(&mut self.this_file);
-        self.files[slot_at] = ids;
-        let end = match self.this_starts.last() {
-            Some(&start) => {
-                let id = self.files[slot_at][self.files[slot_at].len() - 1];
-                start as usize + 4 + self.spans[id].padded_len + 16
-            }
-            None => HEADER_SIZE,
+    /// The file at `slot` was read whole; `replayable` if its layout is one
+    /// a scrape may replay (no entry skipped, every key found here).
+    fn end_file(&mut self, slot: u32, replayable: bool) {
+        let end = match (self.this_file.last(), self.this_starts.last()) {
+            (Some(&id), Some(&start)) => start as usize + 4 + self.spans[id].padded_len + 16,
+            _ => HEADER_SIZE,
         };
-        let recorded = self.this_starts.len() == self.files[slot_at].len();
-        self.ends[slot_at] = (clean && recorded)
-            .then(|| u32::try_from(end).ok())
-            .flatten();
-        self.starts[slot_at] = std::mem::take(&mut self.this_starts);
+        self.files[slot as usize] = FileKeys {
+            ids: std::mem::take(&mut self.this_file),
+            starts: std::mem::take(&mut self.this_starts),
+            end: replayable.then(|| u32::try_from(end).ok()).flatten(),
+        };
         self.last_read = Some(slot);
     }
 
     /// A file's slot was released: its hints and layout go.
     fn forget(&mut self, slot: u32) {
-        if let Some(ids) = self.files.get_mut(slot as usize) {
-            *ids = Vec::new();
-        }
-        if let Some(starts) = self.starts.get_mut(slot as usize) {
-            *starts = Vec::new();
-            self.ends[slot as usize] = None;
+        if let Some(file) = self.files.get_mut(slot as usize) {
+            *file = FileKeys::default();
         }
     }
 
-    /// The layout of the file at `slot` as last read, if it was read whole
-    /// with no entry skipped.
-    fn layout(&self, slot: u32) -> Option<Layout<'_>> {
-        let slot = slot as usize;
-        let end = (*self.ends.get(slot)?)? as usize;
-        Some(Layout {
-            ids: &self.files[slot],
-            starts: &self.starts[slot],
-            end,
-        })
+    /// The layout of the file at `slot` as last read, if replayable.
+    fn layout(&self, slot: u32) -> Option<&FileKeys> {
+        self.files
+            .get(slot as usize)
+            .filter(|file| file.end.is_some())
     }
 
     /// Records that entry's key as the raw key `id`, met at the next ordinal.
@@ -2007,8 +1988,10 @@ impl FilePass<'_> {
             self.staged.truncate(start);
             return Err(failure);
         }
-        let clean = skipped.iter().all(|&n| n == 0);
-        self.catalogue.raw.end_file(file.slot, clean);
+        // Only keys found through `RawKeys` are recorded where they stood.
+        let replayable = skipped.iter().all(|&n| n == 0)
+            && matches!(self.catalogue.decode, KeyDecode::OncePerRawKey(_));
+        self.catalogue.raw.end_file(file.slot, replayable);
         for (reason, n) in EntrySkip::ALL.into_iter().zip(skipped) {
             if n > 0 {
                 *self.report.entries.entry(reason).or_default() += n;
@@ -2039,17 +2022,13 @@ impl FilePass<'_> {
         let (raw, staged) = (&self.catalogue.raw, &mut *self.staged);
         let start = staged.len();
         let mut clock = ReadClock::new(Duration::ZERO, self.reader.deadline);
+        let end = layout.end.map(|end| end as usize);
         let replayed = mapguard::read_guarded(map, |map| {
-            let used = i32::from_le_bytes(map[..4].try_into().expect("4 bytes"));
-            let used = if used == 0 {
-                HEADER_SIZE
-            } else {
-                used as usize
-            };
-            if used != layout.end || used > map.len() {
+            let header = map[..4].try_into().expect("4 bytes");
+            if check_used(header, map.len() as u64).ok() != end {
                 return false;
             }
-            for (&id, &at) in layout.ids.iter().zip(layout.starts) {
+            for (&id, &at) in layout.ids.iter().zip(&layout.starts) {
                 // In bounds: the entries tiled the file up to `end` when read.
                 let (at, padded) = (at as usize, raw.padded(id));
                 let key_at = at + 4;
