@@ -90,6 +90,10 @@ pub(crate) struct FileSet {
     sources_stale: bool,
     /// A watched store's fold lock file, kept open.
     fold_lock: Option<std::sync::Arc<std::fs::File>>,
+    /// Counts listings and applied events: while it stays the same, so do
+    /// the files of every metric, their slots and inodes, and whether the
+    /// store is folded ([`FileSet::generation`]).
+    generation: u64,
 }
 
 impl FileSet {
@@ -116,6 +120,7 @@ impl FileSet {
             excluded: HashMap::new(),
             sources_stale: true,
             fold_lock: None,
+            generation: 0,
         }
     }
 
@@ -183,6 +188,14 @@ impl FileSet {
         (&self.files[index], &self.excluded)
     }
 
+    /// Changes whenever the listing may have: each listing (a baseline or
+    /// `single-read` store is listed every scrape, so this changes every
+    /// scrape) and each watched change. A scrape that finds it as it was
+    /// lists exactly the files the last one did.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// (metric, slot) released since the last call (files gone or replaced).
     pub(crate) fn take_released(&mut self) -> std::vec::Drain<'_, (usize, u32)> {
         self.released.drain(..)
@@ -194,8 +207,9 @@ impl FileSet {
         self.writer_closed.drain(..)
     }
 
-    fn read_dir(&self) -> Result<std::fs::ReadDir> {
+    fn read_dir(&mut self) -> Result<std::fs::ReadDir> {
         crate::probe::probe!("export.dir_listed");
+        self.generation += 1;
         std::fs::read_dir(&self.dir)
             .with_context(|| format!("cannot read store directory {}", self.dir.display()))
     }
@@ -332,6 +346,7 @@ impl FileSet {
     }
 
     fn apply(&mut self, change: Change) {
+        self.generation += 1;
         match change {
             Change::Appeared(name) => {
                 self.sources_stale = true;
