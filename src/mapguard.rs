@@ -151,6 +151,7 @@ pub struct GuardedReads {
 
 impl GuardedReads {
     /// [`read_guarded`] of `region`.
+    #[inline]
     pub fn read<T>(
         &mut self,
         region: &[u8],

@@ -37,10 +37,10 @@ const MIN_FIXED_DECPT: i32 = -3;
 #[inline]
 pub fn write_line(out: &mut Vec<u8>, v: f64) {
     match small_integer(v) {
-        // -0.0 is integral too, but prints its sign: `write` has it.
+        // -0.0 is integral too, but prints its sign: `write_other` has it.
         Some(n) if v.to_bits() != (-0.0f64).to_bits() => write_integral_line(out, n),
         _ => {
-            write(out, v);
+            write_other(out, v);
             out.push(b'\n');
         }
     }
@@ -64,17 +64,27 @@ fn write_integral_line(out: &mut Vec<u8>, n: i64) {
     out.extend_from_slice(b".0\n");
 }
 
-/// Appends Ruby's `Float#to_s` of `v` to `out` (fast path).
-#[inline]
+/// Appends Ruby's `Float#to_s` of `v` to `out` (fast path). An integral
+/// value (most of a store's: counts, buckets) is written in line, any other
+/// by a call: inlined whole, a plan's scrape of 2,100 values spent a fifth
+/// of its instructions calling it.
+#[inline(always)]
 pub fn write(out: &mut Vec<u8>, v: f64) {
-    if let Some(n) = small_integer(v) {
-        if v == 0.0 && v.is_sign_negative() {
-            out.extend_from_slice(b"-0.0");
-            return;
+    match small_integer(v) {
+        Some(n) if v.to_bits() != (-0.0f64).to_bits() => {
+            let mut buf = itoa::Buffer::new();
+            out.extend_from_slice(buf.format(n).as_bytes());
+            out.extend_from_slice(b".0");
         }
-        let mut buf = itoa::Buffer::new();
-        out.extend_from_slice(buf.format(n).as_bytes());
-        out.extend_from_slice(b".0");
+        _ => write_other(out, v),
+    }
+}
+
+/// [`write`] of a value that is not a small integer (or is -0.0).
+#[inline(never)]
+fn write_other(out: &mut Vec<u8>, v: f64) {
+    if v.to_bits() == (-0.0f64).to_bits() {
+        out.extend_from_slice(b"-0.0");
         return;
     }
     if !v.is_finite() {
