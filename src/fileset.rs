@@ -125,20 +125,26 @@ impl FileSet {
     }
 
     /// Brings the file set up to date for a scrape (per metric, the baseline
-    /// lists in [`FileSet::files_of`] instead), and returns the fold lock
-    /// when the store was folded.
-    pub(crate) fn begin_scrape(&mut self) -> Result<Option<fold::SharedLock>> {
+    /// lists in [`FileSet::list`] instead).
+    pub(crate) fn update(&mut self) -> Result<()> {
         match self.listing {
             Listing::PerMetric => {
                 self.folded = self.dir.join(fold::FOLD_DIR).is_dir();
+                Ok(())
             }
-            Listing::OncePerScrape => self.list_all()?,
-            Listing::Watched => self.follow()?,
+            Listing::OncePerScrape => self.list_all(),
+            Listing::Watched => self.follow(),
         }
+    }
+
+    /// After [`FileSet::update`]: the fold lock, held shared for a scrape
+    /// that reads the listed files, when the store was folded, and the files
+    /// to leave out ([`FileSet::view`]) brought up to date under it.
+    pub(crate) fn lock_for_scrape(&mut self) -> Option<fold::SharedLock> {
         if !self.folded {
             self.fold_lock = None;
             self.excluded.clear();
-            return Ok(None);
+            return None;
         }
         let lock = self.take_fold_lock();
         if lock.is_none() {
@@ -148,7 +154,7 @@ impl FileSet {
             self.excluded = fold::committed_sources(&self.dir);
             self.sources_stale = false;
         }
-        Ok(lock)
+        lock
     }
 
     /// The fold lock, shared. A watched store keeps its descriptor (the
@@ -169,7 +175,7 @@ impl FileSet {
     }
 
     /// Lists metric `index`'s files, if the listing is per metric (the
-    /// others listed them in [`FileSet::begin_scrape`]).
+    /// others listed them in [`FileSet::update`]).
     pub(crate) fn list(&mut self, index: usize) -> Result<()> {
         if self.listing == Listing::PerMetric {
             self.list_metric(index)?;

@@ -62,6 +62,7 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
@@ -250,6 +251,10 @@ struct FileReader {
     coarse_deadline: Option<Duration>,
     /// Time spent waiting for locks since the exporter last took it.
     lock_waited: Duration,
+    /// Counts changes to kept files that a scrape plan depends on: a file
+    /// forgotten, read the usual way (mapped again, its writers probed), or
+    /// its writers' state changed ([`FileReader::changes`]).
+    changes: u64,
 }
 
 /// The coarse monotonic clock (the kernel's last tick, a few ms old):
@@ -267,8 +272,10 @@ fn coarse_now() -> Duration {
 struct KeptFile {
     /// The inode the listing gave for the slot.
     ino: u64,
-    /// `None` while the file is shorter than a header.
-    map: Option<memmap2::Mmap>,
+    /// `None` while the file is shorter than a header. Shared with a
+    /// scrape plan that reads it ([`plan`]), which keeps it mapped while it
+    /// holds it.
+    map: Option<Arc<memmap2::Mmap>>,
     /// Kept while the file's writer may be live (its lock is taken every scrape).
     fd: Option<KeptFd>,
     writers: Writers,
@@ -424,6 +431,7 @@ impl FileReader {
             deadline: far_future(),
             coarse_deadline: None,
             lock_waited: Duration::ZERO,
+            changes: 0,
         }
     }
 
@@ -496,7 +504,7 @@ impl FileReader {
             let used = i32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
             if n == FIRST && used as usize > FIRST {
                 if used as usize > SMALL {
-                    return walk_mapped(file, &map_file(file)?, clock, visit);
+                    return walk_mapped(file, map_file(file)?.as_ref(), clock, visit);
                 }
                 buf.resize(used as usize, 0);
                 n += pread(&mut buf[FIRST..], FIRST)?;
@@ -511,6 +519,7 @@ impl FileReader {
 
     /// Forgets a file the listing no longer has at that slot (deleted or replaced).
     fn forget(&mut self, metric: usize, slot: u32) {
+        self.changes += 1;
         let kept = self
             .kept
             .get_mut(metric)
@@ -531,6 +540,7 @@ impl FileReader {
         if let Some(Some(kept)) = kept {
             if kept.writers != Writers::None {
                 kept.writers = Writers::Unknown;
+                self.changes += 1;
             }
         }
     }
@@ -539,13 +549,14 @@ impl FileReader {
     /// which [`FileReader::read_kept`] reads without its lock.
     fn unlocked_map(&self, metric: usize, listed: &Listed) -> Option<&memmap2::Mmap> {
         self.exited(metric, listed.slot, listed.ino)?
+            .map(|map| &**map)
     }
 
     /// The kept file at `slot` of `metric`, if it is still inode `ino` and
     /// its writers have all exited (`Leases`): its mapping, read without its
     /// lock (`None` inside: it exited before writing a header, so it holds
     /// nothing, for ever).
-    fn exited(&self, metric: usize, slot: u32, ino: u64) -> Option<Option<&memmap2::Mmap>> {
+    fn exited(&self, metric: usize, slot: u32, ino: u64) -> Option<Option<&Arc<memmap2::Mmap>>> {
         if self.read != FileRead::KeptMapped || self.liveness != Liveness::Leases {
             return None;
         }
@@ -554,6 +565,12 @@ impl FileReader {
             return None;
         }
         Some(kept.map.as_ref())
+    }
+
+    /// Changes whenever a kept file may have: while it stays the same, every
+    /// kept file is the inode, mapping and writers' state it was.
+    fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// `Leases`: a few exited files are probed again each scrape, in turn;
@@ -587,6 +604,9 @@ impl FileReader {
                 probe!("export.exited_reprobed");
                 kept.writers = liveness::probe(&file);
                 kept.probed = self.scrape;
+                if kept.writers != Writers::None {
+                    self.changes += 1;
+                }
             }
         }
     }
@@ -600,6 +620,8 @@ impl FileReader {
         clock: &mut ReadClock,
         visit: &mut impl FnMut(Entry<'_>),
     ) -> FileResult<()> {
+        // Whatever follows may map the file again or find a writer.
+        self.changes += 1;
         let slot = listed.slot as usize;
         if self.kept.len() <= metric {
             self.kept.resize_with(metric + 1, Vec::new);
@@ -632,7 +654,7 @@ impl FileReader {
             self.fds += 1;
             self.kept[metric][slot] = Some(KeptFile {
                 ino: listed.ino,
-                map,
+                map: map.map(Arc::new),
                 fd: Some(KeptFd::new(file)),
                 writers: Writers::Unknown,
                 probed: 0,
@@ -722,7 +744,7 @@ fn read_kept_locked(
     let map = &mut kept.map;
     let result = (|| {
         if map.is_none() {
-            *map = map_file(file)?;
+            *map = map_file(file)?.map(Arc::new);
             if map.is_some() {
                 KEPT_MAPS.fetch_add(1, Ordering::Relaxed);
             }
@@ -732,17 +754,17 @@ fn read_kept_locked(
         };
         match walk_kept(mapped, clock, visit)? {
             KeptWalk::Done => Ok(()),
-            KeptWalk::Unguarded => walk_mapped(file, map, clock, visit),
+            KeptWalk::Unguarded => walk_mapped(file, map.as_deref(), clock, visit),
             KeptWalk::Grew => {
                 // Writers grow a file by doubling it: map it again, at the
                 // size read under the lock.
                 *map = None;
                 KEPT_MAPS.fetch_sub(1, Ordering::Relaxed);
-                *map = map_file(file)?;
+                *map = map_file(file)?.map(Arc::new);
                 if map.is_some() {
                     KEPT_MAPS.fetch_add(1, Ordering::Relaxed);
                 }
-                walk_mapped(file, map, clock, visit)
+                walk_mapped(file, map.as_deref(), clock, visit)
             }
         }
     })();
@@ -895,7 +917,7 @@ fn map_file(file: &File) -> FileResult<Option<memmap2::Mmap>> {
 /// Walks a mapped file's used region, guarded against the file shrinking.
 fn walk_mapped(
     file: &File,
-    map: &Option<memmap2::Mmap>,
+    map: Option<&memmap2::Mmap>,
     clock: &mut ReadClock,
     visit: &mut impl FnMut(Entry<'_>),
 ) -> FileResult<()> {
@@ -2160,7 +2182,8 @@ impl Exporter {
     pub fn values(&mut self, def_index: usize) -> Result<MetricValues<'_>> {
         self.report.clear();
         let deadline = self.start_clocks();
-        let _fold_lock = self.begin_scrape()?;
+        self.begin_scrape()?;
+        let _fold_lock = self.files.lock_for_scrape();
         self.scrape(def_index, deadline)?;
         let state = &self.metrics[def_index];
         Ok(metric_values(
@@ -2275,10 +2298,15 @@ impl Exporter {
         out.clear();
         self.report.clear();
         let deadline = self.start_clocks();
-        let _fold_lock = self.begin_scrape()?;
+        self.begin_scrape()?;
+        // Without the fold lock: a plan reads only the files it holds
+        // mapped, whose bytes a fold does not change (it renames a new fold
+        // file in and its sources out), so a fold under way leaves it the
+        // store as it was before the fold.
         if self.run_plan(out) {
             return Ok(());
         }
+        let _fold_lock = self.files.lock_for_scrape();
         for i in 0..self.registry.metrics.len() {
             self.scrape(i, deadline)?;
             let (def, state) = (&self.registry.metrics[i], &self.metrics[i]);
@@ -2315,11 +2343,11 @@ impl Exporter {
     }
 
     /// Brings the file set up to date; the reader forgets files gone or
-    /// replaced. Holds the fold lock (shared) for the scrape, if the store
-    /// was folded.
-    fn begin_scrape(&mut self) -> Result<Option<crate::fold::SharedLock>> {
+    /// replaced. A scrape that reads the listing then holds the fold lock
+    /// ([`FileSet::lock_for_scrape`]).
+    fn begin_scrape(&mut self) -> Result<()> {
         self.reader.start_scrape();
-        let lock = self.files.begin_scrape()?;
+        self.files.update()?;
         for (metric, slot) in self.files.take_released() {
             self.reader.forget(metric, slot);
             self.metrics[metric].catalogue.raw.forget(slot);
@@ -2327,7 +2355,7 @@ impl Exporter {
         for (metric, slot) in self.files.take_writer_closed() {
             self.reader.writer_closed(metric, slot);
         }
-        Ok(lock)
+        Ok(())
     }
 }
 

@@ -96,6 +96,10 @@ pub struct ExportFloor {
     files: Vec<FloorFile>,
     /// Per file: what the floor checks in it.
     plans: Vec<FilePlan>,
+    /// Every file's entries, file after file (one buffer, read front to
+    /// back: a vector per file was a cache miss per file on a cold scrape,
+    /// which a scrape by promlab's plan, one buffer too, did not pay).
+    entries: Vec<FloorEntry>,
     distinct: Vec<u8>,
     exposition: Vec<u8>,
     /// Writes the exposition, each value formatted.
@@ -122,12 +126,19 @@ pub fn map_budget() -> usize {
         .map_or(16_382, |max| max / 4)
 }
 
-/// One store file as the floor built: its header's `used`, and per entry
-/// where its length starts in the file, where its bytes (length and padded
-/// key) start in `ExportFloor::distinct`, and how many there are.
+/// One store file as the floor built: its header's `used`, and where its
+/// entries are in `ExportFloor::entries`.
 struct FilePlan {
     used: i32,
-    entries: Vec<(usize, usize, usize)>,
+    entries: std::ops::Range<usize>,
+}
+
+/// One entry: where its length starts in the file, where its bytes (length
+/// and padded key) start in `ExportFloor::distinct`, and how many there are.
+struct FloorEntry {
+    at: u32,
+    start: u32,
+    len: u32,
 }
 
 impl ExportFloor {
@@ -150,6 +161,7 @@ impl ExportFloor {
         let budget = files_to_map;
         let mut files = Vec::new();
         let mut plans = Vec::new();
+        let mut entries = Vec::new();
         let mut distinct = Vec::new();
         let mut starts: HashMap<Vec<u8>, usize> = HashMap::new();
         for path in paths.iter().filter(|p| p.is_file()) {
@@ -160,7 +172,7 @@ impl ExportFloor {
                 .with_context(|| format!("cannot map {}", path.display()))?;
             let used = used_region(&map).len();
             let header = header(&map);
-            let mut plan = Vec::new();
+            let first = entries.len();
             for entry in promlab::storefile::entries(&map, used) {
                 let entry = entry.with_context(|| format!("{}", path.display()))?;
                 let at = entry.value_offset - entry.padded_key.len() - 4;
@@ -169,11 +181,15 @@ impl ExportFloor {
                     distinct.extend_from_slice(bytes);
                     distinct.len() - bytes.len()
                 });
-                plan.push((at, start, bytes.len()));
+                entries.push(FloorEntry {
+                    at: u32::try_from(at)?,
+                    start: u32::try_from(start)?,
+                    len: u32::try_from(bytes.len())?,
+                });
             }
             plans.push(FilePlan {
                 used: header,
-                entries: plan,
+                entries: first..entries.len(),
             });
             files.push(if files.len() < budget {
                 FloorFile::Mapped(map)
@@ -184,6 +200,7 @@ impl ExportFloor {
         Ok(ExportFloor {
             files,
             plans,
+            entries,
             distinct,
             render: RenderFloor::new(&exposition),
             exposition,
@@ -225,7 +242,9 @@ impl ExportFloor {
             if header(bytes) != plan.used {
                 bail!("a store file's used size changed under the floor");
             }
-            for &(at, start, len) in &plan.entries {
+            for entry in &self.entries[plan.entries.clone()] {
+                let (at, start, len) =
+                    (entry.at as usize, entry.start as usize, entry.len as usize);
                 if bytes[at..at + len] != self.distinct[start..start + len] {
                     bail!("a store entry changed under the floor");
                 }
