@@ -227,6 +227,12 @@ impl ExportFloor {
 
     /// One scrape; fails if the store changed since the floor was built.
     pub fn run(&mut self) -> Result<&[u8]> {
+        self.check()?;
+        Ok(self.render.run())
+    }
+
+    /// Every file's `used` and entries compared, every value read.
+    fn check(&mut self) -> Result<()> {
         let mut sum = 0.0f64;
         for (file, plan) in self.files.iter().zip(&self.plans) {
             let bytes: &[u8] = match file {
@@ -253,7 +259,14 @@ impl ExportFloor {
             }
         }
         black_box(sum);
-        Ok(self.render.run())
+        Ok(())
+    }
+
+    /// [`ExportFloor::run`] into `out` (see [`RenderFloor::run_into`]).
+    pub fn run_into(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        self.check()?;
+        self.render.run_into(out);
+        Ok(())
     }
 }
 
@@ -333,24 +346,25 @@ impl RenderFloor {
         self.lines
     }
 
+    /// One scrape into the floor's own buffer.
     pub fn run(&mut self) -> &[u8] {
-        // `out` is as long as the longest scrape (every value at its longest
-        // form), written from the start: each copy is one bounds check and a
-        // `memcpy`, with no growth check.
-        let bound = self.text.len() + self.values.len() * MAX_VALUE_LEN;
-        if self.out.len() < bound {
-            self.out.resize(bound, 0);
-        }
-        let out = &mut self.out[..];
-        let mut at = 0;
-        let mut put = |bytes: &[u8]| {
-            out[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
-        };
+        let mut out = std::mem::take(&mut self.out);
+        self.run_into(&mut out);
+        self.out = out;
+        &self.out
+    }
+
+    /// One scrape into `out` (cleared first). The ablation passes the buffer
+    /// its arms scrape into, so the floor's writes meet the caches theirs do:
+    /// in a buffer of its own, cold after the other arms' runs, the export
+    /// floor measured slower than a scrape that did more (seed-repro, issue 26).
+    pub fn run_into(&mut self, out: &mut Vec<u8>) {
+        out.clear();
+        out.reserve(self.text.len() + self.values.len() * MAX_VALUE_LEN);
         let mut start = 0;
         let (mut ints, mut floats) = (itoa::Buffer::new(), ryu::Buffer::new());
         for (&end, &value) in self.ends.iter().zip(&self.values) {
-            put(&self.text[start..end as usize]);
+            out.extend_from_slice(&self.text[start..end as usize]);
             start = end as usize;
             // An integral value as an integer and `.0` (what `ryu` prints for
             // it, without its general path; a cast round trip tests that
@@ -360,14 +374,13 @@ impl RenderFloor {
                 && (value as i64) as f64 == value
                 && value.to_bits() != (-0.0f64).to_bits()
             {
-                put(ints.format(value as i64).as_bytes());
-                put(b".0");
+                out.extend_from_slice(ints.format(value as i64).as_bytes());
+                out.extend_from_slice(b".0");
             } else {
-                put(floats.format(value).as_bytes());
+                out.extend_from_slice(floats.format(value).as_bytes());
             }
         }
-        put(&self.text[start..]);
-        &self.out[..at]
+        out.extend_from_slice(&self.text[start..]);
     }
 }
 

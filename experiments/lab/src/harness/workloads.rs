@@ -217,13 +217,15 @@ impl Export {
 
 /// An export floor's scrape: its bytes where they are the exposition's,
 /// else its lines (its values printed in their shortest form, not Ruby's).
-fn floor_output(floor: &mut super::floor::ExportFloor) -> Result<Output<'_>> {
-    let (same_bytes, lines) = (floor.same_bytes(), floor.lines());
-    let bytes = floor.run()?;
-    Ok(if same_bytes {
-        Output::Bytes(bytes)
+fn floor_output<'a>(
+    floor: &mut super::floor::ExportFloor,
+    out: &'a mut Vec<u8>,
+) -> Result<Output<'a>> {
+    floor.run_into(out)?;
+    Ok(if floor.same_bytes() {
+        Output::Bytes(out)
     } else {
-        Output::Units(lines)
+        Output::Units(floor.lines())
     })
 }
 
@@ -314,7 +316,7 @@ impl Workload for Export {
 
     /// Every store file's used region read once, and the exposition written.
     fn floor(&mut self) -> Result<Output<'_>> {
-        floor_output(&mut self.floor)
+        floor_output(&mut self.floor, &mut self.out)
     }
 
     fn extra_floors(&self) -> Vec<&'static str> {
@@ -340,7 +342,10 @@ impl Workload for Export {
             let dir = self.folded()?.to_path_buf();
             self.floor_folded = Some(super::floor::ExportFloor::new(&dir, text)?);
         }
-        floor_output(self.floor_folded.as_mut().expect("made above"))
+        floor_output(
+            self.floor_folded.as_mut().expect("made above"),
+            &mut self.out,
+        )
     }
 
     /// An arm that reads the folded copy is held to its floor.
@@ -493,11 +498,12 @@ impl Workload for Render {
             // A scrape's lines are the units, whether the floor runs first or not.
             self.body = body;
         }
+        // Into the arms' buffer (see `RenderFloor::run_into`).
         let floor = self.floor.as_mut().expect("built above");
+        floor.run_into(&mut self.body);
         if floor.same_bytes {
-            Ok(Output::Bytes(floor.run()))
+            Ok(Output::Bytes(&self.body))
         } else {
-            floor.run();
             Ok(Output::Units(floor.lines()))
         }
     }
