@@ -168,13 +168,7 @@ impl GuardedReads {
                 Access::Read,
             )?),
         };
-        compiler_fence(Ordering::SeqCst);
-        let out = read(region);
-        if guard.faulted() {
-            Err(Unguarded::Faulted)
-        } else {
-            Ok(out)
-        }
+        read_under(guard, region, read)
     }
 }
 
@@ -231,6 +225,17 @@ fn take_slot() -> Option<&'static Slot> {
 /// returns or panics.
 pub fn read_guarded<T>(region: &[u8], read: impl FnOnce(&[u8]) -> T) -> Result<T, Unguarded> {
     let guard = Guard::register(region.as_ptr(), region.len(), Access::Read)?;
+    read_under(&guard, region, read)
+}
+
+/// `read` of `region`, which `guard` covers: `Err(Faulted)` if a page of it
+/// was missing.
+#[inline]
+fn read_under<T>(
+    guard: &Guard,
+    region: &[u8],
+    read: impl FnOnce(&[u8]) -> T,
+) -> Result<T, Unguarded> {
     compiler_fence(Ordering::SeqCst);
     let out = read(region);
     if guard.faulted() {
