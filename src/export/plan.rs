@@ -11,10 +11,12 @@
 //! cumulative bucket or total, a summary's missing sum or count).
 //!
 //! The next scrape runs the plan instead while the listing is what it was
-//! ([`FileSet::generation`]): each file's kept mapping must still be the same
-//! inode with no writer, its `used` where it was, and every entry's length
-//! and padded key the bytes they were, where they were — what
-//! [`FilePass::replay`] checks, so the plan reads what a walk would. It
+//! ([`FileSet::generation`]) and the reader has changed no kept file (each
+//! is still the same inode and mapping with no writer,
+//! [`FileReader::changes`]); in each file, its `used` must be where it was,
+//! and every entry's length and padded key the bytes they were, where they
+//! were — what [`FilePass::replay`] checks, so the plan reads what a walk
+//! would. It
 //! folds each value into its series' aggregate in file order (the scrape's
 //! fold), works out the printed values as `Scrape::fold_histograms` does,
 //! and writes the text around them. Which series, groups and lines the
@@ -30,6 +32,7 @@
 //! [`FileKeys`]: super::FileKeys
 //! [`FilePass::replay`]: super::FilePass::replay
 //! [`FileSet::generation`]: crate::fileset::FileSet::generation
+//! [`FileReader::changes`]: super::FileReader::changes
 
 use super::{Aggregate, Exporter, FileReader, SlotRole};
 use crate::mapguard;
