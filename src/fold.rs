@@ -53,9 +53,11 @@
 //! [`recover`] finishes or undoes a batch a crash (SIGKILL) interrupted: a
 //! journal whose new file is in place (same inode) is rolled forward, any
 //! other is undone, so no value is lost or counted twice. promlab's
-//! exporters take the fold lock shared for a scrape and leave out the
-//! sources of a committed journal still in place ([`committed_sources`]), so
-//! they never see a half-done batch; client_ruby's exporter does not know
+//! exporters take the fold lock shared for a scrape that reads the listing
+//! and leave out the sources of a committed journal still in place
+//! ([`committed_sources`]), so they never see a half-done batch (a scrape by
+//! a plan reads only files it holds mapped, which a batch does not change,
+//! and takes no lock); client_ruby's exporter does not know
 //! the lock (see the dossier, `strategies/fold-exited.md`, for what it may
 //! see during a fold).
 
