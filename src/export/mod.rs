@@ -578,7 +578,7 @@ impl FileReader {
     /// reopened it) is read under its lock again. Fold files are not: their
     /// ids are never pids ([`storefile::is_fold_id`], marked when listed), so
     /// no writer opens one (a fold replaces them by rename, under the fold
-    /// lock this scrape holds), and a folded store's scrape would otherwise
+    /// lock), and a folded store's scrape would otherwise
     /// pay a probe (an open, two lease calls, a close) per metric.
     fn reprobe_exited(&mut self, dir: &Path, metric: usize, files: &[Listed], cursor: &mut usize) {
         if self.liveness != Liveness::Leases || files.is_empty() {

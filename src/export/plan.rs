@@ -145,7 +145,7 @@ impl ScrapePlan {
     /// Writes the plan of the scrape `exporter` just did, which printed
     /// `out`; `None` where that scrape cannot be replayed as a whole.
     pub(super) fn build(exporter: &Exporter, out: &[u8]) -> Option<ScrapePlan> {
-        if !exporter.report.is_clean() {
+        if !exporter.report.is_clean() || !Self::replayable(exporter) {
             return None;
         }
         let mut plan = ScrapePlan {
@@ -299,6 +299,25 @@ impl ScrapePlan {
         plan.cut(out)?;
         let mut again = Vec::with_capacity(out.len());
         (plan.run(&exporter.reader, &mut again) && again == out).then_some(plan)
+    }
+
+    /// Whether every listed file of the scrape just done can be replayed (its
+    /// layout recorded, its writers exited) and none is left out: checked
+    /// file by file before anything is built, so a store with a live writer
+    /// (a sidecar's usual store) pays a look at its files up to the first
+    /// such, not a plan built up to it, every scrape.
+    fn replayable(exporter: &Exporter) -> bool {
+        exporter.metrics.iter().enumerate().all(|(metric, state)| {
+            let (files, excluded) = exporter.files.view(metric);
+            excluded.is_empty()
+                && files.iter().all(|file| {
+                    state.catalogue.raw.layout(file.slot).is_some()
+                        && exporter
+                            .reader
+                            .exited(metric, file.slot, file.ino)
+                            .is_some()
+                })
+        })
     }
 
     /// Cuts `out` around its values (each sample line's last word) into
