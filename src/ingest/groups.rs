@@ -22,13 +22,12 @@
 //! of their limit), at a window's close, with every lane stopped.
 
 use super::plan::Aggregation;
-use super::window::{parse_group_key, Capacity, Held};
-use std::collections::HashMap;
+use super::window::{group_key_values, unescape_group_value, Capacity, Held};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Bytes a group is counted against `group_bytes` beyond twice its key (held
-/// as the map's key and as its labels): its entry in the map and in the group
-/// list, its labels' vector and strings, and their malloc headers.
+/// once, and as its labels in the answers' JSON heads): its entry in the map
+/// and in the group list, and malloc headers.
 pub const GROUP_BYTES: usize = 192;
 
 /// What a group of key `key` is counted against `group_bytes`.
@@ -159,8 +158,11 @@ impl Budget {
 /// One group of an aggregation.
 #[derive(Debug)]
 pub struct Group {
-    /// Its group-by labels that are present, in group-by order.
-    pub labels: Vec<(String, String)>,
+    /// Its key ([`write_group_key`](super::window::write_group_key)'s): what
+    /// the aggregation finds it by, and what its labels are read from. One
+    /// allocation per group: a million groups held four each (the map's key,
+    /// a vector of labels, a name and a value), a fifth of ingesting them.
+    key: Box<[u8]>,
     /// Its destination id (what the series cache and the routers carry).
     pub dest: u32,
 }
@@ -169,7 +171,10 @@ pub struct Group {
 #[derive(Debug)]
 pub struct AggGroups {
     group_by: Vec<String>,
-    ids: HashMap<Box<[u8]>, u32>,
+    /// Group ids, found by their group's key: keys come from senders, so the
+    /// hash is seeded at random (see `network_hasher`).
+    ids: hashbrown::HashTable<u32>,
+    hasher: ahash::RandomState,
     /// By group id; `None` for an id free for reuse.
     groups: Vec<Option<Group>>,
     free: Vec<u32>,
@@ -183,7 +188,8 @@ impl AggGroups {
     fn new(agg: &Aggregation) -> Self {
         AggGroups {
             group_by: agg.group_by.clone(),
-            ids: HashMap::new(),
+            ids: hashbrown::HashTable::new(),
+            hasher: super::pipeline::network_hasher(),
             groups: Vec::new(),
             free: Vec::new(),
             overflow_dest: None,
@@ -194,6 +200,45 @@ impl AggGroups {
     /// Group `gid`, if it is one (not free, not the overflow group).
     pub fn get(&self, gid: u32) -> Option<&Group> {
         self.groups.get(gid as usize)?.as_ref()
+    }
+
+    /// The id of the group of key `key`, if there is one.
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        let groups = &self.groups;
+        self.ids
+            .find(self.hasher.hash_one(key), |&gid| key_of(groups, gid) == key)
+            .copied()
+    }
+
+    /// Group `gid`'s labels that are present, in group-by order, each as its
+    /// name and its value's bytes ([`Group::labels`] without allocating);
+    /// none for an id that is not a group.
+    pub fn for_each_label<'a>(&'a self, gid: u32, mut f: impl FnMut(&'a str, &[u8])) {
+        let Some(group) = self.get(gid) else { return };
+        let mut value = Vec::new();
+        for (name, range) in self.group_by.iter().zip(group_key_values(&group.key)) {
+            let raw = &group.key[range];
+            if raw.is_empty() {
+                continue;
+            }
+            if raw.contains(&b'\\') {
+                value.clear();
+                unescape_group_value(&mut value, raw);
+                f(name, &value);
+            } else {
+                f(name, raw);
+            }
+        }
+    }
+
+    /// Group `gid`'s labels that are present, in group-by order (none for an
+    /// id that is not a group).
+    pub fn labels(&self, gid: u32) -> Vec<(String, String)> {
+        let mut labels = Vec::new();
+        self.for_each_label(gid, |name, value| {
+            labels.push((name.to_owned(), String::from_utf8_lossy(value).into_owned()));
+        });
+        labels
     }
 
     /// Group ids in use are below this.
@@ -209,6 +254,14 @@ impl AggGroups {
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
+}
+
+/// The key of group `gid` (a group's id in the map is always a group).
+fn key_of(groups: &[Option<Group>], gid: u32) -> &[u8] {
+    &groups[gid as usize]
+        .as_ref()
+        .expect("an id in the map is a group")
+        .key
 }
 
 /// Every aggregation's groups, and the destination ids over all of them.
@@ -245,10 +298,8 @@ impl GroupTable {
     /// overflow group's ([`OVERFLOW`]).
     pub fn intern(&mut self, agg: u16, key: &[u8], budget: &Budget) -> (u32, u32) {
         let groups = &self.aggs[agg as usize];
-        if let Some(&gid) = groups.ids.get(key) {
-            let group = groups.groups[gid as usize]
-                .as_ref()
-                .expect("an id in the map is a group");
+        if let Some(gid) = groups.find(key) {
+            let group = groups.get(gid).expect("an id in the map is a group");
             return (gid, group.dest);
         }
         if !budget.try_take_group(group_bytes(key)) {
@@ -272,15 +323,19 @@ impl GroupTable {
         };
         let dest = self.new_dest((agg, gid));
         let groups = &mut self.aggs[agg as usize];
-        let labels = groups
-            .group_by
-            .iter()
-            .zip(parse_group_key(key))
-            .filter(|(_, v)| !v.is_empty())
-            .map(|(n, v)| (n.clone(), String::from_utf8_lossy(&v).into_owned()))
-            .collect();
-        groups.groups[gid as usize] = Some(Group { labels, dest });
-        groups.ids.insert(key.into(), gid);
+        groups.groups[gid as usize] = Some(Group {
+            key: key.into(),
+            dest,
+        });
+        let AggGroups {
+            ids,
+            hasher,
+            groups: list,
+            ..
+        } = groups;
+        ids.insert_unique(hasher.hash_one(key), gid, |&g| {
+            hasher.hash_one(key_of(list, g))
+        });
         groups.version += 1;
         (gid, dest)
     }
@@ -307,8 +362,8 @@ impl GroupTable {
             aggs.push(groups.unwrap_or_else(|| AggGroups::new(agg)));
         }
         for gone in old.into_iter().flatten() {
-            for key in gone.ids.keys() {
-                budget.give_group(group_bytes(key));
+            for group in gone.groups.iter().flatten() {
+                budget.give_group(group_bytes(&group.key));
             }
         }
         // Destination ids: the kept groups' (renumbered aggregation), the rest free.
@@ -335,7 +390,7 @@ impl GroupTable {
         let groups = &self.aggs[agg];
         groups
             .ids
-            .values()
+            .iter()
             .filter(|&&gid| !live.get(gid as usize).copied().unwrap_or(false))
             .count()
     }
@@ -354,11 +409,12 @@ impl GroupTable {
     pub fn reclaim(&mut self, agg: usize, live: &[bool], budget: &Budget) -> usize {
         let groups = &mut self.aggs[agg];
         let mut freed = Vec::new();
-        groups.ids.retain(|key, &mut gid| {
+        let list = &groups.groups;
+        groups.ids.retain(|&mut gid| {
             let keep = live.get(gid as usize).copied().unwrap_or(false);
             if !keep {
                 freed.push(gid);
-                budget.give_group(group_bytes(key));
+                budget.give_group(group_bytes(key_of(list, gid)));
             }
             keep
         });
@@ -394,6 +450,60 @@ impl Shared {
         Shared {
             budget: Budget::new(capacity),
             groups: parking_lot::Mutex::new(GroupTable::default()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::plan::Plan;
+    use crate::ingest::window::{parse_group_key, write_group_key};
+
+    /// A group's labels, read from its key, are its key's values (unescaped,
+    /// empty ones left out) under the group-by names; groups are found by
+    /// their keys, also after others were reclaimed and their ids reused.
+    #[test]
+    fn groups_are_found_by_key_and_labelled_from_it() {
+        let mut plan = Plan::load_or_default(None).expect("the feeder's plan");
+        plan.aggregations[0].group_by = ["a", "b", "c", "d"].map(String::from).to_vec();
+        let budget = Budget::new(Capacity::UNBOUNDED);
+        let mut table = GroupTable::default();
+        table.set_plan(1, &plan.aggregations, &[None], &budget);
+        let tuples: [[&[u8]; 4]; 3] = [
+            [b"g0", b"", b"a\"b,c\\d\ne", b"caf\xc3\xa9"],
+            [b"", b"", b"", b"x\\"],
+            [b"g1", b"1", b"2", b"3"],
+        ];
+        let keys: Vec<Vec<u8>> = tuples
+            .iter()
+            .map(|values| {
+                let mut key = Vec::new();
+                write_group_key(&mut key, values);
+                key
+            })
+            .collect();
+        let ids: Vec<u32> = keys.iter().map(|k| table.intern(0, k, &budget).0).collect();
+        for (key, &gid) in keys.iter().zip(&ids) {
+            assert_eq!(table.intern(0, key, &budget).0, gid, "found again");
+            let expected: Vec<(String, String)> = ["a", "b", "c", "d"]
+                .iter()
+                .zip(parse_group_key(key))
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(&v).into_owned()))
+                .collect();
+            assert_eq!(table.agg(0).labels(gid), expected);
+        }
+        assert_eq!(table.agg(0).len(), 3);
+        // The first group reclaimed; a new one takes its id, the others stay.
+        let live: Vec<bool> = ids.iter().map(|&gid| gid != ids[0]).collect();
+        assert_eq!(table.reclaim(0, &live, &budget), 1);
+        assert_eq!(table.agg(0).find(&keys[0]), None);
+        let (reused, _) = table.intern(0, b"\"new\",\"\",\"\",\"\"", &budget);
+        assert_eq!(reused, ids[0]);
+        assert_eq!(table.agg(0).labels(reused), [("a".into(), "new".into())]);
+        for (key, &gid) in keys.iter().zip(&ids).skip(1) {
+            assert_eq!(table.agg(0).find(key), Some(gid));
         }
     }
 }

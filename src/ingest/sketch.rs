@@ -498,12 +498,7 @@ impl BulkStore {
     }
 
     fn to_bins(&self) -> Bins {
-        Bins::from_sorted(
-            self.bins
-                .iter()
-                .enumerate()
-                .map(|(i, &c)| (self.lo + i as i32, c)),
-        )
+        Bins::from_dense(self.lo, &self.bins)
     }
 
     /// `n` adds of a key outside the bins: grow, collapsing the lowest keys if

@@ -109,27 +109,49 @@ pub fn write_group_key(out: &mut Vec<u8>, values: impl IntoIterator<Item = impl 
     }
 }
 
-/// The values of a group key written by [`write_group_key`].
-pub fn parse_group_key(key: &[u8]) -> Vec<Vec<u8>> {
-    let mut values = Vec::new();
+/// Where each value of a group key written by [`write_group_key`] stands in
+/// it (between its quotes, still escaped).
+pub fn group_key_values(key: &[u8]) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
     let mut i = 0;
-    while i < key.len() {
+    std::iter::from_fn(move || {
+        if i >= key.len() {
+            return None;
+        }
         // Skip the opening quote (and a separating comma).
         i += if key[i] == b',' { 2 } else { 1 };
-        let mut v = Vec::new();
+        let start = i;
         while i < key.len() && key[i] != b'"' {
-            if key[i] == b'\\' && i + 1 < key.len() {
-                i += 1;
-                v.push(if key[i] == b'n' { b'\n' } else { key[i] });
-            } else {
-                v.push(key[i]);
-            }
+            i += if key[i] == b'\\' { 2 } else { 1 };
+        }
+        let end = i.min(key.len());
+        i += 1;
+        Some(start..end)
+    })
+}
+
+/// A value of a group key (as [`group_key_values`] finds it) unescaped, onto `out`.
+pub fn unescape_group_value(out: &mut Vec<u8>, raw: &[u8]) {
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'\\' && i + 1 < raw.len() {
             i += 1;
+            out.push(if raw[i] == b'n' { b'\n' } else { raw[i] });
+        } else {
+            out.push(raw[i]);
         }
         i += 1;
-        values.push(v);
     }
-    values
+}
+
+/// The values of a group key written by [`write_group_key`], unescaped.
+pub fn parse_group_key(key: &[u8]) -> Vec<Vec<u8>> {
+    group_key_values(key)
+        .map(|range| {
+            let mut value = Vec::new();
+            unescape_group_value(&mut value, &key[range]);
+            value
+        })
+        .collect()
 }
 
 /// How much of each bounded resource an ingester may hold, across its
@@ -138,7 +160,7 @@ pub fn parse_group_key(key: &[u8]) -> Vec<Vec<u8>> {
 pub struct Capacity {
     /// Groups (distinct group-by value tuples), over all aggregations.
     pub groups: usize,
-    /// Bytes of the groups: each key twice (as key and as labels) and
+    /// Bytes of the groups: each key twice (as key and as labels in the answers) and
     /// [`GROUP_BYTES`](super::groups::GROUP_BYTES) for the group itself.
     pub group_bytes: usize,
     /// Pane slots: per open window and lane, one per group id up to the
@@ -824,7 +846,7 @@ impl Accumulator {
             let mut values = Vec::new();
             pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
             results.push(GroupResult {
-                labels: labels_of(groups, gid).iter().cloned().collect(),
+                labels: groups.labels(gid).into_iter().collect(),
                 count: pane.count(),
                 dropped: pane.dropped(),
                 quantiles: Quantiles(self.agg.quantiles.iter().copied().zip(values).collect()),
@@ -871,7 +893,7 @@ impl Accumulator {
             pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
             out.push(PaneReport {
                 aggregation: self.agg.id.clone(),
-                group: labels_of(groups, gid).to_vec(),
+                group: groups.labels(gid),
                 window_start_ms: start,
                 closed,
                 count: pane.count(),
@@ -900,29 +922,33 @@ impl Accumulator {
     }
 }
 
-/// Group `gid`'s labels (none for an id that is not a group).
-fn labels_of(groups: &AggGroups, gid: u32) -> &[(String, String)] {
-    groups.get(gid).map_or(&[], |g| &g.labels)
-}
-
 /// Every group's answer order and JSON head, computed afresh: every group's
 /// label pairs sorted by name in one buffer (a map per group and a head
-/// allocated per group took 1.3 s at a million groups).
+/// allocated per group took 1.3 s at a million groups), their values read
+/// from the groups' keys into one buffer too.
 fn query_order_now(groups: &AggGroups) -> QueryOrder {
     let bound = groups.id_bound();
-    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    // (name, where the value is in `values`).
+    let mut spans: Vec<(&str, std::ops::Range<usize>)> = Vec::new();
+    let mut values: Vec<u8> = Vec::new();
     let mut pair_ends: Vec<usize> = Vec::with_capacity(bound);
     for gid in 0..bound as u32 {
-        let start = pairs.len();
-        pairs.extend(
-            labels_of(groups, gid)
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str())),
-        );
+        let start = spans.len();
+        groups.for_each_label(gid, |name, value| {
+            let at = values.len();
+            // (Lossy as a group's labels always were; validated labels are UTF-8.)
+            values.extend_from_slice(String::from_utf8_lossy(value).as_bytes());
+            spans.push((name, at..values.len()));
+        });
         // By name, as a map of them orders them (names are distinct).
-        pairs[start..].sort_unstable_by(|a, b| a.0.cmp(b.0));
-        pair_ends.push(pairs.len());
+        spans[start..].sort_unstable_by(|a, b| a.0.cmp(b.0));
+        pair_ends.push(spans.len());
     }
+    let values = std::str::from_utf8(&values).expect("made of strings");
+    let pairs: Vec<(&str, &str)> = spans
+        .iter()
+        .map(|(name, range)| (*name, &values[range.clone()]))
+        .collect();
     let labels = |gid: u32| {
         let gid = gid as usize;
         let start = if gid == 0 { 0 } else { pair_ends[gid - 1] };

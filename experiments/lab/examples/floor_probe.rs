@@ -6,6 +6,7 @@
 //! cargo build --release -p promlab-lab --example floor_probe
 //! valgrind --tool=callgrind target/release/examples/floor_probe render prerender 3 1000
 //! target/release/examples/floor_probe export floor 20
+//! target/release/examples/floor_probe ingest all 3 1000000 1 5
 //! ```
 //! `render ARM N [QUEUES]`: the RabbitMQ per-object scrape (`ARM` a strategy
 //! set, or `floor`); `export ARM N`: a long-lived exporter's warm scrape of
@@ -13,7 +14,10 @@
 //! on its key compare: `compare-catalogue` (every entry's padded key against
 //! a copy of the distinct keys), `compare-previous` (the parts it shares with
 //! the file's previous key against that key, the rest against the copy),
-//! `compare-words` (against the copy, without `memcmp`). Prints wall and
+//! `compare-words` (against the copy, without `memcmp`); `ingest ARM N GROUPS
+//! SERIES_PER_GROUP TICKS`: the feeder's bodies ingested, flushed and
+//! answered as the ablation's ingest workload does (`ARM` a strategy set, or
+//! `floor`). Prints wall and
 //! thread CPU time per run (CPU time is the steadier on a shared machine).
 
 use anyhow::{bail, Context, Result};
@@ -159,7 +163,39 @@ fn main() -> Result<()> {
                 })
             }
         }
-        other => bail!("unknown stage {other} (render or export)"),
+        "ingest" => {
+            // `ingest ARM N GROUPS SERIES_PER_GROUP TICKS`: the feeder's
+            // bodies into a fresh ingester, the flush and every group's
+            // answer (the ablation's ingest workload), or the ingest floor.
+            let [groups, per_group, ticks] = rest else {
+                bail!("usage: floor_probe ingest ARM N GROUPS SERIES_PER_GROUP TICKS");
+            };
+            let bodies: Vec<Vec<u8>> = promlab_lab::harness::workloads::feeder_bodies(
+                groups.parse()?,
+                per_group.parse()?,
+                ticks.parse()?,
+            )
+            .collect();
+            let plan = promlab::ingest::plan::Plan::default();
+            if arm == "floor" {
+                let mut floor = promlab_lab::harness::floor::IngestFloor::new(&plan)?;
+                Box::new(move || floor.run(&bodies).expect("floor") as usize)
+            } else {
+                let set: StrategySet = arm.parse().map_err(anyhow::Error::msg)?;
+                let mut out = Vec::new();
+                Box::new(move || {
+                    let mut ingester = promlab::ingest::pipeline::Ingester::new(plan.clone(), set);
+                    for body in &bodies {
+                        ingester.handle(body).expect("ingest");
+                    }
+                    ingester.flush();
+                    out.clear();
+                    ingester.query_all_json(&mut out);
+                    out.len()
+                })
+            }
+        }
+        other => bail!("unknown stage {other} (render, export or ingest)"),
     };
     run();
     let (mut wall, mut cpu) = (Vec::with_capacity(n), Vec::with_capacity(n));

@@ -30,6 +30,7 @@
 mod canonical;
 mod route;
 mod series_cache;
+pub(crate) use series_cache::network_hasher;
 
 pub use canonical::BaselineSeries;
 use canonical::Resolved;
@@ -566,8 +567,7 @@ impl Ingester {
                         .panes
                         .iter()
                         .map(|(gid, bins)| {
-                            let labels = groups.get(*gid).map_or(&[][..], |g| &g.labels);
-                            (labels.iter().cloned().collect(), bins.clone())
+                            (groups.labels(*gid).into_iter().collect(), bins.clone())
                         })
                         .collect(),
                     dropped: w.dropped,

@@ -42,10 +42,10 @@ pub(super) struct SeriesCache {
 /// depends on the seed: the cache is only looked up, never iterated into
 /// anything that is served. `ahash` draws the process's seed from the OS
 /// (`getrandom`) once and gives every `RandomState::new` its own keys from it.
-/// (The ingester's other maps keyed by network input — group keys, the
-/// per-sample router's groups, label maps — are `std`'s `HashMap`s, whose
-/// SipHash keys are random per map already.)
-pub(super) fn network_hasher() -> ahash::RandomState {
+/// The aggregations' group ids are found with it too; the ingester's other
+/// maps keyed by network input (the per-sample router's groups, label maps)
+/// are `std`'s `HashMap`s, whose SipHash keys are random per map already.
+pub(crate) fn network_hasher() -> ahash::RandomState {
     ahash::RandomState::new()
 }
 

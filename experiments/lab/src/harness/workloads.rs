@@ -546,7 +546,7 @@ pub(super) fn feeder_workload(
 }
 
 /// Its request bodies, `ticks` seconds of them.
-pub(super) fn feeder_bodies(
+pub fn feeder_bodies(
     groups: u64,
     series_per_group: u64,
     ticks: u64,
