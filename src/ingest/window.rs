@@ -268,7 +268,20 @@ pub struct WindowBins {
 impl WindowBins {
     /// Group `gid`'s pane.
     pub fn pane(&self, gid: u32) -> Option<&PaneBins> {
-        let i = self.panes.binary_search_by_key(&gid, |(g, _)| *g).ok()?;
+        // Ids are distinct and ascending, so group `gid` is at most at index
+        // `gid`, and there when every lower id has a pane too (a window every
+        // group reported to): an answer visits the groups in label order, and
+        // a binary search over all the panes for each was a dozen or more
+        // cache misses per group at a million.
+        if let Some((g, pane)) = self.panes.get(gid as usize) {
+            if *g == gid {
+                return Some(pane);
+            }
+        }
+        let below = self.panes.len().min(gid as usize + 1);
+        let i = self.panes[..below]
+            .binary_search_by_key(&gid, |(g, _)| *g)
+            .ok()?;
         Some(&self.panes[i].1)
     }
 
@@ -1117,6 +1130,37 @@ mod tests {
     use super::super::groups::GroupTable;
     use super::super::plan::Plan;
     use super::*;
+
+    /// A closed window's pane is found by its group id, whichever ids have one.
+    #[test]
+    fn panes_are_found_by_group_id() {
+        for gids in [
+            vec![],
+            vec![0, 1, 2, 3],
+            vec![0, 1, 2, 5, 9, 10],
+            vec![3, 4, 7],
+        ] {
+            let panes: Vec<(u32, PaneBins)> = gids
+                .iter()
+                .map(|&g| {
+                    let pane = PaneBins {
+                        zero_count: u64::from(g) + 1,
+                        ..PaneBins::default()
+                    };
+                    (g, pane)
+                })
+                .collect();
+            let bins = WindowBins {
+                start: 0,
+                panes,
+                dropped: 0,
+            };
+            for gid in 0..12 {
+                let expected = bins.panes.iter().find(|(g, _)| *g == gid).map(|(_, p)| p);
+                assert_eq!(bins.pane(gid), expected, "{gids:?}, {gid}");
+            }
+        }
+    }
 
     #[test]
     fn group_keys_round_trip() {
