@@ -301,7 +301,9 @@ fn check_query_paths(ingester: &Ingester, plan: &Plan, panes: &[PaneReport]) {
             assert!(ingester.encode_query(&agg.id, window, &mut fresh));
             assert_eq!(fresh, expected);
             let mut scan = Vec::new();
-            let scanned = ingester.quantile_scan(&agg.id, window, &mut scan).unwrap();
+            let scanned = ingester
+                .quantile_scan(&agg.id, window, &mut |qs| scan.extend_from_slice(qs))
+                .unwrap();
             assert_eq!(scanned, reference.groups.len());
             let mut from_query: Vec<u64> = reference
                 .groups

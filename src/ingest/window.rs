@@ -821,19 +821,29 @@ impl Accumulator {
         out.push(b'}');
     }
 
-    /// The quantile scan alone (the query's floor): every present pane's
-    /// quantiles of one window (`None`: the last closed one) onto `out`, in
-    /// group-id order; returns the panes scanned.
-    pub fn quantile_scan(&self, window: Option<i64>, out: &mut Vec<f64>) -> usize {
-        out.clear();
+    /// The quantile scan alone (what the query's floor scans): every present
+    /// pane's quantiles of one window (`None`: the last closed one), in
+    /// group-id order, each pane's handed to `f` as they are computed;
+    /// returns the panes scanned.
+    pub fn quantile_scan(&self, window: Option<i64>, f: &mut dyn FnMut(&[f64])) -> usize {
         let Some(view) = self.query_start(window).and_then(|s| self.view(s)) else {
             return 0;
         };
-        let panes = view.panes();
-        for (_, pane) in &panes {
-            pane.quantiles_into(&self.config, &self.agg.quantiles, out);
+        let mut values = Vec::with_capacity(self.agg.quantiles.len());
+        let mut scanned = 0;
+        let mut scan = |pane: PaneRef<'_>| {
+            values.clear();
+            pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
+            f(&values);
+            scanned += 1;
+        };
+        match view {
+            View::Open(w) => (0..w.panes.len() as u32)
+                .filter_map(|gid| view.pane(gid))
+                .for_each(&mut scan),
+            View::Bins(w) => w.panes.iter().for_each(|(_, p)| scan(PaneRef::Bins(p))),
         }
-        panes.len()
+        scanned
     }
 
     /// Per group, the quantiles of one window (`None`: the last closed one).

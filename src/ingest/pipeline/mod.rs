@@ -585,16 +585,17 @@ impl Ingester {
         true
     }
 
-    /// The quantile scan alone, every pane of the window (the query's floor);
+    /// The quantile scan alone, every pane of the window (what the query's
+    /// floor scans), each pane's quantiles handed to `f` in group-id order;
     /// the number of panes, or `None` when there is no such aggregation.
     pub fn quantile_scan(
         &self,
         aggregation: &str,
         window: Option<i64>,
-        out: &mut Vec<f64>,
+        f: &mut dyn FnMut(&[f64]),
     ) -> Option<usize> {
         self.accumulator(aggregation)
-            .map(|a| a.quantile_scan(window, out))
+            .map(|a| a.quantile_scan(window, f))
     }
 
     fn accumulator(&self, aggregation: &str) -> Option<&Accumulator> {
