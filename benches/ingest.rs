@@ -11,7 +11,8 @@
 //! - `query/asap-query` (wall time, not CPU: one arm asks over HTTP): the
 //!   `asap-query` scenario at its quick size — `/api/v1/quantiles` for 1,000
 //!   groups of the last closed window — per arm, then `all-uncached`,
-//!   `all-serde` (the path before), `http` and the floor (the quantile scan).
+//!   `all-serde` (the path before), `http` and the floors (the kept answer
+//!   copied; the quantile scan with the answer written around its values).
 //!
 //! Every group has a `floor` arm (`harness::floor`), checked like the others.
 //!

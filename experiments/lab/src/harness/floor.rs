@@ -35,8 +35,10 @@
 //!   ingest alone (2.7 s against 2.3 s), and `all`'s answer (flush, every
 //!   group's quantiles, the JSON: 1.9 s) counted as overhead. It now adds the
 //!   values of the groups a request has, and answers every group;
-//! - query: the quantile scan alone (`Ingester::quantile_scan`, in the query
-//!   workload).
+//! - query: a kept answer copied; one computed afresh, the quantile scan
+//!   (`Ingester::quantile_scan`) and the answer written around its values
+//!   (`query::AnswerFloor`, in the query workload; until issue 26 the scan
+//!   alone).
 //!
 //! A floor's output is checked like an arm's where it is the stage's answer
 //! (export; render when every value's shortest form is the exposition's),

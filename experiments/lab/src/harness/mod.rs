@@ -273,7 +273,7 @@ pub trait Workload {
     }
     /// Extra arms that are floors of another contract some arms keep (run by
     /// [`Workload::run_extra`]; the query's uncached answer is held to the
-    /// quantile scan, its kept answer to a copy).
+    /// quantile scan with the answer written, its kept answer to a copy).
     fn extra_floors(&self) -> Vec<&'static str> {
         Vec::new()
     }
