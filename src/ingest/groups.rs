@@ -161,7 +161,8 @@ pub struct Group {
     /// Its key ([`write_group_key`](super::window::write_group_key)'s): what
     /// the aggregation finds it by, and what its labels are read from. One
     /// allocation per group: a million groups held four each (the map's key,
-    /// a vector of labels, a name and a value), a fifth of ingesting them.
+    /// a vector of labels, a name and a value): interning and dropping them
+    /// were a quarter of `all`'s ingest.
     key: Box<[u8]>,
     /// Its destination id (what the series cache and the routers carry).
     pub dest: u32,
@@ -211,7 +212,7 @@ impl AggGroups {
     }
 
     /// Group `gid`'s labels that are present, in group-by order, each as its
-    /// name and its value's bytes ([`Group::labels`] without allocating);
+    /// name and its value's bytes ([`AggGroups::labels`] without allocating);
     /// none for an id that is not a group.
     pub fn for_each_label<'a>(&'a self, gid: u32, mut f: impl FnMut(&'a str, &[u8])) {
         let Some(group) = self.get(gid) else { return };
