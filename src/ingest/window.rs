@@ -407,18 +407,20 @@ impl<'a> View<'a> {
         }
     }
 
-    /// Every pane with its group id, ascending.
-    fn panes(self) -> Vec<(u32, PaneRef<'a>)> {
-        match self {
-            View::Open(w) => (0..w.panes.len() as u32)
-                .filter_map(|gid| Some((gid, self.pane(gid)?)))
-                .collect(),
-            View::Bins(w) => w
-                .panes
-                .iter()
-                .map(|(gid, p)| (*gid, PaneRef::Bins(p)))
-                .collect(),
-        }
+    /// Every pane with its group id, ascending (nothing collected: the
+    /// query floor's scan walks them).
+    fn panes(self) -> impl Iterator<Item = (u32, PaneRef<'a>)> + 'a {
+        let (open, bins) = match self {
+            View::Open(w) => (Some(w), None),
+            View::Bins(w) => (None, Some(w)),
+        };
+        let open = open.into_iter().flat_map(|w| {
+            (0..w.panes.len() as u32).filter_map(move |gid| Some((gid, View::Open(w).pane(gid)?)))
+        });
+        let bins = bins
+            .into_iter()
+            .flat_map(|w| w.panes.iter().map(|(gid, p)| (*gid, PaneRef::Bins(p))));
+        open.chain(bins)
     }
 }
 
@@ -831,17 +833,11 @@ impl Accumulator {
         };
         let mut values = Vec::with_capacity(self.agg.quantiles.len());
         let mut scanned = 0;
-        let mut scan = |pane: PaneRef<'_>| {
+        for (_, pane) in view.panes() {
             values.clear();
             pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
             f(&values);
             scanned += 1;
-        };
-        match view {
-            View::Open(w) => (0..w.panes.len() as u32)
-                .filter_map(|gid| view.pane(gid))
-                .for_each(&mut scan),
-            View::Bins(w) => w.panes.iter().for_each(|(_, p)| scan(PaneRef::Bins(p))),
         }
         scanned
     }
@@ -865,7 +861,7 @@ impl Accumulator {
         groups: &AggGroups,
     ) -> QueryResult {
         let mut results = Vec::new();
-        for (gid, pane) in view.map(View::panes).unwrap_or_default() {
+        for (gid, pane) in view.into_iter().flat_map(View::panes) {
             let mut values = Vec::new();
             pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
             results.push(GroupResult {
@@ -953,21 +949,20 @@ fn query_order_now(groups: &AggGroups) -> QueryOrder {
     let bound = groups.id_bound();
     // (name, where the value is in `values`).
     let mut spans: Vec<(&str, std::ops::Range<usize>)> = Vec::new();
-    let mut values: Vec<u8> = Vec::new();
+    let mut values = String::new();
     let mut pair_ends: Vec<usize> = Vec::with_capacity(bound);
     for gid in 0..bound as u32 {
         let start = spans.len();
         groups.for_each_label(gid, |name, value| {
             let at = values.len();
             // (Lossy as a group's labels always were; validated labels are UTF-8.)
-            values.extend_from_slice(String::from_utf8_lossy(value).as_bytes());
+            values.push_str(&String::from_utf8_lossy(value));
             spans.push((name, at..values.len()));
         });
         // By name, as a map of them orders them (names are distinct).
         spans[start..].sort_unstable_by(|a, b| a.0.cmp(b.0));
         pair_ends.push(spans.len());
     }
-    let values = std::str::from_utf8(&values).expect("made of strings");
     let pairs: Vec<(&str, &str)> = spans
         .iter()
         .map(|(name, range)| (*name, &values[range.clone()]))

@@ -24,6 +24,7 @@ use anyhow::{bail, Context, Result};
 use promlab::render::rabbitmq::RabbitMqNode;
 use promlab::strategy::StrategySet;
 use promlab_lab::harness::floor::{ExportFloor, RenderFloor};
+use promlab_lab::harness::{Output, Workload as _};
 use std::time::{Duration, Instant};
 
 /// One entry of a compare experiment: where its padded key starts in the
@@ -164,35 +165,22 @@ fn main() -> Result<()> {
             }
         }
         "ingest" => {
-            // `ingest ARM N GROUPS SERIES_PER_GROUP TICKS`: the feeder's
-            // bodies into a fresh ingester, the flush and every group's
-            // answer (the ablation's ingest workload), or the ingest floor.
+            // `ingest ARM N GROUPS SERIES_PER_GROUP TICKS`: the ablation's
+            // ingest workload (the feeder's bodies into a fresh ingester, the
+            // flush, every group's answer), or its floor.
             let [groups, per_group, ticks] = rest else {
                 bail!("usage: floor_probe ingest ARM N GROUPS SERIES_PER_GROUP TICKS");
             };
-            let bodies: Vec<Vec<u8>> = promlab_lab::harness::workloads::feeder_bodies(
+            let mut workload = promlab_lab::harness::workloads::Ingest::feeder(
                 groups.parse()?,
                 per_group.parse()?,
                 ticks.parse()?,
-            )
-            .collect();
-            let plan = promlab::ingest::plan::Plan::default();
+            )?;
             if arm == "floor" {
-                let mut floor = promlab_lab::harness::floor::IngestFloor::new(&plan)?;
-                Box::new(move || floor.run(&bodies).expect("floor") as usize)
+                Box::new(move || output_len(workload.floor().expect("floor")))
             } else {
                 let set: StrategySet = arm.parse().map_err(anyhow::Error::msg)?;
-                let mut out = Vec::new();
-                Box::new(move || {
-                    let mut ingester = promlab::ingest::pipeline::Ingester::new(plan.clone(), set);
-                    for body in &bodies {
-                        ingester.handle(body).expect("ingest");
-                    }
-                    ingester.flush();
-                    out.clear();
-                    ingester.query_all_json(&mut out);
-                    out.len()
-                })
+                Box::new(move || output_len(workload.run(set).expect("ingest")))
             }
         }
         other => bail!("unknown stage {other} (render, export or ingest)"),
@@ -218,6 +206,15 @@ fn main() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A workload's output as bytes (its length) or units (their number).
+fn output_len(output: Output<'_>) -> usize {
+    match output {
+        Output::Bytes(bytes) => bytes.len(),
+        Output::Units(n) => n as usize,
+        Output::Store(_) => 0,
+    }
 }
 
 /// This thread's CPU time: unlike wall time, not counting the time other

@@ -512,7 +512,7 @@ impl Workload for Render {
 /// Ingest: remote-write request bodies through the receiver's handler, a new
 /// ingester per run; the output is the quantiles of every aggregation's last
 /// closed window (JSON) plus the counters, after the stream is flushed.
-struct Ingest {
+pub struct Ingest {
     plan: promlab::ingest::plan::Plan,
     bodies: Vec<Vec<u8>>,
     samples: u64,
@@ -546,7 +546,7 @@ pub(super) fn feeder_workload(
 }
 
 /// Its request bodies, `ticks` seconds of them.
-pub fn feeder_bodies(
+pub(super) fn feeder_bodies(
     groups: u64,
     series_per_group: u64,
     ticks: u64,
@@ -568,7 +568,7 @@ pub(super) fn write_counters(out: &mut Vec<u8>, counts: [u64; 5]) -> std::io::Re
 impl Ingest {
     /// The seed's feeder workload: `groups` × `series_per_group` series, one sample
     /// per series per tick, `ticks` ticks (seconds), in 50,000-row requests.
-    fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Ingest> {
+    pub fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Ingest> {
         let workload = feeder_workload(groups, series_per_group);
         let bodies = feeder_bodies(groups, series_per_group, ticks).collect();
         let plan = promlab::ingest::plan::Plan::default();
