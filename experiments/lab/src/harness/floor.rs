@@ -405,7 +405,10 @@ const MAX_VALUE_LEN: usize = 24;
 pub struct IngestFloor {
     metric: Vec<u8>,
     group_label: Vec<u8>,
-    config: sketches_ddsketch::Config,
+    /// A new group's sketch, cloned: `BulkSketch::new` takes a logarithm,
+    /// which the compiler hoisted to the top of the per-series walk (one
+    /// `ln` per series, where the receiver takes one per pane).
+    empty: BulkSketch,
     quantiles: Vec<f64>,
     raw: Vec<u8>,
     /// The last run's answer.
@@ -516,7 +519,7 @@ impl IngestFloor {
                 .cloned()
                 .unwrap_or_default()
                 .into_bytes(),
-            config: agg.sketch_config(),
+            empty: BulkSketch::new(agg.sketch_config()),
             quantiles: agg.quantiles.clone(),
             raw: Vec::new(),
             answer: Vec::new(),
@@ -647,7 +650,7 @@ impl IngestFloor {
         Ok(Some(match state.groups.get(group) {
             Some(&i) => i,
             None => {
-                state.sketches.push(BulkSketch::new(self.config));
+                state.sketches.push(self.empty.clone());
                 state.pending.push(Vec::new());
                 state.group_values.extend_from_slice(group);
                 state.group_ends.push(state.group_values.len());
