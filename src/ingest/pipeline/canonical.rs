@@ -28,6 +28,7 @@ impl Ingester {
         self.cache.check_generation(self.plan.generation);
         let mut ids = std::mem::take(&mut self.spare_ids);
         ids.clear();
+        let mut new = std::mem::take(&mut self.spare_new_series);
         let mut key = Vec::new();
         let mut deferred = Vec::new();
         for span in &batch.series {
@@ -43,26 +44,34 @@ impl Ingester {
                 }
             };
             let id = match self.cache.lookup(raw) {
-                Some(id) => id,
-                None => {
+                Ok(id) => id,
+                Err(unseen) => {
                     if let (true, Some(span_raw)) = (span.labels_deferred, span.raw_labels) {
                         deferred.clear();
                         wire::parse_label_fields(span_raw, &mut deferred)?;
                         labels = &deferred;
                     }
-                    let series = NewSeries::canonicalize(labels, &self.plan.plan)?;
-                    let mut dests = Vec::with_capacity(series.aggs.len());
-                    for &agg in &series.aggs {
+                    let series = NewSeries::canonicalize(labels, &self.plan.plan, &mut new)?;
+                    for i in 0..new.aggs.len() {
+                        let agg = new.aggs[i];
                         let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
-                        let group_key = series.group_key(group_by);
-                        let (_, dest) = self.intern(agg, group_key.as_bytes());
-                        dests.push((dest, agg, group_key.into_boxed_str()));
+                        let start = new.group_keys.len();
+                        series.write_group_key(group_by, &mut new.group_keys);
+                        let (_, dest) = self.intern(agg, &new.group_keys[start..]);
+                        new.dests.push((dest, agg, new.group_keys.len()));
                     }
-                    self.cache.insert(raw, series.series_key, dests)
+                    let mut start = 0;
+                    let dests = new.dests.iter().map(|&(dest, agg, end)| {
+                        let group_key = &new.group_keys[start..end];
+                        start = end;
+                        (dest, agg, group_key)
+                    });
+                    self.cache.insert(raw, unseen, &new.series_key, dests)
                 }
             };
             ids.push(id);
         }
+        self.spare_new_series = new;
         Ok(Resolved::Cached(ids))
     }
 }
@@ -102,9 +111,12 @@ impl Resolved {
                 }
             }
             Resolved::Cached(ids) => {
-                let entry = &cache.entries[ids[i] as usize];
-                for (agg, group_key) in cache.dest_keys(entry) {
-                    f(*agg, group_key.to_string(), entry.series_key.to_string());
+                for (agg, group_key) in cache.dest_keys(ids[i]) {
+                    f(
+                        agg,
+                        group_key.to_string(),
+                        cache.series_key(ids[i]).to_string(),
+                    );
                 }
             }
         }
@@ -224,17 +236,32 @@ impl BaselineSeries {
 /// reads (a label map, a sorted copy of it, the fingerprint, the JSON
 /// population, the series key parsed back for each group key): validated
 /// labels are sorted and unique, so they are the sorted map. A series costs
-/// the cache this once (`verify` holds it to the baseline's answers).
+/// the cache this once (`verify` holds it to the baseline's answers), written
+/// into [`NewSeriesBuffers`] kept between requests: no allocation per series.
 pub(super) struct NewSeries<'l> {
     labels: &'l [(&'l [u8], &'l [u8])],
-    pub(super) series_key: Box<str>,
-    pub(super) aggs: Vec<u16>,
+}
+
+/// Where [`NewSeries`] writes a series' canonical form.
+#[derive(Default)]
+pub(super) struct NewSeriesBuffers {
+    /// `name{k="v",…}`, values escaped, labels sorted.
+    series_key: Vec<u8>,
+    /// Indexes of the aggregations it feeds.
+    aggs: Vec<u16>,
+    /// Its group keys back to back, one per aggregation (written by the
+    /// resolver), and per destination: (id, aggregation, end of its group key).
+    group_keys: Vec<u8>,
+    dests: Vec<(u32, u16, usize)>,
 }
 
 impl<'l> NewSeries<'l> {
+    /// Validates `labels`, writes their series key and aggregations into
+    /// `out` (its group keys and destinations emptied for the caller).
     pub(super) fn canonicalize(
         labels: &'l [(&'l [u8], &'l [u8])],
         plan: &Plan,
+        out: &mut NewSeriesBuffers,
     ) -> Result<NewSeries<'l>, IngestError> {
         validate(labels)?;
         let value_of = |name: &[u8]| label_value(labels, name);
@@ -242,7 +269,8 @@ impl<'l> NewSeries<'l> {
         if metric.is_empty() {
             return Err(invalid("a series has no `__name__` label"));
         }
-        let mut key = Vec::with_capacity(metric.len() + 16 * labels.len());
+        let key = &mut out.series_key;
+        key.clear();
         key.extend_from_slice(metric);
         key.push(b'{');
         let pairs = labels.iter().filter(|(n, _)| *n != b"__name__");
@@ -252,40 +280,36 @@ impl<'l> NewSeries<'l> {
             }
             key.extend_from_slice(name);
             key.extend_from_slice(b"=\"");
-            write_escaped(&mut key, value, Escape::LabelValue);
+            write_escaped(key, value, Escape::LabelValue);
             key.push(b'"');
         }
         key.push(b'}');
-        let aggs = plan
-            .aggregations
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| {
-                a.metric.as_bytes() == metric
-                    && a.matchers
-                        .iter()
-                        .all(|(k, v)| value_of(k.as_bytes()) == v.as_bytes())
-            })
-            .map(|(i, _)| i as u16)
-            .collect();
-        let series_key = String::from_utf8(key).expect("validated labels are UTF-8");
-        Ok(NewSeries {
-            labels,
-            series_key: series_key.into_boxed_str(),
-            aggs,
-        })
+        out.aggs.clear();
+        out.aggs.extend(
+            plan.aggregations
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| {
+                    a.metric.as_bytes() == metric
+                        && a.matchers
+                            .iter()
+                            .all(|(k, v)| value_of(k.as_bytes()) == v.as_bytes())
+                })
+                .map(|(i, _)| i as u16),
+        );
+        out.group_keys.clear();
+        out.dests.clear();
+        Ok(NewSeries { labels })
     }
 
-    /// The group key for one aggregation (see [`write_group_key`]).
-    pub(super) fn group_key(&self, group_by: &[String]) -> String {
-        let mut out = Vec::new();
+    /// The group key for one aggregation (see [`write_group_key`]), onto `out`.
+    pub(super) fn write_group_key(&self, group_by: &[String], out: &mut Vec<u8>) {
         write_group_key(
-            &mut out,
+            out,
             group_by
                 .iter()
                 .map(|g| label_value(self.labels, g.as_bytes())),
         );
-        String::from_utf8(out).expect("group keys of UTF-8 values are UTF-8")
     }
 }
 
@@ -414,13 +438,16 @@ mod tests {
         ];
         for labels in &cases {
             let baseline = BaselineSeries::canonicalize(labels, &plan);
-            let new = NewSeries::canonicalize(labels, &plan);
+            let mut out = NewSeriesBuffers::default();
+            let new = NewSeries::canonicalize(labels, &plan, &mut out);
             match (baseline, new) {
                 (Ok(b), Ok(n)) => {
-                    assert_eq!(&*n.series_key, b.series_key, "{labels:?}");
-                    assert_eq!(n.aggs, b.aggs, "{labels:?}");
+                    assert_eq!(out.series_key, b.series_key.as_bytes(), "{labels:?}");
+                    assert_eq!(out.aggs, b.aggs, "{labels:?}");
                     for agg in &plan.aggregations {
-                        assert_eq!(n.group_key(&agg.group_by), b.group_key(&agg.group_by));
+                        let mut key = Vec::new();
+                        n.write_group_key(&agg.group_by, &mut key);
+                        assert_eq!(key, b.group_key(&agg.group_by).as_bytes());
                     }
                 }
                 (Err(b), Err(n)) => assert_eq!(b, n, "{labels:?}"),

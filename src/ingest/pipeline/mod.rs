@@ -202,6 +202,7 @@ pub struct Ingester {
     /// A decoded request's buffers, kept between requests.
     spare_batch: Batch<'static>,
     spare_ids: Vec<u32>,
+    spare_new_series: canonical::NewSeriesBuffers,
 }
 
 impl Ingester {
@@ -228,6 +229,7 @@ impl Ingester {
             scratch: RouteScratch::default(),
             spare_batch: Batch::default(),
             spare_ids: Vec::new(),
+            spare_new_series: Default::default(),
         };
         ingester.set_plan(plan);
         ingester

@@ -16,8 +16,12 @@ pub(super) struct SeriesCache {
     arena: Vec<u8>,
     /// Destination ids of every entry, back to back (the hot part).
     pub(super) dest_ids: Vec<u32>,
-    /// Per destination: its aggregation and group key (for the per-sample router).
-    dest_keys: Vec<(u16, Box<str>)>,
+    /// Per destination: its aggregation and where its group key is in
+    /// `text` (for the per-sample router).
+    dest_keys: Vec<(u16, (u32, u32))>,
+    /// Every entry's series key and its destinations' group keys, back to
+    /// back (validated labels, so UTF-8): a new series costs no allocation.
+    text: Vec<u8>,
     /// The entry tried first by the next lookup.
     next_guess: u32,
     pub(super) capacity: usize,
@@ -55,8 +59,17 @@ const CACHE_ENTRY_OVERHEAD: usize = 64;
 pub(super) struct CacheEntry {
     raw: (u32, u32),
     pub(super) dests: (u32, u32),
-    pub(super) series_key: Box<str>,
+    /// Where its series key is in `text`.
+    series_key: (u32, u32),
 }
+
+/// A lookup's miss: the raw labels' hash, for [`SeriesCache::insert`].
+pub(super) struct Unseen(u64);
+
+/// Past this many bytes an arena is dropped with the rest (between requests,
+/// as when the cache is full), so its `u32` offsets cannot wrap: one request
+/// adds at most its decoded size, bounded far below the other half.
+const ARENA_LIMIT: usize = (u32::MAX / 2) as usize;
 
 impl SeriesCache {
     pub(super) fn new(capacity: usize) -> Self {
@@ -67,6 +80,7 @@ impl SeriesCache {
             arena: Vec::new(),
             dest_ids: Vec::new(),
             dest_keys: Vec::new(),
+            text: Vec::new(),
             next_guess: 0,
             capacity,
             bytes: 0,
@@ -91,6 +105,7 @@ impl SeriesCache {
         self.arena.clear();
         self.dest_ids.clear();
         self.dest_keys.clear();
+        self.text.clear();
         self.next_guess = 0;
         self.bytes = 0;
     }
@@ -106,7 +121,10 @@ impl SeriesCache {
     /// Dropping everything at once keeps the bound simple; it happens between
     /// requests only, so entry ids stay valid while a request is routed.
     pub(super) fn evict_if_full(&mut self) {
-        if self.entries.len() > self.capacity || self.bytes > self.max_bytes {
+        if self.entries.len() > self.capacity
+            || self.bytes > self.max_bytes
+            || self.arena.len().max(self.text.len()) > ARENA_LIMIT
+        {
             self.evicted += self.entries.len() as u64;
             self.clear();
         }
@@ -118,12 +136,27 @@ impl SeriesCache {
         &self.arena[at as usize..(at + len) as usize]
     }
 
-    pub(super) fn dest_keys(&self, entry: &CacheEntry) -> &[(u16, Box<str>)] {
-        &self.dest_keys[entry.dests.0 as usize..(entry.dests.0 + entry.dests.1) as usize]
+    fn text_at(&self, (at, len): (u32, u32)) -> &str {
+        std::str::from_utf8(&self.text[at as usize..(at + len) as usize])
+            .expect("keys of validated labels are UTF-8")
     }
 
+    /// Entry `id`'s series key.
+    pub(super) fn series_key(&self, id: u32) -> &str {
+        self.text_at(self.entries[id as usize].series_key)
+    }
+
+    /// Entry `id`'s destinations' aggregations and group keys.
+    pub(super) fn dest_keys(&self, id: u32) -> impl Iterator<Item = (u16, &str)> {
+        let (first, n) = self.entries[id as usize].dests;
+        self.dest_keys[first as usize..(first + n) as usize]
+            .iter()
+            .map(|&(agg, key)| (agg, self.text_at(key)))
+    }
+
+    /// The entry of `raw`, or its hash to insert it with.
     #[inline]
-    pub(super) fn lookup(&mut self, raw: &[u8]) -> Option<u32> {
+    pub(super) fn lookup(&mut self, raw: &[u8]) -> Result<u32, Unseen> {
         let guess = self.next_guess;
         let id = if (guess as usize) < self.entries.len() && self.raw_of(guess) == raw {
             guess
@@ -132,24 +165,30 @@ impl SeriesCache {
         };
         self.hits += 1;
         self.next_guess = id + 1;
-        Some(id)
+        Ok(id)
     }
 
     /// The hash index, for when the sender's order changed (out of line: the guess is the hot path).
     #[inline(never)]
-    fn find(&self, raw: &[u8]) -> Option<u32> {
+    fn find(&self, raw: &[u8]) -> Result<u32, Unseen> {
         let hash = self.hasher.hash_one(raw);
-        let &(_, id) = self
+        match self
             .index
-            .find(hash, |&(h, id)| h == hash && self.raw_of(id) == raw)?;
-        Some(id)
+            .find(hash, |&(h, id)| h == hash && self.raw_of(id) == raw)
+        {
+            Some(&(_, id)) => Ok(id),
+            None => Err(Unseen(hash)),
+        }
     }
 
-    pub(super) fn insert(
+    /// A series `lookup` did not find: its raw labels, series key and
+    /// destinations (id, aggregation, group key).
+    pub(super) fn insert<'k>(
         &mut self,
         raw: &[u8],
-        series_key: Box<str>,
-        dests: Vec<(u32, u16, Box<str>)>,
+        Unseen(hash): Unseen,
+        series_key: &[u8],
+        dests: impl IntoIterator<Item = (u32, u16, &'k [u8])>,
     ) -> u32 {
         self.misses += 1;
         let id = self.entries.len() as u32;
@@ -157,19 +196,27 @@ impl SeriesCache {
         self.arena.extend_from_slice(raw);
         let first_dest = self.dest_ids.len() as u32;
         self.bytes += CACHE_ENTRY_OVERHEAD + raw.len() + series_key.len();
+        let series_key = push_text(&mut self.text, series_key);
         for (dest, agg, group_key) in dests {
             self.bytes += group_key.len() + 32;
             self.dest_ids.push(dest);
-            self.dest_keys.push((agg, group_key));
+            self.dest_keys
+                .push((agg, push_text(&mut self.text, group_key)));
         }
         self.entries.push(CacheEntry {
             raw: (at, raw.len() as u32),
             dests: (first_dest, self.dest_ids.len() as u32 - first_dest),
             series_key,
         });
-        let hash = self.hasher.hash_one(raw);
         self.index.insert_unique(hash, (hash, id), |&(h, _)| h);
         self.next_guess = id + 1;
         id
     }
+}
+
+/// `bytes` appended to `text`; where they are.
+fn push_text(text: &mut Vec<u8>, bytes: &[u8]) -> (u32, u32) {
+    let at = text.len() as u32;
+    text.extend_from_slice(bytes);
+    (at, bytes.len() as u32)
 }
