@@ -52,6 +52,9 @@ impl Ingester {
                         labels = &deferred;
                     }
                     let series = NewSeries::canonicalize(labels, &self.plan.plan, &mut new)?;
+                    if self.cache.keeps_keys() {
+                        series.write_series_key(&mut new.series_key);
+                    }
                     for i in 0..new.aggs.len() {
                         let agg = new.aggs[i];
                         let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
@@ -237,7 +240,8 @@ impl BaselineSeries {
 /// population, the series key parsed back for each group key): validated
 /// labels are sorted and unique, so they are the sorted map. A series costs
 /// the cache this once (`verify` holds it to the baseline's answers), written
-/// into [`NewSeriesBuffers`] kept between requests: no allocation per series.
+/// into [`NewSeriesBuffers`] kept between requests: no allocation per series;
+/// and its series key only where the per-sample router will read it.
 pub(super) struct NewSeries<'l> {
     labels: &'l [(&'l [u8], &'l [u8])],
 }
@@ -256,8 +260,8 @@ pub(super) struct NewSeriesBuffers {
 }
 
 impl<'l> NewSeries<'l> {
-    /// Validates `labels`, writes their series key and aggregations into
-    /// `out` (its group keys and destinations emptied for the caller).
+    /// Validates `labels`, writes their aggregations into `out` (its series
+    /// key, group keys and destinations emptied for the caller).
     pub(super) fn canonicalize(
         labels: &'l [(&'l [u8], &'l [u8])],
         plan: &Plan,
@@ -269,21 +273,6 @@ impl<'l> NewSeries<'l> {
         if metric.is_empty() {
             return Err(invalid("a series has no `__name__` label"));
         }
-        let key = &mut out.series_key;
-        key.clear();
-        key.extend_from_slice(metric);
-        key.push(b'{');
-        let pairs = labels.iter().filter(|(n, _)| *n != b"__name__");
-        for (i, (name, value)) in pairs.enumerate() {
-            if i > 0 {
-                key.push(b',');
-            }
-            key.extend_from_slice(name);
-            key.extend_from_slice(b"=\"");
-            write_escaped(key, value, Escape::LabelValue);
-            key.push(b'"');
-        }
-        key.push(b'}');
         out.aggs.clear();
         out.aggs.extend(
             plan.aggregations
@@ -297,9 +286,27 @@ impl<'l> NewSeries<'l> {
                 })
                 .map(|(i, _)| i as u16),
         );
+        out.series_key.clear();
         out.group_keys.clear();
         out.dests.clear();
         Ok(NewSeries { labels })
+    }
+
+    /// The series key, `name{k="v",…}` (values escaped, labels sorted), onto `out`.
+    pub(super) fn write_series_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(label_value(self.labels, b"__name__"));
+        out.push(b'{');
+        let pairs = self.labels.iter().filter(|(n, _)| *n != b"__name__");
+        for (i, (name, value)) in pairs.enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(name);
+            out.extend_from_slice(b"=\"");
+            write_escaped(out, value, Escape::LabelValue);
+            out.push(b'"');
+        }
+        out.push(b'}');
     }
 
     /// The group key for one aggregation (see [`write_group_key`]), onto `out`.
@@ -442,6 +449,7 @@ mod tests {
             let new = NewSeries::canonicalize(labels, &plan, &mut out);
             match (baseline, new) {
                 (Ok(b), Ok(n)) => {
+                    n.write_series_key(&mut out.series_key);
                     assert_eq!(out.series_key, b.series_key.as_bytes(), "{labels:?}");
                     assert_eq!(out.aggs, b.aggs, "{labels:?}");
                     for agg in &plan.aggregations {

@@ -207,9 +207,10 @@ pub struct Ingester {
 
 impl Ingester {
     pub fn new(plan: Plan, strategies: StrategySet) -> Self {
+        let seams = Seams::resolve(strategies).ingest;
         let mut ingester = Ingester {
             strategies,
-            seams: Seams::resolve(strategies).ingest,
+            seams,
             plan: PlanGeneration {
                 plan: Plan {
                     aggregations: vec![],
@@ -223,7 +224,7 @@ impl Ingester {
             totals: Stats::default(),
             limits: Limits::UNBOUNDED,
             shared: Arc::new(Shared::new(Capacity::UNBOUNDED)),
-            cache: SeriesCache::new(DEFAULT_CACHE_CAPACITY),
+            cache: SeriesCache::new(DEFAULT_CACHE_CAPACITY, seams.route == Route::PerSample),
             max_decoded: 32 << 20,
             decompressed: Vec::new(),
             scratch: RouteScratch::default(),

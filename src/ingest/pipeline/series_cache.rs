@@ -22,6 +22,10 @@ pub(super) struct SeriesCache {
     /// Every entry's series key and its destinations' group keys, back to
     /// back (validated labels, so UTF-8): a new series costs no allocation.
     text: Vec<u8>,
+    /// Whether entries keep those keys: only the per-sample router reads
+    /// them (`batch-routing` reads the destination ids), so a cache without
+    /// it neither builds nor stores them.
+    keys: bool,
     /// The entry tried first by the next lookup.
     next_guess: u32,
     pub(super) capacity: usize,
@@ -72,7 +76,7 @@ pub(super) struct Unseen(u64);
 const ARENA_LIMIT: usize = (u32::MAX / 2) as usize;
 
 impl SeriesCache {
-    pub(super) fn new(capacity: usize) -> Self {
+    pub(super) fn new(capacity: usize, keys: bool) -> Self {
         SeriesCache {
             hasher: network_hasher(),
             index: hashbrown::HashTable::new(),
@@ -81,6 +85,7 @@ impl SeriesCache {
             dest_ids: Vec::new(),
             dest_keys: Vec::new(),
             text: Vec::new(),
+            keys,
             next_guess: 0,
             capacity,
             bytes: 0,
@@ -141,12 +146,19 @@ impl SeriesCache {
             .expect("keys of validated labels are UTF-8")
     }
 
-    /// Entry `id`'s series key.
+    /// Whether entries keep their series and group keys ([`SeriesCache::series_key`],
+    /// [`SeriesCache::dest_keys`]).
+    pub(super) fn keeps_keys(&self) -> bool {
+        self.keys
+    }
+
+    /// Entry `id`'s series key (empty when the cache keeps no keys).
     pub(super) fn series_key(&self, id: u32) -> &str {
         self.text_at(self.entries[id as usize].series_key)
     }
 
-    /// Entry `id`'s destinations' aggregations and group keys.
+    /// Entry `id`'s destinations' aggregations and group keys (none when the
+    /// cache keeps no keys).
     pub(super) fn dest_keys(&self, id: u32) -> impl Iterator<Item = (u16, &str)> {
         let (first, n) = self.entries[id as usize].dests;
         self.dest_keys[first as usize..(first + n) as usize]
@@ -182,7 +194,8 @@ impl SeriesCache {
     }
 
     /// A series `lookup` did not find: its raw labels, series key and
-    /// destinations (id, aggregation, group key).
+    /// destinations (id, aggregation, group key); the keys kept only if the
+    /// cache keeps keys.
     pub(super) fn insert<'k>(
         &mut self,
         raw: &[u8],
@@ -195,14 +208,18 @@ impl SeriesCache {
         let at = self.arena.len() as u32;
         self.arena.extend_from_slice(raw);
         let first_dest = self.dest_ids.len() as u32;
-        self.bytes += CACHE_ENTRY_OVERHEAD + raw.len() + series_key.len();
-        let series_key = push_text(&mut self.text, series_key);
+        let text_before = self.text.len();
+        let series_key = self.push_key(series_key);
         for (dest, agg, group_key) in dests {
-            self.bytes += group_key.len() + 32;
             self.dest_ids.push(dest);
-            self.dest_keys
-                .push((agg, push_text(&mut self.text, group_key)));
+            if self.keys {
+                let key = self.push_key(group_key);
+                self.dest_keys.push((agg, key));
+            }
         }
+        let dests = self.dest_ids.len() - first_dest as usize;
+        self.bytes +=
+            CACHE_ENTRY_OVERHEAD + raw.len() + (self.text.len() - text_before) + 32 * dests;
         self.entries.push(CacheEntry {
             raw: (at, raw.len() as u32),
             dests: (first_dest, self.dest_ids.len() as u32 - first_dest),
@@ -212,11 +229,14 @@ impl SeriesCache {
         self.next_guess = id + 1;
         id
     }
-}
 
-/// `bytes` appended to `text`; where they are.
-fn push_text(text: &mut Vec<u8>, bytes: &[u8]) -> (u32, u32) {
-    let at = text.len() as u32;
-    text.extend_from_slice(bytes);
-    (at, bytes.len() as u32)
+    /// `key` appended to `text` if the cache keeps keys; where it is.
+    fn push_key(&mut self, key: &[u8]) -> (u32, u32) {
+        if !self.keys {
+            return (0, 0);
+        }
+        let at = self.text.len() as u32;
+        self.text.extend_from_slice(key);
+        (at, key.len() as u32)
+    }
 }
