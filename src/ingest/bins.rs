@@ -115,21 +115,11 @@ impl Bins {
     /// size: closing a million groups' panes, growing them push by push was a
     /// tenth of the ingest.
     pub fn from_dense(lo: i32, counts: &[u64]) -> Bins {
-        // What `push` will store: a run per gap of two keys or more, a count
-        // per key held and per single empty key inside a run.
-        let (mut runs, mut stored) = (0, 0);
-        let mut end: Option<i64> = None;
-        for (i, &count) in counts.iter().enumerate() {
-            if count == 0 {
-                continue;
-            }
-            let key = i64::from(lo) + i as i64;
-            match end {
-                Some(end) if key <= end + 1 => stored += (key - end + 1) as usize,
-                _ => (runs, stored) = (runs + 1, stored + 1),
-            }
-            end = Some(key + 1);
-        }
+        let pairs = counts
+            .iter()
+            .enumerate()
+            .map(|(i, &count)| (lo + i as i32, count));
+        let (runs, stored) = stored_sizes(pairs);
         let mut bins = Bins {
             runs: Vec::with_capacity(runs),
             counts: Vec::with_capacity(stored),
@@ -137,6 +127,22 @@ impl Bins {
         };
         for (i, &count) in counts.iter().enumerate() {
             bins.push(lo + i as i32, count);
+        }
+        debug_assert_eq!((bins.runs.len(), bins.counts.len()), (runs, stored));
+        bins
+    }
+
+    /// The bins of (key, count) pairs, keys strictly ascending (zeros
+    /// skipped), each vector allocated once at its size.
+    pub fn from_pairs(pairs: &[(i32, u64)]) -> Bins {
+        let (runs, stored) = stored_sizes(pairs.iter().copied());
+        let mut bins = Bins {
+            runs: Vec::with_capacity(runs),
+            counts: Vec::with_capacity(stored),
+            total: 0,
+        };
+        for &(key, count) in pairs {
+            bins.push(key, count);
         }
         debug_assert_eq!((bins.runs.len(), bins.counts.len()), (runs, stored));
         bins
@@ -482,6 +488,26 @@ mod datadog_format {
         }
         Ok(pane)
     }
+}
+
+/// What [`Bins::push`] stores for (key, count) pairs, keys ascending: (runs,
+/// counts) — a run per gap of two keys or more, a count per key held and per
+/// single empty key inside a run.
+fn stored_sizes(pairs: impl Iterator<Item = (i32, u64)>) -> (usize, usize) {
+    let (mut runs, mut stored) = (0, 0);
+    let mut end: Option<i64> = None;
+    for (key, count) in pairs {
+        if count == 0 {
+            continue;
+        }
+        let key = i64::from(key);
+        match end {
+            Some(end) if key <= end + 1 => stored += (key - end + 1) as usize,
+            _ => (runs, stored) = (runs + 1, stored + 1),
+        }
+        end = Some(key + 1);
+    }
+    (runs, stored)
 }
 
 #[cfg(test)]

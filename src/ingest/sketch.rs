@@ -258,7 +258,7 @@ impl PaneSketch {
         PANE_BINS
             + match self {
                 PaneSketch::Reference(s) => s.sketch.length(),
-                PaneSketch::Bulk(s) => s.positive.bins.len() + s.negative.bins.len(),
+                PaneSketch::Bulk(s) => s.positive.len() + s.negative.len(),
             }
     }
 }
@@ -405,6 +405,10 @@ fn add_key(store: &mut BulkStore, key: i32, afford: &mut impl FnMut(usize) -> bo
         store.count += 1;
         return true;
     }
+    if store.covers(key) {
+        store.add_outside(key, 1);
+        return true;
+    }
     if !afford(store.growth_for(key)) {
         return false;
     }
@@ -446,27 +450,58 @@ impl BulkSketch {
     }
 }
 
-/// Dense bins over `[lo, lo + bins.len())`, collapsing the lowest keys beyond `limit`.
+/// Dense bins over `[lo, lo + bins.len())`, collapsing the lowest keys beyond
+/// `limit`; until it holds more than [`FEW_KEYS`] keys, the keys alone.
+///
+/// Why the few keys: a pane of a handful of values spread over a few hundred
+/// keys (one series per group: a million groups, five values each) held a
+/// dense vector of those hundreds of bins, grown a value at a time, and its
+/// close read them all to find the five. As pairs it is the five. The store
+/// is the same either way: its span (`lo..=hi`, what the budget counts), its
+/// keys and counts, its collapses (a key that would pass the limit makes it
+/// dense first, then collapses as a dense store does).
 #[derive(Clone, Debug)]
 struct BulkStore {
     bins: Vec<u64>,
-    /// The key of `bins[0]`; after a collapse also the floor every lower key lands in.
+    /// The key of `bins[0]`; after a collapse also the floor every lower key
+    /// lands in. With `few` keys, the lowest of them.
     lo: i32,
+    /// While `bins` is empty: the keys held and their counts, keys ascending.
+    few: Vec<(i32, u64)>,
     count: u64,
     limit: i32,
 }
+
+/// The most keys a store holds as pairs before it turns dense.
+const FEW_KEYS: usize = 8;
 
 impl BulkStore {
     fn new(limit: i32) -> Self {
         BulkStore {
             bins: Vec::new(),
             lo: 0,
+            few: Vec::new(),
             count: 0,
             limit,
         }
     }
 
+    /// The bins of its span, as a dense store holds them (what the budget counts).
+    fn len(&self) -> usize {
+        match (self.few.first(), self.few.last()) {
+            (Some(&(lo, _)), Some(&(hi, _))) => (hi - lo) as usize + 1,
+            _ => self.bins.len(),
+        }
+    }
+
+    /// Whether `key` is inside its span (adding it grows nothing).
+    #[inline]
+    fn covers(&self, key: i32) -> bool {
+        (key.wrapping_sub(self.lo) as u32 as usize) < self.len()
+    }
+
     /// `n` adds of `key`.
+    #[inline]
     fn add_n(&mut self, key: i32, n: u64) {
         let idx = key.wrapping_sub(self.lo) as u32 as usize;
         if idx < self.bins.len() {
@@ -477,19 +512,23 @@ impl BulkStore {
         }
     }
 
-    /// Bins that adding `key` (outside the bins) adds.
+    /// Bins that adding `key` (outside its span) adds.
     fn growth_for(&self, key: i32) -> usize {
-        if self.bins.is_empty() {
+        let len = self.len();
+        if len == 0 {
             return 1;
         }
-        let hi = i64::from(self.lo) + self.bins.len() as i64 - 1;
+        let hi = i64::from(self.lo) + len as i64 - 1;
         let span = hi.max(i64::from(key)) - i64::from(self.lo).min(i64::from(key)) + 1;
-        (span.min(i64::from(self.limit)) as usize).saturating_sub(self.bins.len())
+        (span.min(i64::from(self.limit)) as usize).saturating_sub(len)
     }
 
     /// Every key `other` counts, as if added here: the store ends the same for
     /// any order of adds, so this is the store of both streams, exactly.
     fn merge(&mut self, other: &BulkStore) {
+        for &(key, n) in &other.few {
+            self.add_n(key, n);
+        }
         for (i, &n) in other.bins.iter().enumerate() {
             if n > 0 {
                 self.add_n(other.lo + i as i32, n);
@@ -498,19 +537,31 @@ impl BulkStore {
     }
 
     fn to_bins(&self) -> Bins {
-        Bins::from_dense(self.lo, &self.bins)
+        if self.few.is_empty() {
+            Bins::from_dense(self.lo, &self.bins)
+        } else {
+            Bins::from_pairs(&self.few)
+        }
     }
 
-    /// `n` adds of a key outside the bins: grow, collapsing the lowest keys if
-    /// the range passes the limit.
-    #[cold]
+    /// `n` adds of a key outside the dense bins: with few keys, the pair's
+    /// count or a new pair; else grow, collapsing the lowest keys if the
+    /// range passes the limit.
+    #[inline(never)]
     fn add_outside(&mut self, key: i32, n: u64) {
-        self.count += n;
         if self.bins.is_empty() {
-            self.lo = key;
-            self.bins.push(n);
-            return;
+            if self.add_few(key, n) {
+                return;
+            }
+            self.make_dense();
+            let idx = key.wrapping_sub(self.lo) as u32 as usize;
+            if let Some(bin) = self.bins.get_mut(idx) {
+                *bin += n;
+                self.count += n;
+                return;
+            }
         }
+        self.count += n;
         let hi = self.lo + self.bins.len() as i32 - 1;
         let (new_lo, new_hi) = (key.min(self.lo), key.max(hi));
         if i64::from(new_hi) - i64::from(new_lo) < i64::from(self.limit) {
@@ -544,7 +595,52 @@ impl BulkStore {
         self.bins[idx] += n;
     }
 
+    /// `n` adds of `key` as a pair, if the store has few keys and the key
+    /// neither makes them too many nor passes the limit.
+    fn add_few(&mut self, key: i32, n: u64) -> bool {
+        let at = self.few.binary_search_by_key(&key, |&(k, _)| k);
+        if let Ok(i) = at {
+            self.few[i].1 += n;
+        } else if self.few.is_empty() {
+            self.few.reserve_exact(FEW_KEYS);
+            self.few.push((key, n));
+        } else {
+            let (lo, hi) = (self.few[0].0, self.few[self.few.len() - 1].0);
+            let span = i64::from(hi.max(key)) - i64::from(lo.min(key)) + 1;
+            if self.few.len() == FEW_KEYS || span > i64::from(self.limit) {
+                return false;
+            }
+            self.few.insert(at.unwrap_err(), (key, n));
+        }
+        self.lo = self.few[0].0;
+        self.count += n;
+        true
+    }
+
+    /// The few keys laid out as dense bins over their span.
+    #[cold]
+    fn make_dense(&mut self) {
+        if let (Some(&(lo, _)), Some(&(hi, _))) = (self.few.first(), self.few.last()) {
+            self.bins = vec![0; (hi - lo) as usize + 1];
+            for &(key, n) in &self.few {
+                self.bins[(key - lo) as usize] = n;
+            }
+            self.lo = lo;
+        }
+        self.few = Vec::new();
+    }
+
     fn key_at_rank(&self, rank: u64) -> i32 {
+        if let Some(&(hi, _)) = self.few.last() {
+            let mut n = 0;
+            for &(key, c) in &self.few {
+                n += c;
+                if n > rank {
+                    return key;
+                }
+            }
+            return hi;
+        }
         let mut n = 0;
         for (i, &c) in self.bins.iter().enumerate() {
             n += c;
@@ -560,6 +656,19 @@ impl BulkStore {
     /// leaves the cursor at the bin found.
     fn key_at_rank_from(&self, rank: u64, cursor: &mut (usize, u64)) -> i32 {
         let (mut i, mut below) = if cursor.1 <= rank { *cursor } else { (0, 0) };
+        if let Some(&(hi, _)) = self.few.last() {
+            // The cursor is a pair's index.
+            while let Some(&(key, c)) = self.few.get(i) {
+                if below + c > rank {
+                    *cursor = (i, below);
+                    return key;
+                }
+                below += c;
+                i += 1;
+            }
+            *cursor = (0, 0);
+            return hi;
+        }
         while let Some(chunk) = self.bins.get(i..i + 8) {
             let sum: u64 = chunk.iter().sum();
             if below + sum > rank {
@@ -689,6 +798,33 @@ mod tests {
         fn bulk_equals_one_at_a_time_through_collapses(values in prop::collection::vec(value(), 0..300), limit in 1u32..300) {
             let (reference, bulk) = both(Config::new(0.05, limit, 1e-9), &values);
             assert_same(&reference, &bulk);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// A store counts its span whether it holds its keys as pairs or
+        /// dense (the budget counts it), and turns dense past `FEW_KEYS`
+        /// keys or when a key would pass its limit.
+        #[test]
+        fn a_store_is_as_long_as_its_span(values in prop::collection::vec(value(), 0..60), limit in 1u32..400) {
+            let (reference, bulk) = both(Config::new(0.01, limit, 1e-9), &values);
+            assert_same(&reference, &bulk);
+            for store in [&bulk.positive, &bulk.negative] {
+                let keys: Vec<i32> = store.to_bins().iter().map(|(k, _)| k).collect();
+                let span = match (keys.first(), keys.last()) {
+                    (Some(lo), Some(hi)) => (hi - lo) as usize + 1,
+                    _ => 0,
+                };
+                prop_assert_eq!(store.len(), span);
+                prop_assert!(store.len() <= limit as usize);
+                prop_assert!(store.few.is_empty() || store.bins.is_empty());
+                prop_assert!(store.few.len() <= FEW_KEYS);
+                if keys.len() > FEW_KEYS {
+                    prop_assert!(store.few.is_empty());
+                }
+            }
         }
     }
 
