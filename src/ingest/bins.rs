@@ -115,33 +115,30 @@ impl Bins {
     /// size: closing a million groups' panes, growing them push by push was a
     /// tenth of the ingest.
     pub fn from_dense(lo: i32, counts: &[u64]) -> Bins {
-        let pairs = counts
-            .iter()
-            .enumerate()
-            .map(|(i, &count)| (lo + i as i32, count));
-        let (runs, stored) = stored_sizes(pairs);
-        let mut bins = Bins {
-            runs: Vec::with_capacity(runs),
-            counts: Vec::with_capacity(stored),
-            total: 0,
-        };
-        for (i, &count) in counts.iter().enumerate() {
-            bins.push(lo + i as i32, count);
-        }
-        debug_assert_eq!((bins.runs.len(), bins.counts.len()), (runs, stored));
-        bins
+        Bins::from_ascending(
+            counts
+                .iter()
+                .enumerate()
+                .map(|(i, &count)| (lo + i as i32, count)),
+        )
     }
 
     /// The bins of (key, count) pairs, keys strictly ascending (zeros
     /// skipped), each vector allocated once at its size.
     pub fn from_pairs(pairs: &[(i32, u64)]) -> Bins {
-        let (runs, stored) = stored_sizes(pairs.iter().copied());
+        Bins::from_ascending(pairs.iter().copied())
+    }
+
+    /// (key, count) pairs, keys strictly ascending, walked twice: to size
+    /// the vectors ([`stored_sizes`]), then to fill them.
+    fn from_ascending(pairs: impl Iterator<Item = (i32, u64)> + Clone) -> Bins {
+        let (runs, stored) = stored_sizes(pairs.clone());
         let mut bins = Bins {
             runs: Vec::with_capacity(runs),
             counts: Vec::with_capacity(stored),
             total: 0,
         };
-        for &(key, count) in pairs {
+        for (key, count) in pairs {
             bins.push(key, count);
         }
         debug_assert_eq!((bins.runs.len(), bins.counts.len()), (runs, stored));

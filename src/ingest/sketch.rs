@@ -406,7 +406,7 @@ fn add_key(store: &mut BulkStore, key: i32, afford: &mut impl FnMut(usize) -> bo
         return true;
     }
     if store.covers(key) {
-        store.add_outside(key, 1);
+        store.add_n(key, 1);
         return true;
     }
     if !afford(store.growth_for(key)) {
@@ -553,13 +553,10 @@ impl BulkStore {
             if self.add_few(key, n) {
                 return;
             }
+            // A key the pairs cannot take: dense from here on (the pairs are
+            // not empty, since an empty store always takes a pair).
             self.make_dense();
-            let idx = key.wrapping_sub(self.lo) as u32 as usize;
-            if let Some(bin) = self.bins.get_mut(idx) {
-                *bin += n;
-                self.count += n;
-                return;
-            }
+            return self.add_n(key, n);
         }
         self.count += n;
         let hi = self.lo + self.bins.len() as i32 - 1;
@@ -628,32 +625,17 @@ impl BulkStore {
             self.lo = lo;
         }
         self.few = Vec::new();
+        debug_assert!(!self.bins.is_empty(), "made dense from no pairs");
     }
 
     fn key_at_rank(&self, rank: u64) -> i32 {
-        if let Some(&(hi, _)) = self.few.last() {
-            let mut n = 0;
-            for &(key, c) in &self.few {
-                n += c;
-                if n > rank {
-                    return key;
-                }
-            }
-            return hi;
-        }
-        let mut n = 0;
-        for (i, &c) in self.bins.iter().enumerate() {
-            n += c;
-            if n > rank {
-                return self.lo + i as i32;
-            }
-        }
-        self.lo + self.bins.len() as i32 - 1
+        self.key_at_rank_from(rank, &mut (0, 0))
     }
 
-    /// [`BulkStore::key_at_rank`] from `cursor` = (a bin index, the count
-    /// below it) when the rank is not below that count, else from the start;
-    /// leaves the cursor at the bin found.
+    /// The key of the bin holding the `rank`-th value (0-based), or the
+    /// highest key if none does: from `cursor` = (a bin's or pair's index,
+    /// the count below it) when the rank is not below that count, else from
+    /// the start; leaves the cursor at the bin found.
     fn key_at_rank_from(&self, rank: u64, cursor: &mut (usize, u64)) -> i32 {
         let (mut i, mut below) = if cursor.1 <= rank { *cursor } else { (0, 0) };
         if let Some(&(hi, _)) = self.few.last() {
