@@ -571,9 +571,12 @@ impl IngestFloor {
     pub fn run_bodies<'b>(&mut self, bodies: impl Iterator<Item = &'b [u8]>) -> Result<u64> {
         let mut state = IngestState::default();
         let mut samples = 0;
+        // Decompressed into a buffer kept at its largest, as the receiver
+        // does (zeroing it for every request was ~8 % of the floor).
+        let mut buf = std::mem::take(&mut self.raw);
         for body in bodies {
-            wire::decompress(body, 64 << 20, &mut self.raw)?;
-            let mut request = Fields::new(&self.raw);
+            let raw = wire::decompress_reusing(body, 64 << 20, &mut buf)?;
+            let mut request = Fields::new(raw);
             while let Some((field, series)) = request.next_field()? {
                 if field == 1 {
                     samples += self.series(series, &mut state)?;
@@ -585,6 +588,7 @@ impl IngestFloor {
             }
             state.touched.clear();
         }
+        self.raw = buf;
         self.write_answer(&state);
         Ok(samples)
     }
