@@ -889,6 +889,14 @@ mod tests {
         ));
     }
 
+    /// A length-delimited field: its one-byte key, its length as a varint, `body`.
+    fn length_delimited(key: u8, body: &[u8]) -> Vec<u8> {
+        let mut f = vec![key];
+        put_varint(&mut f, body.len() as u64);
+        f.extend_from_slice(body);
+        f
+    }
+
     /// One field of a series body, for the sender-shape walk's property test.
     fn series_field() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
         use proptest::prelude::*;
@@ -905,12 +913,7 @@ mod tests {
         };
         prop_oneof![
             // A label field, short or with a two-byte length.
-            prop::collection::vec(any::<u8>(), 0..140).prop_map(move |b| {
-                let mut f = vec![0x0a];
-                put_varint(&mut f, b.len() as u64);
-                f.extend(b);
-                f
-            }),
+            prop::collection::vec(any::<u8>(), 0..140).prop_map(|b| length_delimited(0x0a, &b)),
             // A sample: value, timestamp (padded or not), in either order, or one missing.
             (any::<f64>(), any::<i64>(), 0usize..5, 0u8..4).prop_map(move |(v, t, pad, shape)| {
                 let value: Vec<u8> = [&[0x09][..], &v.to_le_bytes()].concat();
@@ -920,10 +923,7 @@ mod tests {
                     2 => [ts, value].concat(),
                     _ => value,
                 };
-                let mut f = vec![0x12];
-                put_varint(&mut f, body.len() as u64);
-                f.extend(body);
-                f
+                length_delimited(0x12, &body)
             }),
             // Anything else: an unknown varint field, or bytes.
             (3u8..20, any::<u64>()).prop_map(move |(tag, v)| {
@@ -963,17 +963,12 @@ mod tests {
     }
 
     /// One label field of a series, for the sender-shape label parse's
-    /// property test: holding a name and a value field (either possibly
-    /// missing, repeated, swapped or of a two-byte length), or stray bytes.
+    /// property test, holding a name and a value field (either possibly
+    /// missing, repeated, swapped or of a two-byte length) or a few stray bytes.
     fn label_field() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
         use proptest::prelude::*;
-        let field = |tag: u8| {
-            prop::collection::vec(any::<u8>(), 0..130).prop_map(move |b| {
-                let mut f = vec![tag];
-                put_varint(&mut f, b.len() as u64);
-                f.extend(b);
-                f
-            })
+        let field = |key: u8| {
+            prop::collection::vec(any::<u8>(), 0..130).prop_map(move |b| length_delimited(key, &b))
         };
         let label_body = prop_oneof![
             (field(0x0a), field(0x12)).prop_map(|(n, v)| [n, v].concat()),
@@ -983,12 +978,7 @@ mod tests {
             prop::collection::vec(any::<u8>(), 0..4),
         ];
         // A deferred span holds only label fields (tag 1).
-        label_body.prop_map(|b| {
-            let mut f = vec![0x0a];
-            put_varint(&mut f, b.len() as u64);
-            f.extend(b);
-            f
-        })
+        label_body.prop_map(|b| length_delimited(0x0a, &b))
     }
 
     /// prost's encoding of labels (as senders write them) takes the
