@@ -89,6 +89,33 @@ pub fn bin_value(config: &Config, key: i32) -> f64 {
     config.value(key).min(f64::MAX)
 }
 
+/// The runs of dense counts as [`Bins::push`] makes them, as index ranges:
+/// each from a non-zero count to the last non-zero count before two zeros in
+/// a row (or the end).
+fn for_each_dense_run(counts: &[u64], mut run: impl FnMut(std::ops::Range<usize>)) {
+    let nonzero = |i: usize| counts.get(i).is_some_and(|&c| c != 0);
+    let mut i = 0;
+    while i < counts.len() {
+        if counts[i] == 0 {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        // `i` is one past the run's last non-zero count.
+        i += 1;
+        loop {
+            if nonzero(i) {
+                i += 1;
+            } else if nonzero(i + 1) {
+                i += 2;
+            } else {
+                break;
+            }
+        }
+        run(start..i);
+    }
+}
+
 /// One sign's bins: keys ascending with their counts, stored as runs of
 /// consecutive keys (see the module doc's cost).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -114,13 +141,30 @@ impl Bins {
     /// as [`Bins::from_sorted`] makes them, each vector allocated once at its
     /// size: closing a million groups' panes, growing them push by push was a
     /// tenth of the ingest.
+    ///
+    /// A run's counts are a stretch of the dense counts as they stand (single
+    /// zeros kept), so each is copied whole. Pushed key by key, through an
+    /// iterator walked once to size the vectors and once to fill them, this
+    /// was 2,900 instructions a store at 100k groups of 10 series, 7.7 % of
+    /// `all`'s ingest there; 1,900 now.
     pub fn from_dense(lo: i32, counts: &[u64]) -> Bins {
-        Bins::from_ascending(
-            counts
-                .iter()
-                .enumerate()
-                .map(|(i, &count)| (lo + i as i32, count)),
-        )
+        let (mut runs, mut stored) = (0, 0);
+        for_each_dense_run(counts, |run| {
+            runs += 1;
+            stored += run.len();
+        });
+        let mut bins = Bins {
+            runs: Vec::with_capacity(runs),
+            counts: Vec::with_capacity(stored),
+            total: 0,
+        };
+        for_each_dense_run(counts, |run| {
+            let len = u32::try_from(run.len()).expect("a store's span fits in u32");
+            bins.runs.push((lo + run.start as i32, len));
+            bins.counts.extend_from_slice(&counts[run]);
+        });
+        bins.total = bins.counts.iter().sum();
+        bins
     }
 
     /// The bins of (key, count) pairs, keys strictly ascending (zeros
@@ -526,12 +570,16 @@ mod tests {
 
     proptest! {
         /// A dense store's bins are the pairs' bins, and each vector is
-        /// allocated at its size.
+        /// allocated at its size; stores from all zeros to none, up to 300
+        /// keys.
         #[test]
         fn dense_bins_are_sorted_pairs_bins(
             lo in -80_000i32..80_000,
-            counts in prop::collection::vec(prop_oneof![3 => Just(0u64), 2 => 1u64..5], 0..40),
+            zeros in 0u32..=100,
+            draws in prop::collection::vec((0u32..100, 1u64..5), 0..300),
         ) {
+            let counts: Vec<u64> =
+                draws.iter().map(|&(r, c)| if r < zeros { 0 } else { c }).collect();
             let dense = Bins::from_dense(lo, &counts);
             let pairs = counts.iter().enumerate().map(|(i, &c)| (lo + i as i32, c));
             prop_assert_eq!(&dense, &Bins::from_sorted(pairs));
