@@ -412,8 +412,10 @@ enum Change {
     WriterClosed(Box<[u8]>),
 }
 
-/// An inotify watch on the store directory (libc; non-blocking).
-struct Watch {
+/// An inotify watch on the store directory (libc; non-blocking). Also
+/// public as [`crate::export::StoreWatch`], for a reader that keeps no
+/// listing of its own (the benchmarks' export floor).
+pub struct Watch {
     fd: std::os::fd::OwnedFd,
     buf: Vec<u8>,
     /// The watch is gone (the directory was removed or moved).
@@ -421,7 +423,9 @@ struct Watch {
 }
 
 impl Watch {
-    fn new(dir: &Path) -> std::io::Result<Watch> {
+    /// A watch of `dir`; an error where inotify cannot see every change
+    /// (a network filesystem) or no watch can be had.
+    pub fn new(dir: &Path) -> std::io::Result<Watch> {
         use std::os::fd::FromRawFd;
         if on_network_filesystem(dir) {
             return Err(std::io::Error::other(
@@ -454,6 +458,15 @@ impl Watch {
             buf: vec![0u8; 64 * 1024],
             lost: false,
         })
+    }
+
+    /// Whether a file came, went or was written and closed, or the watch
+    /// was lost, since the last read (the events are read and dropped): one
+    /// `read` when nothing happened, what every watched scrape pays.
+    pub fn changed(&mut self) -> std::io::Result<bool> {
+        let mut changed = false;
+        let relist = self.drain(|_| changed = true)?;
+        Ok(changed || relist)
     }
 
     /// Hands every pending change to `change`; `Ok(true)` when the store

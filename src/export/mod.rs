@@ -41,6 +41,7 @@
 
 mod plan;
 
+pub use crate::fileset::Watch as StoreWatch;
 use crate::fileset::{FileSet, Listed};
 use crate::formenc;
 use crate::liveness::{self, Writers};

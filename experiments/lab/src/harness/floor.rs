@@ -297,39 +297,25 @@ impl ExportFloor {
 }
 
 /// The one syscall a scrape cannot do without: whether the store's listing
-/// changed since the floor was built. Until issue 26 the floor made none, so
-/// every exporter's ratio counted as overhead the `read` of its inotify
-/// watch that tells it no file came or went (a syscall is several
-/// microseconds on a cold cache here, a fifth of a folded 504-file store's
-/// scrape). Where no watch can be had (inotify's per-user limits), an
-/// `fstat` of the directory stands in: the same one syscall, though a
-/// directory's times cannot tell every change.
+/// changed since the floor was built, asked of the exporters' own inotify
+/// watch ([`StoreWatch`]). Until issue 26 the floor made none, so every
+/// exporter's ratio counted as overhead the `read` of its watch that tells
+/// it no file came or went (a syscall is several microseconds on a cold
+/// cache here, a fifth of a folded 504-file store's scrape). Where no watch
+/// can be had (inotify's per-user limits, a network filesystem), an `fstat`
+/// of the directory stands in: the same one syscall, though a directory's
+/// times cannot tell every change.
+///
+/// [`StoreWatch`]: promlab::export::StoreWatch
 enum ListingCheck {
-    Watch(std::os::fd::OwnedFd),
+    Watch(promlab::export::StoreWatch),
     Stat(std::fs::File),
 }
 
 impl ListingCheck {
     fn new(dir: &Path) -> Result<ListingCheck> {
-        use std::os::fd::FromRawFd;
-        use std::os::unix::ffi::OsStrExt;
-        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-        // SAFETY: plain syscalls on our own descriptor and a NUL-terminated path.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd >= 0 {
-            // SAFETY: `fd` was just returned by inotify_init1.
-            let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-            use std::os::fd::AsRawFd;
-            let mask = libc::IN_CREATE
-                | libc::IN_DELETE
-                | libc::IN_MOVED_FROM
-                | libc::IN_MOVED_TO
-                | libc::IN_CLOSE_WRITE
-                | libc::IN_ONLYDIR;
-            // SAFETY: a valid inotify descriptor and a NUL-terminated path.
-            if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask) } >= 0 {
-                return Ok(ListingCheck::Watch(fd));
-            }
+        if let Ok(watch) = promlab::export::StoreWatch::new(dir) {
+            return Ok(ListingCheck::Watch(watch));
         }
         let dir =
             std::fs::File::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
@@ -339,18 +325,12 @@ impl ListingCheck {
     /// Fails if a file came, went or was written and closed in the store.
     fn check(&mut self) -> Result<()> {
         match self {
-            ListingCheck::Watch(fd) => {
-                use std::os::fd::AsRawFd;
-                let mut event = [0u8; 512];
-                // SAFETY: reads into our own buffer, of its length.
-                let n =
-                    unsafe { libc::read(fd.as_raw_fd(), event.as_mut_ptr().cast(), event.len()) };
-                if n >= 0 {
+            ListingCheck::Watch(watch) => {
+                if watch
+                    .changed()
+                    .context("reading the floor's watch of the store")?
+                {
                     bail!("the store's listing changed under the floor");
-                }
-                let err = std::io::Error::last_os_error();
-                if err.kind() != std::io::ErrorKind::WouldBlock {
-                    return Err(err).context("reading the floor's watch of the store");
                 }
             }
             ListingCheck::Stat(dir) => {
@@ -361,6 +341,7 @@ impl ListingCheck {
     }
 }
 
+/// The bytes a file read, not mapped, must have: its header.
 const MIN_USED: i32 = 4;
 
 /// A store file's `used` as its first 4 bytes say (0 when it has none).
