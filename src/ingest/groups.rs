@@ -60,7 +60,14 @@ fn try_take(counter: &AtomicUsize, n: usize, limit: usize) -> bool {
         .is_ok()
 }
 
+/// Gives `n` back to `counter`. Nothing to give writes nothing: the lanes
+/// share these counters, and a write (even of the same value) takes the cache
+/// line from the other cores — every (group, request) add gives back what its
+/// pane did not grow, usually 0.
 fn give(counter: &AtomicUsize, n: usize) {
+    if n == 0 {
+        return;
+    }
     let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
         Some(held.saturating_sub(n))
     });

@@ -192,7 +192,11 @@ impl LanedIngester {
                 let ms = agg.window_ms();
                 watermark.div_euclid(ms) > closed.div_euclid(ms)
             });
-        self.watermark.fetch_max(watermark, Ordering::AcqRel);
+        // Read first: most requests do not move it, and a write would take
+        // the cache line from the other lanes' cores.
+        if watermark > self.watermark.load(Ordering::Acquire) {
+            self.watermark.fetch_max(watermark, Ordering::AcqRel);
+        }
         drop(lane);
         if i != 0 && stats.over_bin_limit + stats.over_pane_limit > 0 {
             self.lock(0).relieve();
