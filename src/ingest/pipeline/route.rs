@@ -104,7 +104,7 @@ impl Ingester {
         let mut derived = std::mem::take(&mut sc.series_dests);
         derived.clear();
         sc.dest_ranges.clear();
-        let dest_ids: &[u32] = match resolved {
+        let (dest_ids, cached): (&[u32], Option<&[u32]>) = match resolved {
             Resolved::PerRequest(all) => {
                 for s in all {
                     let d0 = derived.len() as u32;
@@ -119,21 +119,24 @@ impl Ingester {
                     }
                     sc.dest_ranges.push((d0, derived.len() as u32));
                 }
-                &derived
+                (&derived, None)
             }
-            Resolved::Cached(ids) => {
-                sc.dest_ranges.extend(ids.iter().map(|&id| {
-                    let (first, n) = self.cache.entries[id as usize].dests;
-                    (first, first + n)
-                }));
-                &self.cache.dest_ids
-            }
+            Resolved::Cached(ids) => (&self.cache.dest_ids, Some(ids)),
         };
-        // Classify every sample; count the valid ones per destination of routed series.
+        // Classify every sample; count the valid ones per destination of
+        // routed series. A cached series' range is read here, in the same
+        // pass, and kept only for the series that are routed.
+        let entries = &self.cache.entries;
         let mut newest: Option<i64> = None;
         sc.routed.clear();
         for (i, span) in batch.series.iter().enumerate() {
-            let (d0, d1) = sc.dest_ranges[i];
+            let (d0, d1) = match cached {
+                Some(ids) => {
+                    let (first, n) = entries[ids[i] as usize].dests;
+                    (first, first + n)
+                }
+                None => sc.dest_ranges[i],
+            };
             let samples = batch.series_samples(span);
             if d0 == d1 {
                 for sample in samples {
@@ -154,7 +157,10 @@ impl Ingester {
                 for &d in &dest_ids[d0 as usize..d1 as usize] {
                     sc.count(d, valid);
                 }
-                sc.routed.push(i as u32);
+                sc.routed.push(Routed {
+                    series: i as u32,
+                    dests: (d0, d1),
+                });
             }
         }
         let watermark = self.watermark;
@@ -217,15 +223,22 @@ pub(super) struct Groups<'a> {
     pub(super) budget: &'a Budget,
 }
 
+/// A series the scatter walks: its index in the request and its range of
+/// destination ids.
+pub(super) struct Routed {
+    series: u32,
+    dests: (u32, u32),
+}
+
 /// Scratch space of the batched router, reused across requests.
 #[derive(Default)]
 pub(super) struct RouteScratch {
     /// Destination ids re-derived per request (without the series cache).
     pub(super) series_dests: Vec<u32>,
-    /// Per series, its range of destination ids.
+    /// Per series, its range of destination ids (without the series cache).
     pub(super) dest_ranges: Vec<(u32, u32)>,
     /// The series with a destination and a valid sample, in request order.
-    pub(super) routed: Vec<u32>,
+    pub(super) routed: Vec<Routed>,
     pub(super) counts: Vec<u32>,
     pub(super) start: Vec<u32>,
     pub(super) cursor: Vec<u32>,
@@ -272,10 +285,10 @@ impl RouteScratch {
             self.ts.resize(total, 0);
             self.values.resize(total, 0.0);
         }
-        for &i in &self.routed {
-            let (d0, d1) = self.dest_ranges[i as usize];
+        for routed in &self.routed {
+            let (d0, d1) = routed.dests;
             let dests = &dest_ids[d0 as usize..d1 as usize];
-            for sample in batch.series_samples(&batch.series[i as usize]) {
+            for sample in batch.series_samples(&batch.series[routed.series as usize]) {
                 if !takes(sample, latest) {
                     continue;
                 }
