@@ -969,58 +969,39 @@ mod tests {
 
     #[test]
     fn ingest_floor_refuses_the_series_the_receiver_refuses() {
-        use promlab::ingest::wire::{compress, Label, Sample, TimeSeries, WriteRequest};
-        use prost::Message;
         let plan = promlab::ingest::plan::Plan::default();
         let agg = &plan.aggregations[0];
-        let body = |labels: &[(&str, &str)], utf8: bool| {
-            let series = TimeSeries {
-                labels: labels
-                    .iter()
-                    .map(|&(name, value)| Label {
-                        name: name.into(),
-                        value: value.into(),
-                    })
-                    .collect(),
-                samples: vec![Sample {
-                    value: 1.5,
-                    timestamp: 1_700_000_000_000,
-                }],
-            };
-            let mut raw = WriteRequest {
-                timeseries: vec![series],
-                metadata: vec![],
+        let body = |labels: &[(&[u8], &[u8])]| {
+            let mut encoded = Vec::new();
+            for &(name, value) in labels {
+                wire::put_label(&mut encoded, name, value);
             }
-            .encode_to_vec();
-            if !utf8 {
-                // A value's "é" cut to its first byte, then "x": not UTF-8.
-                let at = raw.windows(2).position(|w| w == "é".as_bytes()).unwrap();
-                raw[at + 1] = b'x';
-            }
-            compress(&raw)
+            let mut raw = Vec::new();
+            wire::put_series_one_sample(&mut raw, &encoded, 1.5, 1_700_000_000_000);
+            wire::compress(&raw)
         };
-        let (metric, group) = (agg.metric.as_str(), agg.group_by[0].as_str());
-        let cases: [(&[(&str, &str)], bool); 8] = [
-            (&[("__name__", metric), (group, "a")], true),
-            (&[("__name__", metric), (group, "é")], true),
-            (&[("__name__", "other"), ("job", "x")], true),
-            (&[("__name__", metric), (group, "é")], false),
-            (&[(group, "a"), ("__name__", metric)], true),
-            (&[("__name__", metric), (group, "a"), (group, "b")], true),
-            (&[("__name__", metric), ("0bad", "a")], true),
-            (&[(group, "a")], true),
+        let (metric, group) = (agg.metric.as_bytes(), agg.group_by[0].as_bytes());
+        let cases: [&[(&[u8], &[u8])]; 8] = [
+            &[(b"__name__", metric), (group, b"a")],
+            &[(b"__name__", metric), (group, "é".as_bytes())],
+            &[(b"__name__", b"other"), (b"job", b"x")],
+            &[(b"__name__", metric), (group, b"\xc3x")],
+            &[(group, b"a"), (b"__name__", metric)],
+            &[(b"__name__", metric), (group, b"a"), (group, b"b")],
+            &[(b"__name__", metric), (b"0bad", b"a")],
+            &[(group, b"a")],
         ];
         // The first three are valid, the rest each break one rule.
-        for (i, (labels, utf8)) in cases.into_iter().enumerate() {
-            let body = body(labels, utf8);
+        for (i, labels) in cases.into_iter().enumerate() {
+            let body = body(labels);
             let mut receiver = promlab::ingest::pipeline::Ingester::new(
                 plan.clone(),
                 promlab::strategy::StrategySet::all(),
             );
             let refused = receiver.handle(&body).is_err();
-            assert_eq!(refused, i >= 3, "{labels:?} {utf8}");
+            assert_eq!(refused, i >= 3, "case {i}");
             let mut floor = IngestFloor::new(&plan).unwrap();
-            assert_eq!(floor.run(&[body]).is_err(), refused, "{labels:?} {utf8}");
+            assert_eq!(floor.run(&[body]).is_err(), refused, "case {i}");
         }
     }
 
