@@ -463,3 +463,43 @@ fn the_groups_a_full_limit_lets_in_do_not_depend_on_hash_seeds() {
         }
     }
 }
+
+/// With room for one pane, the group a request touches first gets it, however
+/// its series and the others' alternate after (the batched router counts a
+/// run of series of one group at once; the first touch still decides).
+#[test]
+fn the_group_a_request_touches_first_gets_the_last_pane() {
+    for set in sets() {
+        let plan = Plan {
+            lateness_secs: 0,
+            keep_windows: 1,
+            ..Plan::default()
+        };
+        let mut probe = Ingester::new(plan.clone(), set).with_limits(serving());
+        probe.handle(&body(&[("a", NOW - 600_000, 1.0)])).unwrap();
+        let mut limits = serving();
+        limits.capacity.bins = probe.held().bins;
+        for (order, first) in [
+            (["b", "b", "a", "b", "a"], "b"),
+            (["a", "b", "b", "a", "b"], "a"),
+        ] {
+            let mut ingester = Ingester::new(plan.clone(), set).with_limits(limits);
+            let samples: Vec<(&str, i64, f64)> =
+                order.iter().map(|&g| (g, NOW - 600_000, 1.0)).collect();
+            let stats = ingester.handle(&body(&samples)).unwrap();
+            let taken = order.iter().filter(|&&g| g == first).count() as u64;
+            assert_eq!(
+                (stats.accepted, stats.over_bin_limit),
+                (taken, 5 - taken),
+                "{set}, {order:?}: {stats:?}"
+            );
+            let groups: Vec<String> = ingester
+                .snapshot()
+                .iter()
+                .filter(|p| p.count > 0)
+                .map(|p| p.group[0].1.clone())
+                .collect();
+            assert_eq!(groups, vec![first.to_string()], "{set}, {order:?}");
+        }
+    }
+}

@@ -397,7 +397,7 @@ impl BulkSketch {
 }
 
 /// Adds `key` to `store`; a key outside its bins asks `afford` first.
-#[inline]
+#[inline(always)]
 fn add_key(store: &mut BulkStore, key: i32, afford: &mut impl FnMut(usize) -> bool) -> bool {
     let idx = key.wrapping_sub(store.lo) as u32 as usize;
     if idx < store.bins.len() {

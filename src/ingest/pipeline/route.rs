@@ -129,6 +129,12 @@ impl Ingester {
         let entries = &self.cache.entries;
         let mut newest: Option<i64> = None;
         sc.routed.clear();
+        // Consecutive series of one destination (a sender sends a group's
+        // series together) are counted as one run: the destination's count
+        // is read and written once a run, not once a series. Its first touch
+        // is still the run's first series, so destinations are added in the
+        // order they were first touched, as before.
+        let mut run = SingleDestRun::NONE;
         for (i, span) in batch.series.iter().enumerate() {
             let (d0, d1) = match cached {
                 Some(ids) => {
@@ -154,8 +160,20 @@ impl Ingester {
                 }
             }
             if valid > 0 {
-                for &d in &dest_ids[d0 as usize..d1 as usize] {
-                    sc.count(d, valid);
+                let dests = &dest_ids[d0 as usize..d1 as usize];
+                match *dests {
+                    [d] if d == run.dest => run.n += valid,
+                    [d] => {
+                        run.count_into(&mut sc);
+                        run = SingleDestRun { dest: d, n: valid };
+                    }
+                    _ => {
+                        run.count_into(&mut sc);
+                        run = SingleDestRun::NONE;
+                        for &d in dests {
+                            sc.count(d, valid);
+                        }
+                    }
                 }
                 sc.routed.push(Routed {
                     series: i as u32,
@@ -163,6 +181,7 @@ impl Ingester {
                 });
             }
         }
+        run.count_into(&mut sc);
         let watermark = self.watermark;
         sc.scatter_and_add(
             batch,
@@ -221,6 +240,28 @@ pub(super) struct Groups<'a> {
     pub(super) dests: &'a [(u16, u32)],
     pub(super) accumulators: &'a mut [Accumulator],
     pub(super) budget: &'a Budget,
+}
+
+/// The samples counted so far for the destination of the last routed
+/// series, while consecutive series have it as their only destination.
+#[derive(Clone, Copy)]
+struct SingleDestRun {
+    dest: u32,
+    n: u32,
+}
+
+impl SingleDestRun {
+    const NONE: SingleDestRun = SingleDestRun {
+        dest: u32::MAX,
+        n: 0,
+    };
+
+    #[inline]
+    fn count_into(self, sc: &mut RouteScratch) {
+        if self.n > 0 {
+            sc.count(self.dest, self.n);
+        }
+    }
 }
 
 /// A series the scatter walks: its index in the request and its range of
@@ -285,10 +326,39 @@ impl RouteScratch {
             self.ts.resize(total, 0);
             self.values.resize(total, 0.0);
         }
+        // The cursor of the last single destination is kept here while
+        // consecutive series write to it (stored back before any other
+        // series reads the cursors).
+        let mut held: Option<(u32, usize)> = None;
         for routed in &self.routed {
             let (d0, d1) = routed.dests;
             let dests = &dest_ids[d0 as usize..d1 as usize];
-            for sample in batch.series_samples(&batch.series[routed.series as usize]) {
+            let samples = batch.series_samples(&batch.series[routed.series as usize]);
+            if let &[d] = dests {
+                let at = match held {
+                    Some((h, at)) if h == d => at,
+                    _ => {
+                        if let Some((h, at)) = held {
+                            self.cursor[h as usize] = at as u32;
+                        }
+                        self.cursor[d as usize] as usize
+                    }
+                };
+                let mut end = at;
+                for sample in samples {
+                    if takes(sample, latest) {
+                        self.ts[end] = sample.timestamp;
+                        self.values[end] = sample.value;
+                        end += 1;
+                    }
+                }
+                held = Some((d, end));
+                continue;
+            }
+            if let Some((h, at)) = held.take() {
+                self.cursor[h as usize] = at as u32;
+            }
+            for sample in samples {
                 if !takes(sample, latest) {
                     continue;
                 }
@@ -299,6 +369,9 @@ impl RouteScratch {
                     self.cursor[d as usize] += 1;
                 }
             }
+        }
+        if let Some((h, at)) = held {
+            self.cursor[h as usize] = at as u32;
         }
         for &d in &self.touched {
             let (agg, gid) = into.dests[d as usize];
