@@ -30,6 +30,22 @@ fn sets() -> Vec<StrategySet> {
     StrategySet::combinations(Stage::Ingest)
 }
 
+/// A plan that keeps one closed window, and limits with room for exactly one
+/// pane of one value under `set` (bins are taken before they are held, so a
+/// smaller limit admits no pane at all).
+fn room_for_one_pane(set: StrategySet) -> (Plan, Limits) {
+    let plan = Plan {
+        lateness_secs: 0,
+        keep_windows: 1,
+        ..Plan::default()
+    };
+    let mut probe = Ingester::new(plan.clone(), set).with_limits(serving());
+    probe.handle(&body(&[("a", NOW - 600_000, 1.0)])).unwrap();
+    let mut limits = serving();
+    limits.capacity.bins = probe.held().bins;
+    (plan, limits)
+}
+
 #[test]
 fn far_future_samples_are_counted_and_cannot_close_windows() {
     for set in sets() {
@@ -109,17 +125,7 @@ fn groups_pane_slots_and_bins_stay_bounded_and_every_drop_is_counted() {
 #[test]
 fn bins_at_their_limit_drop_samples_and_come_back_as_windows_expire() {
     for set in sets() {
-        let plan = Plan {
-            lateness_secs: 0,
-            keep_windows: 1,
-            ..Plan::default()
-        };
-        // Room for exactly one pane of one value (bins are taken before they
-        // are held, so a smaller limit admits no pane at all).
-        let mut probe = Ingester::new(plan.clone(), set).with_limits(serving());
-        probe.handle(&body(&[("a", NOW - 600_000, 1.0)])).unwrap();
-        let mut limits = serving();
-        limits.capacity.bins = probe.held().bins;
+        let (plan, limits) = room_for_one_pane(set);
         let mut ingester = Ingester::new(plan, set).with_limits(limits);
         let first = ingester
             .handle(&body(&[("a", NOW - 600_000, 1.0)]))
@@ -154,17 +160,8 @@ fn bins_at_their_limit_drop_samples_and_come_back_as_windows_expire() {
 #[test]
 fn groups_already_there_keep_their_panes_past_the_bin_limit() {
     for set in sets() {
-        let plan = Plan {
-            lateness_secs: 0,
-            keep_windows: 1,
-            ..Plan::default()
-        };
-        let mut probe = Ingester::new(plan.clone(), set).with_limits(serving());
-        probe.handle(&body(&[("a", NOW - 600_000, 1.0)])).unwrap();
-        let one_pane = probe.held().bins;
-
-        let mut limits = serving();
-        limits.capacity.bins = one_pane;
+        let (plan, limits) = room_for_one_pane(set);
+        let one_pane = limits.capacity.bins;
         let mut ingester = Ingester::new(plan, set).with_limits(limits);
         let first = ingester
             .handle(&body(&[("a", NOW - 600_000, 1.0)]))
@@ -470,15 +467,7 @@ fn the_groups_a_full_limit_lets_in_do_not_depend_on_hash_seeds() {
 #[test]
 fn the_group_a_request_touches_first_gets_the_last_pane() {
     for set in sets() {
-        let plan = Plan {
-            lateness_secs: 0,
-            keep_windows: 1,
-            ..Plan::default()
-        };
-        let mut probe = Ingester::new(plan.clone(), set).with_limits(serving());
-        probe.handle(&body(&[("a", NOW - 600_000, 1.0)])).unwrap();
-        let mut limits = serving();
-        limits.capacity.bins = probe.held().bins;
+        let (plan, limits) = room_for_one_pane(set);
         for (order, first) in [
             (["b", "b", "a", "b", "a"], "b"),
             (["a", "b", "b", "a", "b"], "a"),
