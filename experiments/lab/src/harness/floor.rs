@@ -16,17 +16,8 @@
 //!   microseconds, and a folded 504-file store's `all` measured 1.97–2.14×
 //!   its floor with 64 MiB flushed before each scrape, 1.44–1.48× against
 //!   the floor with its read (`cold_scrape`, same process);
-//! - render: prerendered lines copied, each value formatted as the
-//!   exposition prints it, Ruby's `Float#to_s` (`rubyfloat::write`: `itoa`
-//!   for integral values, else `ryu` and the check that its layout is
-//!   Ruby's) ([`RenderFloor`]). Until issue 26 it printed `ryu`'s shortest
-//!   form, which is not the exposition's bytes for a value Ruby writes with
-//!   an exponent (`1.0e-05`, `ryu`'s `1e-5`), so its output could be checked
-//!   only by its lines, and every arm's ratio counted the layout check no
-//!   scrape can skip (its values may change) as overhead: a folded
-//!   5,040-file store's `all` ÷ floor, side by side in `cold_scrape`,
-//!   1.17–1.19 → 1.09–1.10 (1.22–1.25 → 1.16–1.17 with 64 MiB flushed
-//!   before each scrape);
+//! - render: prerendered lines copied, each value formatted (`itoa` for
+//!   integers and integral floats, `ryu` for the others) ([`RenderFloor`]);
 //! - ingest: snappy decode, a zero-copy protobuf walk, finding each series'
 //!   group sketch with no more work than `series-cache` does (one compare of
 //!   its label bytes with the series the sender sent next last time; a hash
@@ -70,8 +61,8 @@
 //!   alone).
 //!
 //! A floor's output is checked like an arm's where it is the stage's answer
-//! (export and render: the exposition's bytes), otherwise by the units it
-//! handled (steps, lines, samples, groups): a lock
+//! (export; render when every value's shortest form is the exposition's),
+//! otherwise by the units it handled (steps, lines, samples, groups): a lock
 //! pair, a window-less sketch per group or bare quantiles are not the answer.
 
 use anyhow::{bail, Context, Result};
@@ -258,8 +249,8 @@ impl ExportFloor {
         self.render.lines()
     }
 
-    /// Whether [`ExportFloor::run`] writes the exposition's bytes (it does
-    /// wherever each value's text is Ruby's `Float#to_s` of it).
+    /// Whether [`ExportFloor::run`] writes the exposition's bytes (every
+    /// value's shortest form is the one it prints; Ruby's `1.0e-05` is not).
     pub fn same_bytes(&self) -> bool {
         self.render.same_bytes
     }
@@ -384,8 +375,8 @@ pub struct RenderFloor {
     lines: u64,
     /// The scrape's buffer, at its largest size (see [`RenderFloor::run`]).
     out: Vec<u8>,
-    /// Whether the floor's bytes are the exposition's (every value printed as
-    /// Ruby's `Float#to_s` of the number its text parses to).
+    /// Whether the floor's bytes are the exposition's (every value's shortest
+    /// form is the one the exposition prints).
     pub same_bytes: bool,
 }
 
@@ -447,17 +438,29 @@ impl RenderFloor {
         out.clear();
         out.reserve(self.text.len() + self.values.len() * MAX_VALUE_LEN);
         let mut start = 0;
+        let (mut ints, mut floats) = (itoa::Buffer::new(), ryu::Buffer::new());
         for (&end, &value) in self.ends.iter().zip(&self.values) {
             out.extend_from_slice(&self.text[start..end as usize]);
             start = end as usize;
-            promlab::rubyfloat::write(out, value);
+            // An integral value as an integer and `.0` (what `ryu` prints for
+            // it, without its general path; a cast round trip tests that
+            // without libm's `trunc`); any other with `ryu`. (-0.0 is not:
+            // `ryu` prints its sign.)
+            if value.abs() < 1e15
+                && (value as i64) as f64 == value
+                && value.to_bits() != (-0.0f64).to_bits()
+            {
+                out.extend_from_slice(ints.format(value as i64).as_bytes());
+                out.extend_from_slice(b".0");
+            } else {
+                out.extend_from_slice(floats.format(value).as_bytes());
+            }
         }
         out.extend_from_slice(&self.text[start..]);
     }
 }
 
-/// The longest value `RenderFloor` writes: Ruby's longest `Float#to_s` of
-/// an f64 (`-2.2250738585072014e-308`, 24 bytes).
+/// The longest value `RenderFloor` writes: `ryu`'s longest form (24 bytes).
 const MAX_VALUE_LEN: usize = 24;
 
 /// Ingest: per request, snappy decode and a zero-copy walk of the protobuf;
@@ -944,12 +947,10 @@ mod tests {
         let text = b"# HELP a x\n# TYPE a gauge\na{q=\"1 2\"} 3.0\nb 0.25\nc 1.0e-05\n";
         let floor = RenderFloor::new(text);
         assert_eq!(floor.lines(), 5);
-        // Values as Ruby prints them, `1.0e-05` included (ryu's is `1e-5`).
-        assert!(floor.same_bytes);
-        // A value written otherwise is not the exposition's bytes.
-        let floor = RenderFloor::new(b"a 3\nb 1e-5\n");
+        // ryu prints 1e-5 where Ruby prints 1.0e-05: not the same bytes.
         assert!(!floor.same_bytes);
-        assert_eq!(floor.lines(), 2);
+        let floor = RenderFloor::new(&text[..text.len() - 10]);
+        assert!(floor.same_bytes);
     }
 
     #[test]
