@@ -326,38 +326,31 @@ impl RouteScratch {
             self.ts.resize(total, 0);
             self.values.resize(total, 0.0);
         }
-        // The cursor of the last single destination is kept here while
-        // consecutive series write to it (stored back before any other
-        // series reads the cursors).
+        // The cursor of the last single destination, also held here while
+        // consecutive series write to it: the next series of a run starts
+        // from the register, not from a load of what was just stored.
         let mut held: Option<(u32, usize)> = None;
         for routed in &self.routed {
             let (d0, d1) = routed.dests;
             let dests = &dest_ids[d0 as usize..d1 as usize];
             let samples = batch.series_samples(&batch.series[routed.series as usize]);
             if let &[d] = dests {
-                let at = match held {
+                let mut at = match held {
                     Some((h, at)) if h == d => at,
-                    _ => {
-                        if let Some((h, at)) = held {
-                            self.cursor[h as usize] = at as u32;
-                        }
-                        self.cursor[d as usize] as usize
-                    }
+                    _ => self.cursor[d as usize] as usize,
                 };
-                let mut end = at;
                 for sample in samples {
                     if takes(sample, latest) {
-                        self.ts[end] = sample.timestamp;
-                        self.values[end] = sample.value;
-                        end += 1;
+                        self.ts[at] = sample.timestamp;
+                        self.values[at] = sample.value;
+                        at += 1;
                     }
                 }
-                held = Some((d, end));
+                self.cursor[d as usize] = at as u32;
+                held = Some((d, at));
                 continue;
             }
-            if let Some((h, at)) = held.take() {
-                self.cursor[h as usize] = at as u32;
-            }
+            held = None;
             for sample in samples {
                 if !takes(sample, latest) {
                     continue;
@@ -369,9 +362,6 @@ impl RouteScratch {
                     self.cursor[d as usize] += 1;
                 }
             }
-        }
-        if let Some((h, at)) = held {
-            self.cursor[h as usize] = at as u32;
         }
         for &d in &self.touched {
             let (agg, gid) = into.dests[d as usize];
