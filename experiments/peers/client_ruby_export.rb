@@ -19,8 +19,16 @@ require 'prometheus/client/version'
 registry_json, dir, repeats, out = ARGV
 abort "usage: client_ruby_export.rb REGISTRY_JSON STORE_DIR REPEATS OUT_FILE" unless out
 
-own = Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin"))
-abort "client_ruby_export.rb: #{dir} already holds files of pid #{Process.pid}" unless own.empty?
+# The store's files are named by the pids that wrote them; if this process's pid is one of
+# them, registering would write into (and the clean-up below delete) that process's files, so
+# the work moves to a child, whose pid differs, until the pid is one the store lacks.
+while Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin")).any?
+  child = Process.fork
+  next if child.nil?
+
+  Process.wait(child)
+  exit($?.exitstatus || 1)
+end
 
 Prometheus::Client.config.data_store =
   Prometheus::Client::DataStores::DirectFileStore.new(dir: dir)

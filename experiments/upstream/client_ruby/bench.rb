@@ -14,6 +14,7 @@ require 'prometheus/client'
 require 'prometheus/client/registry'
 require 'prometheus/client/data_stores/direct_file_store'
 require 'prometheus/client/formats/text'
+require_relative 'own_pid'
 
 def now_ns
   Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
@@ -27,8 +28,7 @@ mode = ARGV.shift
 case mode
 when "export"
   registry_json, dir, reps, out = ARGV
-  own = Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin"))
-  abort "bench.rb: #{dir} already holds files of pid #{Process.pid}" unless own.empty?
+  work_under_a_pid_the_store_lacks(dir)
   Prometheus::Client.config.data_store =
     Prometheus::Client::DataStores::DirectFileStore.new(dir: dir)
   registry = Prometheus::Client::Registry.new

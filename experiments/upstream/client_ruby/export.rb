@@ -13,12 +13,12 @@ require 'prometheus/client'
 require 'prometheus/client/registry'
 require 'prometheus/client/data_stores/direct_file_store'
 require 'prometheus/client/formats/text'
+require_relative 'own_pid'
 
 registry_json, dir, out = ARGV
 abort "usage: export.rb REGISTRY_JSON STORE_DIR [OUT]" unless registry_json && dir
 
-own = Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin"))
-abort "export.rb: #{dir} already holds files of pid #{Process.pid}" unless own.empty?
+work_under_a_pid_the_store_lacks(dir)
 
 Prometheus::Client.config.data_store =
   Prometheus::Client::DataStores::DirectFileStore.new(dir: dir)

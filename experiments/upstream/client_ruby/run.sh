@@ -75,6 +75,16 @@ done
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/promlab-client-ruby.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
+
+# The fixtures' files carry the pids that wrote them, ordinary pids this machine also hands
+# out; export.rb and bench.rb move their work to a child when their own pid is one of them
+# (own_pid.rb). A CI run once drew such a pid, so check that hand-off here first.
+mkdir "$tmp/pid-check"
+ruby -e 'require ARGV[0]; d = ARGV[1]; first = Process.pid
+  File.write(File.join(d, "metric_x___#{first}.bin"), "")
+  work_under_a_pid_the_store_lacks(d)
+  exit(Process.pid == first ? 1 : 7)' "$here/own_pid.rb" "$tmp/pid-check" && rc=0 || rc=$?
+[ "$rc" -eq 7 ] || { echo "run.sh: own_pid.rb did not hand the work to a child (exit $rc)" >&2; exit 1; }
 mkdir -p "$out/rspec" "$out/exports"
 started=$(date +%s)
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
