@@ -29,7 +29,7 @@ use serde::Serialize;
 use sketches_ddsketch::Config;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Bumped whenever any accumulator in the process is created or its closed
 /// windows change (one closes, one is dropped). An answer about the last
@@ -344,7 +344,7 @@ impl QueryOrder {
 /// encoded once, on the first query, and kept.
 struct ClosedWindow {
     bins: WindowBins,
-    answer: OnceLock<Box<[u8]>>,
+    answer: OnceLock<Arc<[u8]>>,
 }
 
 /// A window as a query reads it.
@@ -721,6 +721,15 @@ impl Accumulator {
             .filter(|&s| self.view(s).is_some())
     }
 
+    /// The answer [`Accumulator::query_json`] keeps for the closed window a
+    /// query asks for (`None`: the last closed one), once a query has encoded
+    /// it; `None` before that, or when the window is not a closed one.
+    pub fn kept_answer(&self, window: Option<i64>) -> Option<&Arc<[u8]>> {
+        let start = self.query_start(window)?;
+        let closed = self.closed.iter().find(|w| w.bins.start == start)?;
+        closed.answer.get()
+    }
+
     /// [`Accumulator::query`] as the JSON `serde_json` makes of it, appended to
     /// `out`. A closed window's answer is encoded on its first query and kept.
     pub fn query_json(&self, window: Option<i64>, groups: &AggGroups, out: &mut Vec<u8>) {
@@ -730,7 +739,7 @@ impl Accumulator {
                 let answer = closed.answer.get_or_init(|| {
                     let mut answer = Vec::new();
                     self.encode_view(start, Some(View::Bins(&closed.bins)), groups, &mut answer);
-                    answer.into_boxed_slice()
+                    Arc::from(answer)
                 });
                 out.extend_from_slice(answer);
             }

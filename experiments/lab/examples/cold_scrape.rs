@@ -7,6 +7,10 @@
 //! promlab scenario-store seed-repro --out /tmp/seed && promlab fold --store /tmp/seed/store --registry /tmp/seed/registry.json
 //! cargo run --release -p promlab-lab --example cold_scrape -- /tmp/seed/store /tmp/seed/registry.json 300 0 4 16 64
 //! ```
+//! STORE may be `clones:N`: client_ruby 5.x's all-types fixture cloned under N
+//! exited pids (export-files' points: 60, 600, 6000), folded, in a scratch
+//! directory; REGISTRY is then ignored.
+//!
 //! `STORE REGISTRY ROUNDS MIB...`: per MiB given, `ROUNDS` rounds, each
 //! writing one byte per cache line of a MiB-sized buffer (0: nothing; this
 //! machine's L2 is 1 MiB a core, its L3 32 MiB) before a scrape by the
@@ -18,6 +22,7 @@ use anyhow::{bail, ensure, Context, Result};
 use promlab::export::Exporter;
 use promlab::registry::Registry;
 use promlab::strategy::StrategySet;
+use promlab_lab::harness::clones;
 use promlab_lab::harness::floor::ExportFloor;
 use promlab_lab::harness::quantile;
 use std::path::Path;
@@ -28,8 +33,16 @@ fn main() -> Result<()> {
     let [store, registry, rounds, sizes @ ..] = args.as_slice() else {
         bail!("usage: cold_scrape STORE REGISTRY ROUNDS MIB...");
     };
-    let store = Path::new(store);
-    let registry = Registry::load(Path::new(registry))?;
+    let scratch = tempfile::tempdir()?;
+    let (store, registry) = match store.strip_prefix("clones:") {
+        Some(processes) => {
+            let processes = processes.parse().context("clones:N")?;
+            let registry = clones::write("all-types-v5-uri", processes, scratch.path())?;
+            promlab::fold::fold_store(scratch.path(), &registry, &Default::default())?;
+            (scratch.path(), registry)
+        }
+        None => (Path::new(store), Registry::load(Path::new(registry))?),
+    };
     let rounds: usize = rounds.parse().context("ROUNDS")?;
     let mut exporter = Exporter::new(store, registry, StrategySet::all());
     let mut expected = Vec::new();

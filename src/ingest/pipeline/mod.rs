@@ -538,8 +538,20 @@ impl Ingester {
         let Some(a) = self.position(aggregation) else {
             return false;
         };
-        self.accumulators[a].query_json(window, self.shared.groups.lock().agg(a), out);
+        // A kept answer needs no group table: no lock taken.
+        match self.accumulators[a].kept_answer(window) {
+            Some(kept) => out.extend_from_slice(kept),
+            None => self.accumulators[a].query_json(window, self.shared.groups.lock().agg(a), out),
+        }
         true
+    }
+
+    /// The answer [`Ingester::query_json`] keeps for a closed window, once a
+    /// query has encoded it: `None` before that, for a window that is not
+    /// closed, or for no such aggregation. Shared: a server can send it
+    /// without a copy.
+    pub fn kept_answer(&self, aggregation: &str, window: Option<i64>) -> Option<&Arc<[u8]>> {
+        self.accumulators[self.position(aggregation)?].kept_answer(window)
     }
 
     /// The closed windows kept of an aggregation, oldest first, as they are

@@ -633,10 +633,15 @@ pub struct ArmResult {
     pub kind: ArmKind,
     /// The floor arm this arm is held to ([`Workload::floor_of`]; a floor's own name).
     pub floor: String,
-    /// Wall time of each timed run.
+    /// Wall time of one run, per sample ([`measure`]: a sample's runs' sum
+    /// over their count).
     pub samples: Vec<Duration>,
-    /// CPU time of this process (every thread) over each timed run.
+    /// CPU time of this process (every thread) of one run, per sample.
     pub cpu: Vec<Duration>,
+    /// How many back-to-back runs each sample timed ([`MIN_SAMPLE`]).
+    pub runs_per_sample: u32,
+    /// Whether the arm's runs write a store (then it runs once per sample).
+    pub writes_store: bool,
     /// `--peak-rss`: the run's own peak resident memory, in bytes (see [`rss`]).
     pub peak_rss_bytes: Option<u64>,
 }
@@ -798,6 +803,37 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
 /// Seeds [`measure`]'s round orders: the same orders in every run.
 const ROUND_ORDER_SEED: u64 = 0x5eed_0fa7;
 
+/// The least wall time of one [`measure`] sample: 1 ms, over a thousand times
+/// the clock's cost and long enough that one eviction by the arm before is a
+/// small part of it.
+pub const MIN_SAMPLE: Duration = Duration::from_millis(1);
+
+/// At most this many runs make one sample (a run of under 1 µs).
+const MAX_RUNS_PER_SAMPLE: u32 = 1000;
+
+/// Whether an arm's warm-up (round 0, untimed) has run enough to size its
+/// samples: one run of a store writer (every arm writes as often) or of an
+/// arm that took 10 ms or more; else runs until 2 ms have passed, at least two:
+/// the first run after another arm's is cold (asap-query's quantile floor
+/// took over 1 ms for a 0.3 ms run, and one run a sample measured it cold).
+fn warmed_up(runs: u32, elapsed: Duration, fastest: Duration, writes_store: bool) -> bool {
+    writes_store
+        || fastest >= 10 * MIN_SAMPLE
+        || (runs >= 2 && elapsed >= 2 * MIN_SAMPLE)
+        || runs >= MAX_RUNS_PER_SAMPLE
+}
+
+/// How many back-to-back runs make a sample of an arm whose fastest warm-up
+/// run took `fastest`: enough for [`MIN_SAMPLE`]; one for an arm that writes
+/// a store.
+fn runs_per_sample(fastest: Duration, writes_store: bool) -> u32 {
+    if writes_store || fastest >= MIN_SAMPLE {
+        return 1;
+    }
+    let per_run = fastest.as_nanos().max(1);
+    (MIN_SAMPLE.as_nanos().div_ceil(per_run) as u32).clamp(1, MAX_RUNS_PER_SAMPLE)
+}
+
 /// Measures `arms` of `workload`: one untimed warm-up round, then `repeats`
 /// rounds, each running every arm once in an order of its own (shuffled, from
 /// a fixed seed), so drift on a shared machine hits every arm alike and no arm
@@ -808,6 +844,14 @@ const ROUND_ORDER_SEED: u64 = 0x5eed_0fa7;
 /// copy the same bytes.) What
 /// every run returned is checked: bytes against `verified`, a floor's units
 /// against the workload's; stores are compared after the last round.
+///
+/// A sample is [`MIN_SAMPLE`] or more of one arm's back-to-back runs (the
+/// count sized by its fastest warm-up run, [`warmed_up`]), each timed on its own: a single run of a
+/// few microseconds measured mostly how much of its working set the arm
+/// before had evicted (export-files' folded scrapes moved by up to 2x, the
+/// query's kept-answer copy by 2x between identical arms). The sample is their
+/// sum over their count. An arm that writes a store runs once per sample: its
+/// store's state grows with every run, and every arm must run as often.
 pub fn measure(
     label: &str,
     workload: &mut dyn Workload,
@@ -828,6 +872,8 @@ pub fn measure(
             },
             samples: Vec::new(),
             cpu: Vec::new(),
+            runs_per_sample: 1,
+            writes_store: false,
             peak_rss_bytes: None,
         })
         .collect();
@@ -841,23 +887,40 @@ pub fn measure(
         rng.shuffle(&mut order);
         for &i in &order {
             let (name, set, kind) = &arms[i];
+            let sampled = round > 0;
+            let mut runs = 0;
+            let (mut elapsed, mut fastest) = (Duration::ZERO, Duration::MAX);
             // The CPU clock is a syscall (microseconds on a cold cache here):
-            // read outside the wall-clock window, which holds the arm alone.
+            // read outside the wall-clock windows, which hold the arm alone.
             let start_cpu = process_cpu();
-            let start = Instant::now();
-            let output = run_arm(workload, *kind, name, *set)?;
-            let elapsed = start.elapsed();
-            let cpu = process_cpu() - start_cpu;
-            check_output(label, round, name, verified, units, &output)?;
-            if let store @ Output::Store(_) = output {
-                if round == repeats {
-                    last_stores[i] = Some(digest(&store.bytes()?));
+            loop {
+                let start = Instant::now();
+                let output = run_arm(workload, *kind, name, *set)?;
+                let run = start.elapsed();
+                (elapsed, fastest, runs) = (elapsed + run, fastest.min(run), runs + 1);
+                check_output(label, round, name, verified, units, &output)?;
+                if let store @ Output::Store(_) = output {
+                    if round == repeats {
+                        last_stores[i] = Some(digest(&store.bytes()?));
+                    }
+                    results[i].writes_store = true;
+                }
+                let done = if sampled {
+                    runs == results[i].runs_per_sample
+                } else {
+                    warmed_up(runs, elapsed, fastest, results[i].writes_store)
+                };
+                if done {
+                    break;
                 }
             }
-            if round > 0 {
-                results[i].samples.push(elapsed);
-                results[i].cpu.push(cpu);
+            let cpu = process_cpu() - start_cpu;
+            if sampled {
+                results[i].samples.push(elapsed / runs);
+                results[i].cpu.push(cpu / runs);
                 progress.inc();
+            } else {
+                results[i].runs_per_sample = runs_per_sample(fastest, results[i].writes_store);
             }
         }
     }

@@ -40,52 +40,46 @@ pub struct Query {
     ticks: u64,
     ingesters: HashMap<StrategySet, Ingester>,
     out: Vec<u8>,
-    /// The kept answer the copy floor copies (`all`'s, taken once).
-    kept: Option<PlacedCopy>,
+    /// The kept answer the copy floor copies: `all`'s, shared with its
+    /// ingester (the same memory `all` copies from).
+    kept: Option<std::sync::Arc<[u8]>>,
+    /// Where the arms and the copy floor copy kept answers to.
+    copies: PlacedCopies,
     /// The same answer, cut for the floor of one computed afresh.
     answer_floor: Option<AnswerFloor>,
     http: Option<Http>,
 }
 
-/// The copy floor's source: the kept answer, placed half a page from where
-/// the copy goes. A copy whose destination sits a few bytes past its
-/// source's offset in a 4 KiB page runs slower (4K aliasing: loads wait on
-/// stores with the same low 12 address bits; on this host, 600 kB copied
-/// with the caches flushed, `(dst − src) mod 4096` of 16–48 took 28.8–30.2 µs,
-/// of 0, 64, 2048 or 2064 22.7–23.8 µs). The arms' kept answers sit wherever
-/// their allocations fell: identical copies spread over 0.76–1.12× of a floor
-/// placed by chance (asap-query, 2026-12-02 15:49), so the floor takes the
-/// placement a copy is fastest at.
-struct PlacedCopy {
-    /// The answer at `at`, with a page of room to move it in.
+/// Where a kept answer is copied to, by the arms and the copy floor alike:
+/// half a page from the source's offset in its page. A copy whose
+/// destination sits a few bytes past its source's offset in a 4 KiB page runs
+/// slower (4K aliasing: loads wait on stores with the same low 12 address
+/// bits; on this host, 600 kB copied with the caches flushed, `(dst − src) mod
+/// 4096` of 16–48 took 28.8–30.2 µs, of 0, 64, 2048 or 2064 22.7–23.8 µs).
+/// Each arm's kept answer sits wherever its allocation fell, so copies into
+/// one buffer spread with the allocator's dice: identical copies over
+/// 0.76–1.12× of a floor placed by chance (2026-12-02). Placed alike, they
+/// still spread over 0.93–1.04× of a floor copying its own copy of the answer
+/// (2026-12-04: each source is other memory), so the floor copies `all`'s
+/// kept answer itself, from where `all` keeps it.
+struct PlacedCopies {
+    /// A page more than the longest answer copied.
     buffer: Vec<u8>,
-    at: usize,
-    len: usize,
 }
 
 const PAGE: usize = 4096;
 
-impl PlacedCopy {
-    fn new(answer: &[u8]) -> PlacedCopy {
-        let mut buffer = vec![0; answer.len() + PAGE];
-        buffer[..answer.len()].copy_from_slice(answer);
-        PlacedCopy {
-            buffer,
-            at: 0,
-            len: answer.len(),
+impl PlacedCopies {
+    /// `source` copied to half a page from its offset in its page.
+    fn copy(&mut self, source: &[u8]) -> &[u8] {
+        if self.buffer.len() < source.len() + PAGE {
+            self.buffer.resize(source.len() + PAGE, 0);
         }
-    }
-
-    /// The answer, moved (once per destination) to half a page from
-    /// `destination`'s offset in its page.
-    fn placed_for(&mut self, destination: *const u8) -> &[u8] {
         let base = self.buffer.as_ptr() as usize;
-        let at = (destination as usize + PAGE / 2).wrapping_sub(base) % PAGE;
-        if at != self.at {
-            self.buffer.copy_within(self.at..self.at + self.len, at);
-            self.at = at;
-        }
-        &self.buffer[at..at + self.len]
+        let at = (source.as_ptr() as usize + PAGE / 2).wrapping_sub(base) % PAGE;
+        let destination = &mut self.buffer[at..at + source.len()];
+        destination.copy_from_slice(source);
+        destination
     }
 }
 
@@ -101,26 +95,66 @@ const FLOOR_UNCACHED: &str = "floor-uncached";
 /// so they land in other groups' places: the floor's bytes are not the
 /// answer, it is checked by the groups it scanned.
 struct AnswerFloor {
-    /// The pieces back to back: piece `i` precedes number `i`.
+    /// Each distinct piece of text between numbers once: an answer repeats a
+    /// few pieces (`,"quantiles":{"0.5":`, `,"0.9":`) once per group, and the
+    /// arms write those from one copy each. Cut whole, the floor read 2.5×
+    /// their bytes a query (with its 16-byte numbers and 8-byte ends, 250 kB
+    /// at 1,000 groups) and measured 0.87–0.93× of `all-uncached` once
+    /// samples were timed warm (2026-12-04).
     text: Vec<u8>,
-    /// The end of each piece in `text` but the last (one per number).
-    ends: Vec<usize>,
-    /// Per number: the integer the answer has, or `None` for a quantile.
-    numbers: Vec<Option<u64>>,
+    /// Per number, the piece before it and whether it is a quantile.
+    pieces: Vec<Piece>,
+    /// The text after the last number.
+    tail: Piece,
+    /// The answer's integers (counts, the window's start), in order.
+    integers: Vec<u64>,
+}
+
+/// A piece of [`AnswerFloor::text`] (8 bytes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Piece {
+    start: u32,
+    len: u16,
+    /// Whether the number after it is a quantile (else the next integer).
+    quantile: bool,
 }
 
 impl AnswerFloor {
     /// Cuts `answer` (JSON) around its numbers: a number is a token outside
     /// strings starting with a digit or `-`.
     fn new(answer: &[u8]) -> AnswerFloor {
-        let (mut text, mut ends, mut numbers) = (Vec::new(), Vec::new(), Vec::new());
+        let mut floor = AnswerFloor {
+            text: Vec::new(),
+            pieces: Vec::new(),
+            tail: Piece {
+                start: 0,
+                len: 0,
+                quantile: false,
+            },
+            integers: Vec::new(),
+        };
+        let mut starts: HashMap<Vec<u8>, u32> = HashMap::new();
+        let mut piece_of = |floor: &mut AnswerFloor, bytes: &[u8], quantile: bool| {
+            let start = *starts.entry(bytes.to_vec()).or_insert_with(|| {
+                floor.text.extend_from_slice(bytes);
+                (floor.text.len() - bytes.len()) as u32
+            });
+            let len =
+                u16::try_from(bytes.len()).expect("a piece of text between numbers under 64 kB");
+            Piece {
+                start,
+                len,
+                quantile,
+            }
+        };
+        let mut piece = Vec::new();
         let (mut i, mut in_string) = (0, false);
         while i < answer.len() {
             let b = answer[i];
             if in_string {
-                text.push(b);
+                piece.push(b);
                 if b == b'\\' && i + 1 < answer.len() {
-                    text.push(answer[i + 1]);
+                    piece.push(answer[i + 1]);
                     i += 1;
                 } else if b == b'"' {
                     in_string = false;
@@ -132,20 +166,24 @@ impl AnswerFloor {
                     .position(|c| !matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
                     .map_or(answer.len(), |n| i + n);
                 let token = std::str::from_utf8(&answer[i..end]).unwrap_or("");
-                ends.push(text.len());
-                numbers.push(token.parse::<u64>().ok());
+                let integer = token.parse::<u64>().ok();
+                let cut = piece_of(&mut floor, &piece, integer.is_none());
+                floor.pieces.push(cut);
+                floor.integers.extend(integer);
+                piece.clear();
                 i = end;
             } else {
                 in_string = b == b'"';
-                text.push(b);
+                piece.push(b);
                 i += 1;
             }
         }
-        AnswerFloor {
-            text,
-            ends,
-            numbers,
-        }
+        floor.tail = piece_of(&mut floor, &piece, false);
+        floor
+    }
+
+    fn bytes(&self, piece: Piece) -> &[u8] {
+        &self.text[piece.start as usize..][..piece.len as usize]
     }
 
     /// The answer written into `out` while `scan` hands over each pane's
@@ -157,11 +195,11 @@ impl AnswerFloor {
         scan: impl FnOnce(&mut dyn FnMut(&[f64])) -> usize,
     ) -> usize {
         out.clear();
-        out.reserve(self.text.len() + self.numbers.len() * 24);
+        out.reserve(self.text.len() + self.pieces.len() * 24);
         let mut writer = AnswerWriter {
             floor: self,
             next: 0,
-            start: 0,
+            next_integer: 0,
             ints: itoa::Buffer::new(),
             floats: zmij::Buffer::new(),
         };
@@ -178,9 +216,9 @@ impl AnswerFloor {
 /// Where [`AnswerFloor::write`] is in the answer.
 struct AnswerWriter<'a> {
     floor: &'a AnswerFloor,
-    /// The next number to write, and where the piece before it starts.
+    /// The next number's piece, and the next integer.
     next: usize,
-    start: usize,
+    next_integer: usize,
     ints: itoa::Buffer,
     floats: zmij::Buffer,
 }
@@ -188,8 +226,8 @@ struct AnswerWriter<'a> {
 impl AnswerWriter<'_> {
     /// The text and integers up to the next quantile, then `v` in its place.
     fn quantile(&mut self, out: &mut Vec<u8>, v: f64) {
-        while let Some(number) = self.number(out) {
-            match number {
+        while let Some(integer) = self.number(out) {
+            match integer {
                 Some(n) => out.extend_from_slice(self.ints.format(n).as_bytes()),
                 None => {
                     out.extend_from_slice(self.floats.format(v).as_bytes());
@@ -201,19 +239,24 @@ impl AnswerWriter<'_> {
 
     /// The rest of the answer (a quantile the scan did not hand over as 0).
     fn finish(&mut self, out: &mut Vec<u8>) {
-        while let Some(number) = self.number(out) {
-            out.extend_from_slice(self.ints.format(number.unwrap_or(0)).as_bytes());
+        while let Some(integer) = self.number(out) {
+            out.extend_from_slice(self.ints.format(integer.unwrap_or(0)).as_bytes());
         }
-        out.extend_from_slice(&self.floor.text[self.start..]);
+        out.extend_from_slice(self.floor.bytes(self.floor.tail));
     }
 
-    /// The piece before the next number written; that number, if any is left.
+    /// The piece before the next number written; that number (`None`: a
+    /// quantile), if any is left.
     fn number(&mut self, out: &mut Vec<u8>) -> Option<Option<u64>> {
-        let number = *self.floor.numbers.get(self.next)?;
-        let end = self.floor.ends[self.next];
-        out.extend_from_slice(&self.floor.text[self.start..end]);
-        (self.start, self.next) = (end, self.next + 1);
-        Some(number)
+        let piece = *self.floor.pieces.get(self.next)?;
+        out.extend_from_slice(self.floor.bytes(piece));
+        self.next += 1;
+        if piece.quantile {
+            return Some(None);
+        }
+        let integer = self.floor.integers[self.next_integer];
+        self.next_integer += 1;
+        Some(Some(integer))
     }
 }
 
@@ -252,6 +295,7 @@ impl Query {
             ingesters: HashMap::new(),
             out: Vec::new(),
             kept: None,
+            copies: PlacedCopies { buffer: Vec::new() },
             answer_floor: None,
             http: None,
         })
@@ -306,16 +350,18 @@ impl Query {
 }
 
 impl Workload for Query {
+    /// The answer kept for the closed window, copied out as the copy floor
+    /// copies ([`PlacedCopies`]); the first query of a set encodes it.
     fn run(&mut self, strategies: StrategySet) -> Result<Output<'_>> {
-        let mut out = std::mem::take(&mut self.out);
-        out.clear();
-        if !self
-            .ingester(strategies)?
-            .query_json(AGGREGATION, None, &mut out)
-        {
+        self.ingester(strategies)?;
+        let ingester = &self.ingesters[&strategies.restrict(Stage::Ingest)];
+        if let Some(kept) = ingester.kept_answer(AGGREGATION, None) {
+            return Ok(Output::Bytes(self.copies.copy(kept)));
+        }
+        self.out.clear();
+        if !ingester.query_json(AGGREGATION, None, &mut self.out) {
             bail!("no aggregation `{AGGREGATION}`");
         }
-        self.out = out;
         Ok(Output::Bytes(&self.out))
     }
 
@@ -325,22 +371,22 @@ impl Workload for Query {
     }
 
     /// A kept answer copied: the least work of serving it (the answer `all`
-    /// keeps, taken once, copied into the reused buffer).
+    /// keeps, taken once from its ingester, copied as the arms copy theirs).
     fn floor(&mut self) -> Result<Output<'_>> {
         if self.kept.is_none() {
-            let mut kept = Vec::new();
             let all = StrategySet::all().restrict(Stage::Ingest);
-            if !self.ingester(all)?.query_json(AGGREGATION, None, &mut kept) {
+            let ingester = self.ingester(all)?;
+            if !ingester.query_json(AGGREGATION, None, &mut Vec::new()) {
                 bail!("no aggregation `{AGGREGATION}`");
             }
-            self.kept = Some(PlacedCopy::new(&kept));
+            let kept = ingester.kept_answer(AGGREGATION, None);
+            self.kept = Some(
+                kept.context("no closed window to keep an answer of")?
+                    .clone(),
+            );
         }
-        let kept = self.kept.as_mut().expect("taken above");
-        self.out.clear();
-        self.out.reserve(kept.len);
-        let source = kept.placed_for(self.out.as_ptr());
-        self.out.extend_from_slice(source);
-        Ok(Output::Bytes(&self.out))
+        let kept = self.kept.as_deref().expect("taken above");
+        Ok(Output::Bytes(self.copies.copy(kept)))
     }
 
     fn extra_floors(&self) -> Vec<&'static str> {
@@ -420,20 +466,14 @@ mod tests {
         // (`serde_json`'s form of 1e20, as the answer has it.)
         assert_eq!(serde_json::to_string(&1e20).unwrap(), "1e+20");
         let floor = AnswerFloor::new(answer);
+        assert_eq!(floor.integers, [1_700_000_040_000, 60, 7, 2]);
+        let quantiles: Vec<bool> = floor.pieces.iter().map(|p| p.quantile).collect();
         assert_eq!(
-            floor.numbers,
-            [
-                Some(1_700_000_040_000),
-                Some(60),
-                None,
-                None,
-                None,
-                Some(7),
-                Some(2),
-                None,
-                None
-            ]
+            quantiles,
+            [false, false, true, true, true, false, false, true, true]
         );
+        // `,"quantiles":{"0.5":` once, though the answer has it twice.
+        assert_eq!(floor.pieces[2], floor.pieces[7]);
         let mut out = Vec::new();
         let scanned = floor.write(&mut out, |f| {
             f(&[1.0, 2.5e-7, -12.75]);

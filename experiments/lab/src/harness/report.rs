@@ -270,7 +270,7 @@ fn all(result: &ScenarioResult) -> &ArmResult {
 
 /// The CSV header; see `experiments/README.md`. `notebooks/ablation.ipynb`
 /// reads the columns by name; keep their names and order.
-pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all,ratio_to_floor,peak_rss_bytes,floor_arm";
+pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all,ratio_to_floor,peak_rss_bytes,floor_arm,runs_per_sample";
 
 /// One row of a results CSV, field for column in [`CSV_HEADER`]'s order.
 /// Results written before peers existed lack `measure`, `rss_kib` and
@@ -316,6 +316,14 @@ pub struct ResultRow {
     /// the stage's).
     #[serde(default)]
     pub floor_arm: String,
+    /// How many back-to-back runs each sample timed (`harness::measure`;
+    /// 1 for a peer, and in runs before samples were: one run each).
+    #[serde(default = "one")]
+    pub runs_per_sample: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn wall() -> String {
@@ -377,6 +385,7 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             ratio_to_floor: to_floor(arm),
             peak_rss_bytes: arm.peak_rss_bytes,
             floor_arm: arm.floor.clone(),
+            runs_per_sample: arm.runs_per_sample,
         });
     }
     // Peer rows: per-unit ratios, since a peer counts its own units; no digest,
@@ -406,6 +415,7 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             ratio_to_floor: floor_per_unit.map(|f| per_unit / f),
             peak_rss_bytes: None,
             floor_arm: super::FLOOR.to_string(),
+            runs_per_sample: 1,
         });
     }
     rows
@@ -515,6 +525,7 @@ mod tests {
             ratio_to_floor: Some(3.5),
             peak_rss_bytes: Some(1 << 20),
             floor_arm: "floor".to_string(),
+            runs_per_sample: 4,
         }
     }
 
@@ -526,7 +537,7 @@ mod tests {
         assert_eq!(text.lines().next(), Some(CSV_HEADER));
         assert_eq!(
             text.lines().nth(1),
-            Some("seed-repro,export,quick,baseline,\"single-read,decode-once\",3,1234567,1000000,1100000,1300000,1400000,2100,lines,587.889,1.5000,0f59dbe0,wall,4096,1.2500,3.5000,1048576,floor")
+            Some("seed-repro,export,quick,baseline,\"single-read,decode-once\",3,1234567,1000000,1100000,1300000,1400000,2100,lines,587.889,1.5000,0f59dbe0,wall,4096,1.2500,3.5000,1048576,floor,4")
         );
         let mut empty = Vec::new();
         write_rows(&mut empty, &[]).unwrap();

@@ -619,7 +619,7 @@ fn lanes_model(result: &AxisResult) -> Option<String> {
 }
 
 /// The columns of `<out>/scaling/<axis>.csv`; see `experiments/README.md`.
-pub const CSV_HEADER: &str = "axis,stage,size,x_name,x,arm,strategies,floor_arm,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,cpu_median_ns,units,unit,ns_per_unit,cpu_ns_per_unit,ratio_to_floor,peak_rss_bytes,digest,expected_from,params,setup_secs,load_1m";
+pub const CSV_HEADER: &str = "axis,stage,size,x_name,x,arm,strategies,floor_arm,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,cpu_median_ns,units,unit,ns_per_unit,cpu_ns_per_unit,ratio_to_floor,peak_rss_bytes,digest,expected_from,params,setup_secs,load_1m,runs_per_sample";
 
 /// One row of a scaling CSV.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -651,6 +651,14 @@ pub struct ScaleRow {
     pub params: String,
     pub setup_secs: f64,
     pub load_1m: Option<f64>,
+    /// How many back-to-back runs each sample timed (`harness::measure`; 1
+    /// in runs before samples were).
+    #[serde(default = "one")]
+    pub runs_per_sample: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 pub fn rows(result: &AxisResult) -> Result<Vec<ScaleRow>> {
@@ -689,6 +697,7 @@ pub fn rows(result: &AxisResult) -> Result<Vec<ScaleRow>> {
                 params: serde_json::to_string(&point.params)?,
                 setup_secs: point.setup_secs,
                 load_1m: point.load,
+                runs_per_sample: arm.runs_per_sample,
             });
         }
     }
