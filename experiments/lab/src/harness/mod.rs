@@ -642,6 +642,8 @@ pub struct ArmResult {
     pub runs_per_sample: u32,
     /// Whether the arm's runs write a store (then it runs once per sample).
     pub writes_store: bool,
+    /// Whether each sample follows an untimed run ([`WARM_RUN_BELOW`]).
+    pub warm_run: bool,
     /// `--peak-rss`: the run's own peak resident memory, in bytes (see [`rss`]).
     pub peak_rss_bytes: Option<u64>,
 }
@@ -811,6 +813,16 @@ pub const MIN_SAMPLE: Duration = Duration::from_millis(1);
 /// At most this many runs make one sample (a run of under 1 µs).
 const MAX_RUNS_PER_SAMPLE: u32 = 1000;
 
+/// An arm whose runs take less than this has one untimed run before each
+/// sample: the first run after another arm's starts cold, and at a few
+/// hundred microseconds that cold start was a third of a run or more, so a
+/// sample of 2 runs and one of 4 (an arm and its floor, sized apart) measured
+/// different shares of it (asap-query's answer computed afresh: 0.84× of its
+/// floor, which measured 0.96–0.97× alone). Longer runs are timed from cold:
+/// there the refill is a few percent, and a second run would double the
+/// rounds' time.
+pub const WARM_RUN_BELOW: Duration = Duration::from_millis(10);
+
 /// Whether an arm's warm-up (round 0, untimed) has run enough to size its
 /// samples: one run of a store writer (every arm writes as often) or of an
 /// arm that took 10 ms or more; else runs until 2 ms have passed, at least two:
@@ -850,8 +862,10 @@ fn runs_per_sample(fastest: Duration, writes_store: bool) -> u32 {
 /// few microseconds measured mostly how much of its working set the arm
 /// before had evicted (export-files' folded scrapes moved by up to 2x, the
 /// query's kept-answer copy by 2x between identical arms). The sample is their
-/// sum over their count. An arm that writes a store runs once per sample: its
-/// store's state grows with every run, and every arm must run as often.
+/// sum over their count. An arm of under [`WARM_RUN_BELOW`] a run has an
+/// untimed run before each sample. An arm that writes a store runs once per
+/// sample, with none before: its store's state grows with every run, and every
+/// arm must run as often.
 pub fn measure(
     label: &str,
     workload: &mut dyn Workload,
@@ -874,6 +888,7 @@ pub fn measure(
             cpu: Vec::new(),
             runs_per_sample: 1,
             writes_store: false,
+            warm_run: false,
             peak_rss_bytes: None,
         })
         .collect();
@@ -888,6 +903,10 @@ pub fn measure(
         for &i in &order {
             let (name, set, kind) = &arms[i];
             let sampled = round > 0;
+            if sampled && results[i].warm_run {
+                let output = run_arm(workload, *kind, name, *set)?;
+                check_output(label, round, name, verified, units, &output)?;
+            }
             let mut runs = 0;
             let (mut elapsed, mut fastest) = (Duration::ZERO, Duration::MAX);
             // The CPU clock is a syscall (microseconds on a cold cache here):
@@ -921,6 +940,7 @@ pub fn measure(
                 progress.inc();
             } else {
                 results[i].runs_per_sample = runs_per_sample(fastest, results[i].writes_store);
+                results[i].warm_run = !results[i].writes_store && fastest < WARM_RUN_BELOW;
             }
         }
     }
