@@ -805,12 +805,14 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
 /// Seeds [`measure`]'s round orders: the same orders in every run.
 const ROUND_ORDER_SEED: u64 = 0x5eed_0fa7;
 
-/// The least wall time of one [`measure`] sample: 1 ms, over a thousand times
-/// the clock's cost and long enough that one eviction by the arm before is a
-/// small part of it.
-pub const MIN_SAMPLE: Duration = Duration::from_millis(1);
+/// The least wall time of one [`measure`] sample: 5 ms, thousands of times
+/// the clock's cost. With 1 ms, an arm of 0.8 ms ran 2 runs a sample and its
+/// floor of 1.1 ms one, and on `large-ruby`, whose scrape streams 25 MB
+/// through a shared host's memory, that read 0.75× (2026-12-04; 0.96× at
+/// 5 ms, 1.04–1.10× alternated alone in `examples/cold_scrape`).
+pub const MIN_SAMPLE: Duration = Duration::from_millis(5);
 
-/// At most this many runs make one sample (a run of under 1 µs).
+/// At most this many runs make one sample (a run of under 5 µs).
 const MAX_RUNS_PER_SAMPLE: u32 = 1000;
 
 /// An arm whose runs take less than this has one untimed run before each
@@ -825,7 +827,8 @@ pub const WARM_RUN_BELOW: Duration = Duration::from_millis(10);
 
 /// Whether an arm's warm-up (round 0, untimed) has run enough to size its
 /// samples: one run of a store writer (every arm writes as often) or of an
-/// arm that took 10 ms or more; else runs until 2 ms have passed, at least two:
+/// arm that took ten [`MIN_SAMPLE`]s or more; else runs until two have
+/// passed, at least two runs:
 /// the first run after another arm's is cold (asap-query's quantile floor
 /// took over 1 ms for a 0.3 ms run, and one run a sample measured it cold).
 fn warmed_up(runs: u32, elapsed: Duration, fastest: Duration, writes_store: bool) -> bool {
