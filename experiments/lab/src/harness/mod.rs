@@ -828,24 +828,30 @@ pub const WARM_RUN_BELOW: Duration = Duration::from_millis(10);
 /// Whether an arm's warm-up (round 0, untimed) has run enough to size its
 /// samples: one run of a store writer (every arm writes as often) or of an
 /// arm that took ten [`MIN_SAMPLE`]s or more; else runs until two have
-/// passed, at least two runs:
-/// the first run after another arm's is cold (asap-query's quantile floor
-/// took over 1 ms for a 0.3 ms run, and one run a sample measured it cold).
-fn warmed_up(runs: u32, elapsed: Duration, fastest: Duration, writes_store: bool) -> bool {
+/// passed, at least three runs, whose median sizes the samples: the first
+/// run after another arm's is cold (asap-query's quantile floor took over
+/// 1 ms for a 0.3 ms run), and on a shared host one run in a few is slow
+/// (`large`'s floor drew one of over 5 ms for a 2 ms run, ran one run a
+/// sample where `all` ran four, and read 1.11× `all`).
+fn warmed_up(runs: &[Duration], writes_store: bool) -> bool {
+    let elapsed: Duration = runs.iter().sum();
     writes_store
-        || fastest >= 10 * MIN_SAMPLE
-        || (runs >= 2 && elapsed >= 2 * MIN_SAMPLE)
-        || runs >= MAX_RUNS_PER_SAMPLE
+        || runs
+            .iter()
+            .min()
+            .is_some_and(|&fastest| fastest >= 10 * MIN_SAMPLE)
+        || (runs.len() >= 3 && elapsed >= 2 * MIN_SAMPLE)
+        || runs.len() >= MAX_RUNS_PER_SAMPLE as usize
 }
 
-/// How many back-to-back runs make a sample of an arm whose fastest warm-up
-/// run took `fastest`: enough for [`MIN_SAMPLE`]; one for an arm that writes
-/// a store.
-fn runs_per_sample(fastest: Duration, writes_store: bool) -> u32 {
-    if writes_store || fastest >= MIN_SAMPLE {
+/// How many back-to-back runs make a sample of an arm whose warm-up runs
+/// took a median of `typical`: enough for [`MIN_SAMPLE`]; one for an arm that
+/// writes a store.
+fn runs_per_sample(typical: Duration, writes_store: bool) -> u32 {
+    if writes_store || typical >= MIN_SAMPLE {
         return 1;
     }
-    let per_run = fastest.as_nanos().max(1);
+    let per_run = typical.as_nanos().max(1);
     (MIN_SAMPLE.as_nanos().div_ceil(per_run) as u32).clamp(1, MAX_RUNS_PER_SAMPLE)
 }
 
@@ -861,7 +867,7 @@ fn runs_per_sample(fastest: Duration, writes_store: bool) -> u32 {
 /// against the workload's; stores are compared after the last round.
 ///
 /// A sample is [`MIN_SAMPLE`] or more of one arm's back-to-back runs (the
-/// count sized by its fastest warm-up run, [`warmed_up`]), each timed on its own: a single run of a
+/// count sized by its warm-up runs, [`warmed_up`]), each timed on its own: a single run of a
 /// few microseconds measured mostly how much of its working set the arm
 /// before had evicted (export-files' folded scrapes moved by up to 2x, the
 /// query's kept-answer copy by 2x between identical arms). The sample is their
@@ -911,7 +917,8 @@ pub fn measure(
                 check_output(label, round, name, verified, units, &output)?;
             }
             let mut runs = 0;
-            let (mut elapsed, mut fastest) = (Duration::ZERO, Duration::MAX);
+            let mut elapsed = Duration::ZERO;
+            let mut warm_up = Vec::new();
             // The CPU clock is a syscall (microseconds on a cold cache here):
             // read outside the wall-clock windows, which hold the arm alone.
             let start_cpu = process_cpu();
@@ -919,7 +926,7 @@ pub fn measure(
                 let start = Instant::now();
                 let output = run_arm(workload, *kind, name, *set)?;
                 let run = start.elapsed();
-                (elapsed, fastest, runs) = (elapsed + run, fastest.min(run), runs + 1);
+                (elapsed, runs) = (elapsed + run, runs + 1);
                 check_output(label, round, name, verified, units, &output)?;
                 if let store @ Output::Store(_) = output {
                     if round == repeats {
@@ -930,7 +937,8 @@ pub fn measure(
                 let done = if sampled {
                     runs == results[i].runs_per_sample
                 } else {
-                    warmed_up(runs, elapsed, fastest, results[i].writes_store)
+                    warm_up.push(run);
+                    warmed_up(&warm_up, results[i].writes_store)
                 };
                 if done {
                     break;
@@ -942,8 +950,9 @@ pub fn measure(
                 results[i].cpu.push(cpu / runs);
                 progress.inc();
             } else {
-                results[i].runs_per_sample = runs_per_sample(fastest, results[i].writes_store);
-                results[i].warm_run = !results[i].writes_store && fastest < WARM_RUN_BELOW;
+                let typical = quantile(&warm_up, 0.5);
+                results[i].runs_per_sample = runs_per_sample(typical, results[i].writes_store);
+                results[i].warm_run = !results[i].writes_store && typical < WARM_RUN_BELOW;
             }
         }
     }
