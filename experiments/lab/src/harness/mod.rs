@@ -644,6 +644,8 @@ pub struct ArmResult {
     pub writes_store: bool,
     /// Whether each sample follows an untimed run ([`WARM_RUN_BELOW`]).
     pub warm_run: bool,
+    /// The median of its warm-up runs.
+    pub typical: Duration,
     /// `--peak-rss`: the run's own peak resident memory, in bytes (see [`rss`]).
     pub peak_rss_bytes: Option<u64>,
 }
@@ -855,6 +857,39 @@ fn runs_per_sample(typical: Duration, writes_store: bool) -> u32 {
     (MIN_SAMPLE.as_nanos().div_ceil(per_run) as u32).clamp(1, MAX_RUNS_PER_SAMPLE)
 }
 
+/// A floor and the arms within 2× of it run as many runs a sample, the most
+/// any of them needs: on a memory-bound scrape a sample's later runs ran
+/// faster than its first, so with `large`'s `all` at two runs a sample and
+/// its floor at one (2.1 against 2.2 ms a run) `all` read 0.86× of it, at two
+/// each 1.00× (2026-12-04). Arms further from their floor keep their own
+/// count (raised to a microsecond floor's, a slow arm's rounds would take
+/// minutes), as do arms timed from cold (10 ms or more a run).
+fn share_runs_per_sample(results: &mut [ArmResult]) {
+    let near = |arm: &ArmResult, floor: &ArmResult| {
+        arm.warm_run && floor.warm_run && arm.typical < 2 * floor.typical
+    };
+    let shared: Vec<u32> = results
+        .iter()
+        .map(|arm| {
+            let Some(floor) = results.iter().find(|f| f.arm == arm.floor) else {
+                return arm.runs_per_sample;
+            };
+            if !near(arm, floor) {
+                return arm.runs_per_sample;
+            }
+            results
+                .iter()
+                .filter(|other| other.floor == floor.arm && near(other, floor))
+                .map(|other| other.runs_per_sample)
+                .max()
+                .unwrap_or(arm.runs_per_sample)
+        })
+        .collect();
+    for (arm, runs) in results.iter_mut().zip(shared) {
+        arm.runs_per_sample = runs;
+    }
+}
+
 /// Measures `arms` of `workload`: one untimed warm-up round, then `repeats`
 /// rounds, each running every arm once in an order of its own (shuffled, from
 /// a fixed seed), so drift on a shared machine hits every arm alike and no arm
@@ -898,6 +933,7 @@ pub fn measure(
             runs_per_sample: 1,
             writes_store: false,
             warm_run: false,
+            typical: Duration::ZERO,
             peak_rss_bytes: None,
         })
         .collect();
@@ -951,9 +987,13 @@ pub fn measure(
                 progress.inc();
             } else {
                 let typical = quantile(&warm_up, 0.5);
+                results[i].typical = typical;
                 results[i].runs_per_sample = runs_per_sample(typical, results[i].writes_store);
                 results[i].warm_run = !results[i].writes_store && typical < WARM_RUN_BELOW;
             }
+        }
+        if round == 0 {
+            share_runs_per_sample(&mut results);
         }
     }
     if let Some((i, _)) = last_stores
@@ -1006,6 +1046,35 @@ pub fn ablate(names: &[String], options: &AblateOptions) -> Result<Vec<ScenarioR
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An arm near its floor runs as many runs a sample as the floor (the
+    /// most either needs); an arm far from it, or timed from cold, keeps its own.
+    #[test]
+    fn an_arm_near_its_floor_shares_its_runs_per_sample() {
+        let arm = |name: &str, floor: &str, micros: u64, runs: u32| ArmResult {
+            arm: name.to_string(),
+            strategies: StrategySet::NONE,
+            kind: ArmKind::Strategies,
+            floor: floor.to_string(),
+            samples: Vec::new(),
+            cpu: Vec::new(),
+            runs_per_sample: runs,
+            writes_store: false,
+            warm_run: Duration::from_micros(micros) < WARM_RUN_BELOW,
+            typical: Duration::from_micros(micros),
+            peak_rss_bytes: None,
+        };
+        let mut results = vec![
+            arm("all", "floor", 1_700, 3),
+            arm("baseline", "floor", 300_000, 1),
+            arm("slow", "floor", 4_000, 2),
+            arm("floor", "floor", 1_900, 1),
+            arm("other", "other-floor", 10, 500),
+        ];
+        share_runs_per_sample(&mut results);
+        let runs: Vec<u32> = results.iter().map(|r| r.runs_per_sample).collect();
+        assert_eq!(runs, [3, 1, 2, 3, 500]);
+    }
 
     fn set(names: &str) -> StrategySet {
         names.parse().unwrap()
