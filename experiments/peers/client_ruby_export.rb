@@ -15,20 +15,18 @@ require 'prometheus/client/registry'
 require 'prometheus/client/data_stores/direct_file_store'
 require 'prometheus/client/formats/text'
 require 'prometheus/client/version'
+# The store's pids may include this process's: own_pid.rb moves the work to a child then. Beside
+# this script where promlab writes both, in experiments/upstream/client_ruby/ in the repository.
+begin
+  require_relative 'own_pid'
+rescue LoadError
+  require_relative '../upstream/client_ruby/own_pid'
+end
 
 registry_json, dir, repeats, out = ARGV
 abort "usage: client_ruby_export.rb REGISTRY_JSON STORE_DIR REPEATS OUT_FILE" unless out
 
-# The store's files are named by the pids that wrote them; if this process's pid is one of
-# them, registering would write into (and the clean-up below delete) that process's files, so
-# the work moves to a child, whose pid differs, until the pid is one the store lacks.
-while Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin")).any?
-  child = Process.fork
-  next if child.nil?
-
-  Process.wait(child)
-  exit($?.exitstatus || 1)
-end
+work_under_a_pid_the_store_lacks(dir)
 
 Prometheus::Client.config.data_store =
   Prometheus::Client::DataStores::DirectFileStore.new(dir: dir)

@@ -22,23 +22,23 @@ fn main() -> Result<()> {
     let all = StrategySet::all().restrict(Stage::Ingest);
     let (mut arm, mut floor) = (Vec::new(), Vec::new());
     let thrash = std::env::var_os("THRASH").is_some();
+    // One sample: `batch` runs of an arm back to back, per run.
+    let mut sample = |name: &str| -> Result<std::time::Duration> {
+        let start = Instant::now();
+        for _ in 0..batch {
+            query.run_extra(name, all)?;
+        }
+        Ok(start.elapsed() / batch as u32)
+    };
     for _ in 0..rounds {
         if thrash {
-            query.run_extra("all-serde", all)?;
+            sample("all-serde")?;
         }
-        let start = Instant::now();
-        for _ in 0..batch {
-            query.run_extra("all-uncached", all)?;
-        }
-        arm.push(start.elapsed() / batch as u32);
+        arm.push(sample("all-uncached")?);
         if thrash {
-            query.run_extra("all-serde", all)?;
+            sample("all-serde")?;
         }
-        let start = Instant::now();
-        for _ in 0..batch {
-            query.run_extra("floor-uncached", all)?;
-        }
-        floor.push(start.elapsed() / batch as u32);
+        floor.push(sample("floor-uncached")?);
     }
     let (a, f) = (quantile(&arm, 0.5), quantile(&floor, 0.5));
     println!(

@@ -21,6 +21,9 @@ use std::time::Duration;
 
 /// The script, carried in the binary so a copied `promlab` still runs it.
 const SCRIPT: &str = include_str!("../../../../peers/client_ruby_export.rb");
+/// What the script requires beside it: its work moves to a child whose pid
+/// the store's file names lack.
+const OWN_PID: &str = include_str!("../../../../upstream/client_ruby/own_pid.rb");
 
 /// Longest one Ruby run (the untimed export and the timed ones) may take.
 const TIMEOUT: Duration = Duration::from_secs(60 * 60);
@@ -152,6 +155,7 @@ impl Peer for ClientRuby {
         let files = std::fs::read_dir(&store)?.count();
         std::fs::write(dir.join("registry.json"), registry.to_json())?;
         std::fs::write(dir.join("client_ruby_export.rb"), SCRIPT)?;
+        std::fs::write(dir.join("own_pid.rb"), OWN_PID)?;
         let report = run_script(dir, cx.repeats)?;
         let expected = if cx.size.expected.is_empty() {
             crate::harness::digest(&crate::harness::expected_answer(&cx.size.params)?)
