@@ -642,8 +642,6 @@ pub struct ArmResult {
     pub runs_per_sample: u32,
     /// Whether the arm's runs write a store (then it runs once per sample).
     pub writes_store: bool,
-    /// Whether each sample follows an untimed run ([`WARM_RUN_BELOW`]).
-    pub warm_run: bool,
     /// The median of its warm-up runs.
     pub typical: Duration,
     /// `--peak-rss`: the run's own peak resident memory, in bytes (see [`rss`]).
@@ -651,6 +649,12 @@ pub struct ArmResult {
 }
 
 impl ArmResult {
+    /// Whether each sample follows an untimed run ([`WARM_RUN_BELOW`]):
+    /// known once its warm-up ([`measure`]'s round 0) has run.
+    pub fn warm_run(&self) -> bool {
+        !self.writes_store && self.typical < WARM_RUN_BELOW
+    }
+
     pub fn quantile(&self, q: f64) -> Duration {
         quantile(&self.samples, q)
     }
@@ -866,7 +870,7 @@ fn runs_per_sample(typical: Duration, writes_store: bool) -> u32 {
 /// minutes), as do arms timed from cold (10 ms or more a run).
 fn share_runs_per_sample(results: &mut [ArmResult]) {
     let near = |arm: &ArmResult, floor: &ArmResult| {
-        arm.warm_run && floor.warm_run && arm.typical < 2 * floor.typical
+        arm.warm_run() && floor.warm_run() && arm.typical < 2 * floor.typical
     };
     let shared: Vec<u32> = results
         .iter()
@@ -932,7 +936,6 @@ pub fn measure(
             cpu: Vec::new(),
             runs_per_sample: 1,
             writes_store: false,
-            warm_run: false,
             typical: Duration::ZERO,
             peak_rss_bytes: None,
         })
@@ -948,7 +951,7 @@ pub fn measure(
         for &i in &order {
             let (name, set, kind) = &arms[i];
             let sampled = round > 0;
-            if sampled && results[i].warm_run {
+            if sampled && results[i].warm_run() {
                 let output = run_arm(workload, *kind, name, *set)?;
                 check_output(label, round, name, verified, units, &output)?;
             }
@@ -989,7 +992,6 @@ pub fn measure(
                 let typical = quantile(&warm_up, 0.5);
                 results[i].typical = typical;
                 results[i].runs_per_sample = runs_per_sample(typical, results[i].writes_store);
-                results[i].warm_run = !results[i].writes_store && typical < WARM_RUN_BELOW;
             }
         }
         if round == 0 {
@@ -1060,7 +1062,6 @@ mod tests {
             cpu: Vec::new(),
             runs_per_sample: runs,
             writes_store: false,
-            warm_run: Duration::from_micros(micros) < WARM_RUN_BELOW,
             typical: Duration::from_micros(micros),
             peak_rss_bytes: None,
         };

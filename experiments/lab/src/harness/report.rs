@@ -322,7 +322,8 @@ pub struct ResultRow {
     pub runs_per_sample: u32,
 }
 
-fn one() -> u32 {
+/// The serde default of `runs_per_sample` in results written before it.
+pub(super) fn one() -> u32 {
     1
 }
 

@@ -653,12 +653,8 @@ pub struct ScaleRow {
     pub load_1m: Option<f64>,
     /// How many back-to-back runs each sample timed (`harness::measure`; 1
     /// in runs before samples were).
-    #[serde(default = "one")]
+    #[serde(default = "report::one")]
     pub runs_per_sample: u32,
-}
-
-fn one() -> u32 {
-    1
 }
 
 pub fn rows(result: &AxisResult) -> Result<Vec<ScaleRow>> {
