@@ -30,6 +30,10 @@ const INTEGER_FAST_PATH_LIMIT: f64 = 1e15;
 const MAX_UNIQUE_DIGITS: usize = 15;
 /// Smallest `decpt` printed in fixed notation.
 const MIN_FIXED_DECPT: i32 = -3;
+/// The least value printed in fixed notation (decpt -3).
+const MIN_FIXED_FRACTION: f64 = 1e-4;
+/// 2^52: every double from here up is an integer.
+const MIN_INTEGRAL: f64 = 4_503_599_627_370_496.0;
 
 /// Appends Ruby's `Float#to_s` of `v` and a newline to `out`: a sample
 /// line's end. An integral value's line (most of a store's: counts, buckets)
@@ -93,15 +97,26 @@ fn write_other(out: &mut Vec<u8>, v: f64) {
     }
     let mut buf = ryu::Buffer::new();
     let text = buf.format_finite(v);
+    // A value with a fraction, of at least 1e-4: ryu and Ruby both print it
+    // in fixed notation (decpt -3..=16), so only a tie could part their
+    // digits, and if none can, ryu's text is Ruby's without a look at it
+    // (most values a store prints that are not integers: sums, averages).
+    if (MIN_FIXED_FRACTION..MIN_INTEGRAL).contains(&v.abs())
+        && (v as i64) as f64 != v
+        && !needs_exact_rounding(v, MAX_UNIQUE_DIGITS + 1..=17)
+    {
+        out.extend_from_slice(text.as_bytes());
+        return;
+    }
     if let Some(digits) = ryu_fixed_digits(text.as_bytes()) {
         // Ryu laid it out as Ruby does; only a tie could change the digits.
-        if digits <= MAX_UNIQUE_DIGITS || !needs_exact_rounding(v, digits) {
+        if digits <= MAX_UNIQUE_DIGITS || !needs_exact_rounding(v, digits..=digits) {
             out.extend_from_slice(text.as_bytes());
             return;
         }
     }
     let (negative, digits, decpt) = split_decimal(text);
-    if digits.len > MAX_UNIQUE_DIGITS && needs_exact_rounding(v, digits.len) {
+    if digits.len > MAX_UNIQUE_DIGITS && needs_exact_rounding(v, digits.len..=digits.len) {
         // Ryu says the shortest has 16 or 17 digits, and `v` lies exactly
         // halfway between two such decimals: take the correctly rounded
         // (half-to-even) 16-digit decimal if it parses back to `v`, else the
@@ -142,21 +157,22 @@ fn ryu_fixed_digits(text: &[u8]) -> Option<usize> {
     Some(unsigned.len() - 1)
 }
 
-/// Whether ryu's shortest output of `digits` (16 or 17) digits might not be
-/// the correctly rounded decimal Ruby prints. Two cases:
+/// Whether ryu's shortest output of `v`, were it of a number of digits in
+/// `digits` (16 or 17), might not be the correctly rounded decimal Ruby
+/// prints. Two cases:
 /// - `v` is a power of two: its rounding interval is half as wide below, so
 ///   ryu may find a shortest candidate on the wide side while the correctly
 ///   rounded one, on the narrow side, does not round-trip (Ruby then prints
 ///   17 digits: `7.1202363472230444e-307`, where ryu has 16);
-/// - `v`'s exact decimal value has exactly `digits + 1` significant digits
-///   ending in 5: it lies halfway between two decimals of `digits` digits,
-///   where ryu (ties upward) and dtoa (ties to even) part.
+/// - `v`'s exact decimal value has `n + 1` significant digits ending in 5,
+///   for an `n` in `digits`: it lies halfway between two decimals of `n`
+///   digits, where ryu (ties upward) and dtoa (ties to even) part.
 ///
 /// `v = m × 2^e` with `m` odd. For `e >= 0`, `v` is an even integer or an
 /// integer below 2^53 (at most 16 digits): no tie at 16 or 17 digits. For
 /// `e < 0`, `v = m × 5^-e / 10^-e`, whose significant digits are those of
 /// `m × 5^-e`; past `-e = 27` that has more than 18 digits, so no tie.
-fn needs_exact_rounding(v: f64, digits: usize) -> bool {
+fn needs_exact_rounding(v: f64, digits: std::ops::RangeInclusive<usize>) -> bool {
     let bits = v.to_bits();
     let exponent_bits = ((bits >> 52) & 0x7ff) as i32;
     let mut m = bits & ((1 << 52) - 1);
@@ -179,7 +195,7 @@ fn needs_exact_rounding(v: f64, digits: usize) -> bool {
         return false;
     }
     let exact = m as u128 * 5u128.pow((-e) as u32);
-    exact % 10 == 5 && exact.ilog10() as usize + 1 == digits + 1
+    exact % 10 == 5 && digits.contains(&(exact.ilog10() as usize))
 }
 
 /// A stack buffer for `{:.Ne}` formatting, without allocating.

@@ -109,14 +109,54 @@ fn prefetch(address: usize) {
     let _ = address;
 }
 
+/// Where a printed value comes from, packed in a word: the scrape's write
+/// loop reads one per line, and the enum it was (a kind, an optional
+/// aggregate and a flag: 12 bytes, two tests a line) was a tenth of a
+/// folded seed-repro scrape's instructions beyond the export floor's.
+///
+/// Bits 31–30 the kind, bit 29 whether the value starts a group (a
+/// histogram's running total starts at 0), bits 28–0 an index into
+/// [`ScrapePlan::aggregates`]. A missing series (a summary's sum or count, a
+/// histogram's bucket or `+Inf`) is the plan's last aggregate, which no entry
+/// folds into and so always holds 0: `0 + total` is `total`, because the
+/// running total starts at +0 and so is never -0.
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct PrintedValue {
-    source: Source,
-    /// The first value of a group: a histogram's running total starts at 0.
-    starts_group: bool,
+struct PrintedValue(u32);
+
+/// A series' aggregate as it is.
+const SERIES: u32 = 0;
+/// A histogram's declared bucket: its own series plus the group's buckets
+/// before it, which it adds to the running total.
+const BUCKET: u32 = 1;
+/// A histogram's `+Inf` bucket and `_count`: its `+Inf` series plus every
+/// declared bucket of the group.
+const TOTAL: u32 = 2;
+const KIND_SHIFT: u32 = 30;
+const STARTS_GROUP: u32 = 1 << 29;
+/// Aggregates a plan can index (a larger scrape is read the usual way).
+const MAX_AGGREGATES: usize = 1 << 29;
+
+impl PrintedValue {
+    fn new(kind: u32, aggregate: u32, starts_group: bool) -> PrintedValue {
+        debug_assert!((aggregate as usize) < MAX_AGGREGATES);
+        PrintedValue((kind << KIND_SHIFT) | ((starts_group as u32) * STARTS_GROUP) | aggregate)
+    }
+
+    fn kind(self) -> u32 {
+        self.0 >> KIND_SHIFT
+    }
+
+    fn starts_group(self) -> bool {
+        self.0 & STARTS_GROUP != 0
+    }
+
+    fn aggregate(self) -> usize {
+        (self.0 & (STARTS_GROUP - 1)) as usize
+    }
 }
 
-/// Where a printed value comes from.
+/// Where a printed value comes from, as a plan is built (then packed into
+/// a [`PrintedValue`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Source {
     /// A series' aggregate.
@@ -129,6 +169,19 @@ enum Source {
     /// A histogram's `+Inf` bucket and `_count`: its `+Inf` series (if any)
     /// plus every declared bucket of the group.
     Total(Option<u32>),
+}
+
+impl Source {
+    /// Packed, with `zero` the aggregate that stands for a missing series.
+    fn packed(self, starts_group: bool, zero: u32) -> PrintedValue {
+        let (kind, aggregate) = match self {
+            Source::Series(a) => (SERIES, a),
+            Source::Zero => (SERIES, zero),
+            Source::Bucket(a) => (BUCKET, a.unwrap_or(zero)),
+            Source::Total(a) => (TOTAL, a.unwrap_or(zero)),
+        };
+        PrintedValue::new(kind, aggregate, starts_group)
+    }
 }
 
 impl ScrapePlan {
@@ -161,6 +214,7 @@ impl ScrapePlan {
             ends: Vec::new(),
             reprobed: Vec::new(),
         };
+        let mut sources: Vec<(Source, bool)> = Vec::new();
         for (metric, state) in exporter.metrics.iter().enumerate() {
             let def = &exporter.registry.metrics[metric];
             let (catalogue, scrape) = (&state.catalogue, &state.scrape);
@@ -221,12 +275,7 @@ impl ScrapePlan {
                 return None;
             }
             let aggregate = |series: usize| aggregate_of[series];
-            let mut value = |source, starts_group| {
-                plan.values.push(PrintedValue {
-                    source,
-                    starts_group,
-                })
-            };
+            let mut value = |source, starts_group| sources.push((source, starts_group));
             match def.kind {
                 MetricType::Counter | MetricType::Gauge => {
                     for &series in &scrape.series_order {
@@ -296,6 +345,19 @@ impl ScrapePlan {
                 }
             }
         }
+        // The aggregate that stands for a missing series: never folded into.
+        let zero = u32::try_from(plan.aggregates.len()).ok()?;
+        if plan.aggregates.len() >= MAX_AGGREGATES {
+            return None;
+        }
+        plan.aggregates.push(Aggregate {
+            value: 0.0,
+            timestamp: 0.0,
+        });
+        plan.values = sources
+            .into_iter()
+            .map(|(source, starts_group)| source.packed(starts_group, zero))
+            .collect();
         plan.cut(out)?;
         let mut again = Vec::with_capacity(out.len());
         (plan.run(&exporter.reader, &mut again) && again == out).then_some(plan)
@@ -404,24 +466,21 @@ impl ScrapePlan {
     fn write(&self, out: &mut Vec<u8>) {
         out.clear();
         out.reserve(self.text.len() + 8 * self.values.len());
-        let of = |a: u32| self.aggregates[a as usize].value;
-        let (mut from, mut total) = (0, 0.0);
-        for (value, &end) in self.values.iter().zip(&self.ends) {
+        let (aggregates, mut from, mut total) = (&self.aggregates, 0, 0.0);
+        for (&value, &end) in self.values.iter().zip(&self.ends) {
             out.extend_from_slice(&self.text[from..end as usize]);
             from = end as usize;
-            if value.starts_group {
+            if value.starts_group() {
                 total = 0.0;
             }
-            let printed = match value.source {
-                Source::Series(a) => of(a),
-                Source::Zero => 0.0,
-                Source::Bucket(a) => {
-                    let own = a.map_or(0.0, of);
-                    let printed = own + total;
+            let own = aggregates[value.aggregate()].value;
+            let printed = match value.kind() {
+                SERIES => own,
+                BUCKET => {
                     total += own;
-                    printed
+                    total
                 }
-                Source::Total(a) => a.map_or(total, |a| of(a) + total),
+                _ => own + total,
             };
             crate::rubyfloat::write(out, printed);
         }
