@@ -346,10 +346,10 @@ impl ScrapePlan {
             }
         }
         // The aggregate that stands for a missing series: never folded into.
-        let zero = u32::try_from(plan.aggregates.len()).ok()?;
         if plan.aggregates.len() >= MAX_AGGREGATES {
             return None;
         }
+        let zero = plan.aggregates.len() as u32;
         plan.aggregates.push(Aggregate {
             value: 0.0,
             timestamp: 0.0,
