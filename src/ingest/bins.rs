@@ -606,6 +606,22 @@ mod tests {
         }
     }
 
+    /// More runs than `from_dense` notes on the stack (a count every third
+    /// key: 100 runs of one) are found a second time, to the same bins.
+    #[test]
+    fn a_dense_store_of_many_runs_is_its_pairs_bins() {
+        let counts: Vec<u64> = (0..300).map(|i| u64::from(i % 3 == 0) * (i + 1)).collect();
+        let dense = Bins::from_dense(-40, &counts);
+        assert_eq!(dense.runs.len(), 100);
+        assert!(dense.runs.len() > RUNS_NOTED);
+        let pairs = counts.iter().enumerate().map(|(i, &c)| (i as i32 - 40, c));
+        assert_eq!(dense, Bins::from_sorted(pairs));
+        assert_eq!(
+            (dense.runs.capacity(), dense.counts.capacity()),
+            (dense.runs.len(), dense.counts.len())
+        );
+    }
+
     #[test]
     fn runs_store_single_gaps_as_zeros() {
         const _: () = assert!(CLOSED_PANE_BINS + 2 <= crate::ingest::sketch::PANE_BINS);
