@@ -288,17 +288,35 @@ impl Bins {
     }
 
     /// The key of the value at 0-based `rank` in key order (`rank < count`).
+    #[cfg(test)]
     fn key_at_rank(&self, rank: u64) -> i32 {
-        let mut below = 0;
-        let mut at = 0;
-        for &(start, len) in &self.runs {
+        self.key_at_rank_from(rank, &mut RankCursor::default())
+    }
+
+    /// [`Bins::key_at_rank`], walking from `cursor` when `rank` is not below
+    /// the values before the run it holds (else from the first run), and
+    /// leaving it at the run found: a pane's quantiles, ranks ascending, take
+    /// one walk of its runs, not one from the start each (p50, p90 and p99
+    /// were about 2.4 walks; `bulk-sketch`'s open panes already answered so).
+    fn key_at_rank_from(&self, rank: u64, cursor: &mut RankCursor) -> i32 {
+        if cursor.below > rank {
+            *cursor = RankCursor::default();
+        }
+        let RankCursor {
+            mut run,
+            mut at,
+            mut below,
+        } = *cursor;
+        while let Some(&(start, len)) = self.runs.get(run) {
             let counts = &self.counts[at..at + len as usize];
-            at += len as usize;
             let run_total: u64 = counts.iter().sum();
             if below + run_total <= rank {
                 below += run_total;
+                at += len as usize;
+                run += 1;
                 continue;
             }
+            *cursor = RankCursor { run, at, below };
             for (i, &c) in counts.iter().enumerate() {
                 below += c;
                 if below > rank {
@@ -311,6 +329,15 @@ impl Bins {
             .last()
             .map_or(0, |&(start, len)| start + len as i32 - 1)
     }
+}
+
+/// Where [`Bins::key_at_rank_from`] left off: a run, where its counts start,
+/// and how many values the runs before it hold.
+#[derive(Clone, Copy, Default)]
+struct RankCursor {
+    run: usize,
+    at: usize,
+    below: u64,
 }
 
 /// A pane's content, exactly (see the module doc): what a closed window keeps
@@ -387,6 +414,12 @@ impl PaneBins {
 
     /// The quantile `q` in [0, 1] (see the module doc); `None` when empty or `q` is outside.
     pub fn quantile(&self, config: &Config, q: f64) -> Option<f64> {
+        self.quantile_from(config, q, &mut [RankCursor::default(); 2])
+    }
+
+    /// [`PaneBins::quantile`], each sign's walk resumed from its cursor
+    /// (positive, negative: see [`Bins::key_at_rank_from`]).
+    fn quantile_from(&self, config: &Config, q: f64, cursors: &mut [RankCursor; 2]) -> Option<f64> {
         let count = self.count();
         if !(0.0..=1.0).contains(&q) || count == 0 {
             return None;
@@ -398,24 +431,30 @@ impl PaneBins {
         }
         let rank = (q * (count as f64 - 1.0)) as u64;
         let negative = self.negative.count();
+        let [positive_at, negative_at] = cursors;
         Some(if rank < negative {
-            -bin_value(config, self.negative.key_at_rank(negative - rank - 1))
+            let key = self
+                .negative
+                .key_at_rank_from(negative - rank - 1, negative_at);
+            -bin_value(config, key)
         } else if rank < self.zero_count + negative {
             0.0
         } else {
-            bin_value(
-                config,
-                self.positive.key_at_rank(rank - self.zero_count - negative),
-            )
+            let key = self
+                .positive
+                .key_at_rank_from(rank - self.zero_count - negative, positive_at);
+            bin_value(config, key)
         })
     }
 
-    /// [`PaneBins::quantile`] of each of `qs` (NaN where `None`), onto `out`.
+    /// [`PaneBins::quantile`] of each of `qs` (NaN where `None`), onto `out`:
+    /// for ascending `qs`, one walk of the positive bins.
     pub fn quantiles_into(&self, config: &Config, qs: &[f64], out: &mut Vec<f64>) {
-        out.extend(
-            qs.iter()
-                .map(|&q| self.quantile(config, q).unwrap_or(f64::NAN)),
-        );
+        let mut cursors = [RankCursor::default(); 2];
+        out.extend(qs.iter().map(|&q| {
+            self.quantile_from(config, q, &mut cursors)
+                .unwrap_or(f64::NAN)
+        }));
     }
 
     /// The bins of the crate's sketch, read from its own encoding (DataDog's
@@ -603,6 +642,38 @@ mod tests {
             prop_assert_eq!(&dense, &Bins::from_sorted(pairs));
             prop_assert_eq!(dense.runs.capacity(), dense.runs.len());
             prop_assert_eq!(dense.counts.capacity(), dense.counts.len());
+        }
+    }
+
+    proptest! {
+        /// A walk resumed from a cursor finds each rank's key as the pairs
+        /// counted from the first do, for ranks in any order (ascending, as
+        /// a pane's quantiles ask, or not: a lower rank starts again).
+        #[test]
+        fn a_resumed_walk_finds_each_ranks_key(
+            pairs in prop::collection::btree_map(-300i32..300, 0u64..4, 0..60),
+            ranks in prop::collection::vec(0u64..1_000, 1..12),
+            ascending in any::<bool>(),
+        ) {
+            let bins = Bins::from_sorted(pairs.iter().map(|(&k, &c)| (k, c)));
+            prop_assume!(bins.count() > 0);
+            let mut ranks: Vec<u64> = ranks.iter().map(|r| r % bins.count()).collect();
+            if ascending {
+                ranks.sort_unstable();
+            }
+            let naive = |rank: u64| {
+                let mut below = 0;
+                bins.iter()
+                    .find(|&(_, c)| {
+                        below += c;
+                        below > rank
+                    })
+                    .map(|(key, _)| key)
+            };
+            let mut cursor = RankCursor::default();
+            for rank in ranks {
+                prop_assert_eq!(Some(bins.key_at_rank_from(rank, &mut cursor)), naive(rank));
+            }
         }
     }
 
