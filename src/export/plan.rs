@@ -69,12 +69,14 @@ pub(super) struct ScrapePlan {
 }
 
 struct PlannedFile {
-    /// Its kept mapping's address and length (`None`: kept without a
-    /// mapping, shorter than a header), held in [`ScrapePlan::_maps`]. A
-    /// scrape reads the file from here, not through the reader's record of
-    /// it: that record, one small allocation per metric, was a cache miss
-    /// per file on a cold scrape, before the file's own.
-    map: Option<(usize, usize)>,
+    /// Its kept mapping's address and length, held in
+    /// [`ScrapePlan::_maps`]. A scrape reads the file from here, not through
+    /// the reader's record of it: that record, one small allocation per
+    /// metric, was a cache miss per file on a cold scrape, before the file's
+    /// own. (A file kept without a mapping, shorter than a header, has no
+    /// entries and is not planned.)
+    at: usize,
+    len: usize,
     /// Its `used`.
     used: usize,
     entries: std::ops::Range<usize>,
@@ -90,23 +92,6 @@ struct PlannedEntry {
     aggregate: u32,
     /// The first value of its series in the scrape (the fold starts from it).
     first: bool,
-}
-
-/// How many files ahead a scrape asks for a file's first bytes: each file
-/// is a page of its own, so on a cold scrape each first touch is a cache
-/// miss that a file's own work does not hide.
-const PREFETCH_AHEAD: usize = 4;
-
-/// Asks the CPU for the cache line at `address` (a hint: never faults).
-#[inline(always)]
-fn prefetch(address: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing and never faults, at any address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(address as *const i8);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = address;
 }
 
 /// Where a printed value comes from, packed in a word: the scrape's write
@@ -240,10 +225,14 @@ impl ScrapePlan {
             for file in files {
                 let layout = catalogue.raw.layout(file.slot)?;
                 let map = exporter.reader.exited(metric, file.slot, file.ino)?;
-                if map.is_none() && !layout.ids.is_empty() {
-                    return None;
-                }
-                plan._maps.extend(map.cloned());
+                // A file kept without a mapping is shorter than a header.
+                let Some(map) = map else {
+                    if !layout.ids.is_empty() {
+                        return None;
+                    }
+                    continue;
+                };
+                plan._maps.push(Arc::clone(map));
                 let start = plan.entries.len();
                 for (&id, &at) in layout.ids.iter().zip(&layout.starts) {
                     let aggregate = *aggregate_of.get(catalogue.raw.spans[id].series)?;
@@ -265,7 +254,8 @@ impl ScrapePlan {
                     });
                 }
                 plan.files.push(PlannedFile {
-                    map: map.map(|map| (map.as_ptr() as usize, map.len())),
+                    at: map.as_ptr() as usize,
+                    len: map.len(),
                     used: layout.end? as usize,
                     entries: start..plan.entries.len(),
                     mode: def.aggregation(),
@@ -411,22 +401,12 @@ impl ScrapePlan {
             return false;
         }
         let mut guarded = mapguard::GuardedReads::default();
-        for (i, file) in self.files.iter().enumerate() {
-            if let Some(&PlannedFile {
-                map: Some((ahead, _)),
-                ..
-            }) = self.files.get(i + PREFETCH_AHEAD)
-            {
-                prefetch(ahead);
-            }
+        for file in &self.files {
             if reader.deadline_passed() {
                 return false;
             }
-            let Some((at, len)) = file.map else {
-                continue;
-            };
             // SAFETY: `_maps` holds this mapping, which covers these bytes.
-            let map = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
+            let map = unsafe { std::slice::from_raw_parts(file.at as *const u8, file.len) };
             let used = file.used;
             let entries = &self.entries[file.entries.clone()];
             let (heads, aggregates) = (&self.heads, &mut self.aggregates);
