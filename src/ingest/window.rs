@@ -237,16 +237,14 @@ impl OpenWindow {
 
     /// The window as bins (what closing keeps, or a merged view of lanes).
     fn to_bins(&self, start: i64) -> WindowBins {
-        let panes = self
-            .panes
-            .iter()
-            .enumerate()
-            .filter_map(|(gid, pane)| {
-                let mut bins = pane.as_ref()?.to_bins();
-                bins.dropped = self.group_dropped.get(&(gid as u32)).copied().unwrap_or(0);
-                Some((gid as u32, bins))
-            })
-            .collect();
+        // Sized first: grown as it was filled, the vector's copies were a
+        // fifth of closing a window of 100k one-series groups.
+        let mut panes = Vec::with_capacity(self.panes.iter().flatten().count());
+        panes.extend(self.panes.iter().enumerate().filter_map(|(gid, pane)| {
+            let mut bins = pane.as_ref()?.to_bins();
+            bins.dropped = self.group_dropped.get(&(gid as u32)).copied().unwrap_or(0);
+            Some((gid as u32, bins))
+        }));
         WindowBins {
             start,
             panes,
@@ -736,12 +734,20 @@ impl Accumulator {
         let start = self.query_start(window);
         match start.and_then(|s| self.closed.iter().find(|w| w.bins.start == s)) {
             Some(closed) => {
+                // The first query encodes into `out` and keeps a copy: one
+                // copy of the answer, where encoding into a vector of its own
+                // (grown as it went), making that an `Arc` and copying it
+                // into `out` were three, a fifth of a 100k-group answer.
+                let mut encoded = false;
                 let answer = closed.answer.get_or_init(|| {
-                    let mut answer = Vec::new();
-                    self.encode_view(start, Some(View::Bins(&closed.bins)), groups, &mut answer);
-                    Arc::from(answer)
+                    let at = out.len();
+                    self.encode_view(start, Some(View::Bins(&closed.bins)), groups, out);
+                    encoded = true;
+                    Arc::from(&out[at..])
                 });
-                out.extend_from_slice(answer);
+                if !encoded {
+                    out.extend_from_slice(answer);
+                }
             }
             None => self.encode_query(window, groups, out),
         }
