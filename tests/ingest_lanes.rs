@@ -242,6 +242,37 @@ fn threads_feeding_at_once_give_the_one_ingesters_panes() {
     }
 }
 
+/// Windows of more panes than a close converts on one thread (each lane's
+/// then on a thread of its own): the panes and answer are still the one
+/// ingester's.
+#[test]
+fn lanes_closing_large_windows_on_threads_give_the_one_ingesters_panes() {
+    let workload = FeedWorkload {
+        groups: 1_500,
+        series_per_group: 2,
+        batch_rows: 500,
+        ..FeedWorkload::seed(1_700_000_000_000)
+    };
+    let generator = workload.generator();
+    let ticks: Vec<Vec<Vec<u8>>> = (0..130).map(|t| generator.tick_bodies(t)).collect();
+    for set in [StrategySet::all(), StrategySet::NONE] {
+        let mut one = Ingester::new(Plan::default(), set);
+        let laned = LanedIngester::with_plan(3, &Plan::default(), set);
+        for (i, body) in ticks.iter().flatten().enumerate() {
+            one.handle(body).unwrap();
+            laned.handle_on(i, body).unwrap();
+        }
+        one.flush();
+        laned.flush();
+        assert_eq!(laned.totals(), one.totals(), "{set}");
+        assert_eq!(laned.snapshot(), one.snapshot(), "{set}");
+        let (mut got, mut expected) = (Vec::new(), Vec::new());
+        assert!(laned.query_json("data", None, &mut got));
+        assert!(one.query_json("data", None, &mut expected));
+        assert_eq!(got, expected, "{set}");
+    }
+}
+
 /// Every sample of a request has one fate: the counters add up.
 fn assert_accounted(t: &Stats, what: &str) {
     let fates = t.accepted

@@ -624,14 +624,17 @@ impl Accumulator {
             );
         }
         for start in starts {
-            let mut bins = take_open(&mut self.open, start, budget).unwrap_or(WindowBins {
+            let windows: Vec<OpenWindow> = std::iter::once(&mut self.open)
+                .chain(others.iter_mut().map(|o| &mut o.open))
+                .filter_map(|open| take_open(open, start, budget))
+                .collect();
+            let mut lanes_bins = windows_as_bins(start, windows).into_iter();
+            let mut bins = lanes_bins.next().unwrap_or(WindowBins {
                 start,
                 ..WindowBins::default()
             });
-            for other in others.iter_mut() {
-                if let Some(theirs) = take_open(&mut other.open, start, budget) {
-                    bins.merge(theirs);
-                }
+            for theirs in lanes_bins {
+                bins.merge(theirs);
             }
             budget.take_slots(bins.panes.len());
             budget.take_bins(bins.cost());
@@ -1047,16 +1050,60 @@ fn make_room(
     true
 }
 
-/// Removes open window `start` as bins, giving its slots and bins back.
+/// Removes open window `start`, giving its slots and bins back.
 fn take_open(
     open: &mut BTreeMap<i64, OpenWindow>,
     start: i64,
     budget: &Budget,
-) -> Option<WindowBins> {
+) -> Option<OpenWindow> {
     let window = open.remove(&start)?;
     budget.give_slots(window.panes.len());
     budget.give_bins(window.bins_len());
-    Some(window.to_bins(start))
+    Some(window)
+}
+
+/// The panes lanes' windows must hold between them before closing them
+/// takes a thread per lane: a thread costs tens of microseconds, a pane
+/// about one.
+const PANES_PER_CLOSING_THREAD: usize = 1024;
+
+/// Lanes' windows `start` as bins, in order, each converted and dropped on a
+/// thread of its own (the first on this one) when they hold enough panes.
+/// A close holds every lane, so on one thread the other lanes' senders
+/// waited out every lane's conversion: 2 lanes on 2 cores measured ~1.65×
+/// one lane. Where a thread cannot be had, its window is converted here.
+fn windows_as_bins(start: i64, windows: Vec<OpenWindow>) -> Vec<WindowBins> {
+    let panes: usize = windows.iter().map(|w| w.panes.len()).sum();
+    if windows.len() < 2 || panes < PANES_PER_CLOSING_THREAD {
+        return windows.iter().map(|w| w.to_bins(start)).collect();
+    }
+    let mut windows = windows.into_iter();
+    let first = windows.next().expect("two windows at least");
+    std::thread::scope(|scope| {
+        // Shared until the thread is had: its copy is then the last, and
+        // the window is freed there too.
+        let spawned: Vec<_> = windows
+            .map(|window| {
+                let window = std::sync::Arc::new(window);
+                let theirs = std::sync::Arc::clone(&window);
+                std::thread::Builder::new()
+                    .name("promlab-close".into())
+                    .spawn_scoped(scope, move || theirs.to_bins(start))
+                    .map_err(|_| window)
+            })
+            .collect();
+        let mut bins = vec![first.to_bins(start)];
+        drop(first);
+        for thread in spawned {
+            bins.push(match thread {
+                Ok(thread) => thread
+                    .join()
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                Err(window) => window.to_bins(start),
+            });
+        }
+        bins
+    })
 }
 
 /// Drops the oldest closed window, giving its slots and bins back to the
