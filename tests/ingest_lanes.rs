@@ -270,6 +270,13 @@ fn lanes_closing_large_windows_on_threads_give_the_one_ingesters_panes() {
         assert!(laned.query_json("data", None, &mut got));
         assert!(one.query_json("data", None, &mut expected));
         assert_eq!(got, expected, "{set}");
+        let mut every = Vec::new();
+        laned.query_all_json(&mut every);
+        assert_eq!(
+            every,
+            serde_json::to_vec(&one.query_all()).unwrap(),
+            "{set}"
+        );
     }
 }
 

@@ -362,6 +362,12 @@ impl LanedIngester {
         self.lock(0).query_all()
     }
 
+    /// [`LanedIngester::query_all`]'s JSON, as [`Ingester::query_all_json`]
+    /// writes it (no `QueryResult` built).
+    pub fn query_all_json(&self, out: &mut Vec<u8>) {
+        self.lock(0).query_all_json(out)
+    }
+
     /// Every pane (open and closed), sorted: the exact outcome, as one ingester's.
     pub fn snapshot(&self) -> Vec<PaneReport> {
         let lanes = self.lock_all();

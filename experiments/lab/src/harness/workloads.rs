@@ -879,7 +879,10 @@ impl Laned {
         laned.flush();
         let t = laned.totals();
         self.out.clear();
-        serde_json::to_writer(&mut self.out, &laned.query_all())?;
+        // As the one-ingester workload answers (no `QueryResult` built): the
+        // answer is written on one thread after the senders, where each
+        // floor thread writes its own.
+        laned.query_all_json(&mut self.out);
         write_counters(
             &mut self.out,
             [t.accepted, t.late, t.stale, t.rejected, t.unrouted],
