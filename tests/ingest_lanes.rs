@@ -191,16 +191,24 @@ fn too_many_samples_are_refused_whole_and_bad_bodies_change_nothing() {
     assert_eq!(stats.accepted, 10);
 }
 
-/// Requests fed by several threads at once, each tick's requests racing (its
-/// samples within the lateness of each other) and windows closing meanwhile:
-/// every pane and answer is the one ingester's, fed in order.
 /// The feeder's workload at 40 groups × 25 series, 100 rows a request, and
 /// its first `ticks` ticks' request bodies.
 fn feeder_ticks(ticks: u64) -> (FeedWorkload, Vec<Vec<Vec<u8>>>) {
+    feeder(40, 25, 100, ticks)
+}
+
+/// The feeder's workload of `groups` × `series_per_group`, `batch_rows`
+/// rows a request, and its first `ticks` ticks' request bodies.
+fn feeder(
+    groups: u64,
+    series_per_group: u64,
+    batch_rows: usize,
+    ticks: u64,
+) -> (FeedWorkload, Vec<Vec<Vec<u8>>>) {
     let workload = FeedWorkload {
-        groups: 40,
-        series_per_group: 25,
-        batch_rows: 100,
+        groups,
+        series_per_group,
+        batch_rows,
         ..FeedWorkload::seed(1_700_000_000_000)
     };
     let generator = workload.generator();
@@ -208,6 +216,19 @@ fn feeder_ticks(ticks: u64) -> (FeedWorkload, Vec<Vec<Vec<u8>>>) {
     (workload, bodies)
 }
 
+/// The laned ingester's counters, panes and answer are the one ingester's.
+fn assert_as_one(laned: &LanedIngester, one: &Ingester, what: &str) {
+    assert_eq!(laned.totals(), one.totals(), "{what}");
+    assert_eq!(laned.snapshot(), one.snapshot(), "{what}");
+    let (mut got, mut expected) = (Vec::new(), Vec::new());
+    assert!(laned.query_json("data", None, &mut got));
+    assert!(one.query_json("data", None, &mut expected));
+    assert_eq!(got, expected, "{what}");
+}
+
+/// Requests fed by several threads at once, each tick's requests racing (its
+/// samples within the lateness of each other) and windows closing meanwhile:
+/// every pane and answer is the one ingester's, fed in order.
 #[test]
 fn threads_feeding_at_once_give_the_one_ingesters_panes() {
     let (_, ticks) = feeder_ticks(150);
@@ -232,12 +253,7 @@ fn threads_feeding_at_once_give_the_one_ingesters_panes() {
                     }
                 });
             }
-            assert_eq!(laned.totals(), one.totals(), "{lanes} lanes, {set}");
-            assert_eq!(laned.snapshot(), one.snapshot(), "{lanes} lanes, {set}");
-            let (mut got, mut expected) = (Vec::new(), Vec::new());
-            assert!(laned.query_json("data", None, &mut got));
-            assert!(one.query_json("data", None, &mut expected));
-            assert_eq!(got, expected, "{lanes} lanes, {set}");
+            assert_as_one(&laned, &one, &format!("{lanes} lanes, {set}"));
         }
     }
 }
@@ -247,14 +263,7 @@ fn threads_feeding_at_once_give_the_one_ingesters_panes() {
 /// ingester's.
 #[test]
 fn lanes_closing_large_windows_on_threads_give_the_one_ingesters_panes() {
-    let workload = FeedWorkload {
-        groups: 1_500,
-        series_per_group: 2,
-        batch_rows: 500,
-        ..FeedWorkload::seed(1_700_000_000_000)
-    };
-    let generator = workload.generator();
-    let ticks: Vec<Vec<Vec<u8>>> = (0..130).map(|t| generator.tick_bodies(t)).collect();
+    let (_, ticks) = feeder(1_500, 2, 500, 130);
     for set in [StrategySet::all(), StrategySet::NONE] {
         let mut one = Ingester::new(Plan::default(), set);
         let laned = LanedIngester::with_plan(3, &Plan::default(), set);
@@ -264,12 +273,7 @@ fn lanes_closing_large_windows_on_threads_give_the_one_ingesters_panes() {
         }
         one.flush();
         laned.flush();
-        assert_eq!(laned.totals(), one.totals(), "{set}");
-        assert_eq!(laned.snapshot(), one.snapshot(), "{set}");
-        let (mut got, mut expected) = (Vec::new(), Vec::new());
-        assert!(laned.query_json("data", None, &mut got));
-        assert!(one.query_json("data", None, &mut expected));
-        assert_eq!(got, expected, "{set}");
+        assert_as_one(&laned, &one, &set.to_string());
         let mut every = Vec::new();
         laned.query_all_json(&mut every);
         assert_eq!(
