@@ -7,9 +7,10 @@
 //! cargo run --release -p promlab-lab --example lanes_phases -- GROUPS SERIES_PER_GROUP TICKS RUNS
 //! cargo run --release -p promlab-lab --example lanes_phases -- 1000 100 10 7
 //! ```
-//! The bodies are the quick lanes ladder's (each tick in 16 requests; thread
-//! `i` sends requests `i`, `i + lanes`, … of each tick, at most 2 ticks ahead
-//! of the slowest), encoded before the first run. With `baseline-between`,
+//! The bodies, each sender's share of them and its pacing are the lanes
+//! workload's (`harness::workloads`: each tick in 16 requests; thread `i`
+//! sends requests `i`, `i + lanes`, … of each tick, at most 2 ticks ahead of
+//! the slowest); the bodies are encoded before the first run. With `baseline-between`,
 //! each timed run follows an untimed one with no strategy (on 2 lanes, one
 //! sender), as an ablation's runs follow other arms'.
 
@@ -17,11 +18,8 @@ use anyhow::{bail, Context, Result};
 use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::plan::Plan;
 use promlab::strategy::StrategySet;
-use std::sync::{Condvar, Mutex};
+use promlab_lab::harness::workloads::{lane_shard, lanes_bodies, ShardPacing};
 use std::time::{Duration, Instant};
-
-const SHARDS: usize = 16;
-const LAG_TICKS: usize = 2;
 
 /// CPU time (user + system) and minor page faults of `who`.
 fn usage(who: libc::c_int) -> (Duration, i64) {
@@ -46,17 +44,7 @@ fn main() -> Result<()> {
     let series_per_group: u64 = series_per_group.parse().context("SERIES_PER_GROUP")?;
     let ticks: u64 = ticks.parse().context("TICKS")?;
     let runs: usize = runs.parse().context("RUNS")?;
-    let series = (groups * series_per_group) as usize;
-    let batch_rows = series.div_ceil(SHARDS);
-    let per_tick = series.div_ceil(batch_rows);
-    let bodies: Vec<Vec<u8>> = promlab_lab::harness::workloads::churn_bodies_batched(
-        groups,
-        series_per_group,
-        ticks,
-        0,
-        batch_rows,
-    )
-    .collect();
+    let (bodies, per_tick) = lanes_bodies(groups, series_per_group, ticks)?;
     let plan = Plan::default();
     let mut answer = Vec::new();
     for run in 0..runs {
@@ -72,27 +60,18 @@ fn main() -> Result<()> {
             let (cpu_start, faults_start) = usage(libc::RUSAGE_SELF);
             let start = Instant::now();
             let laned = LanedIngester::with_plan(lanes, &plan, StrategySet::all());
-            let sent = Mutex::new(vec![0usize; lanes]);
-            let progress = Condvar::new();
+            let pacing = ShardPacing::new(lanes);
             let sender_cpu: Vec<(Duration, i64)> = std::thread::scope(|s| {
                 let threads: Vec<_> = (0..lanes)
                     .map(|i| {
-                        let (laned, sent, progress, bodies) = (&laned, &sent, &progress, &bodies);
+                        let (laned, pacing, bodies) = (&laned, &pacing, &bodies);
                         s.spawn(move || {
                             for (t, tick) in bodies.chunks(per_tick).enumerate() {
-                                let guard = sent.lock().unwrap();
-                                drop(
-                                    progress
-                                        .wait_while(guard, |sent| {
-                                            sent.iter().min().copied().unwrap_or(t) + LAG_TICKS < t
-                                        })
-                                        .unwrap(),
-                                );
-                                for body in tick.iter().skip(i).step_by(lanes) {
+                                pacing.wait_to_send(t);
+                                for body in lane_shard(tick, lanes, i) {
                                     laned.handle(body).expect("request");
                                 }
-                                sent.lock().unwrap()[i] += 1;
-                                progress.notify_all();
+                                pacing.sent(i);
                             }
                             usage(libc::RUSAGE_THREAD)
                         })

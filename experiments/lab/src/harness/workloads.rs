@@ -772,20 +772,20 @@ const LAG_TICKS: usize = 2;
 
 /// The lanes workload's senders: each counts the ticks it has sent, and
 /// waits before tick `t` while the slowest is more than [`LAG_TICKS`] behind.
-struct ShardPacing {
+pub struct ShardPacing {
     sent: std::sync::Mutex<Vec<usize>>,
     progress: std::sync::Condvar,
 }
 
 impl ShardPacing {
-    fn new(shards: usize) -> ShardPacing {
+    pub fn new(shards: usize) -> ShardPacing {
         ShardPacing {
             sent: std::sync::Mutex::new(vec![0; shards]),
             progress: std::sync::Condvar::new(),
         }
     }
 
-    fn wait_to_send(&self, tick: usize) {
+    pub fn wait_to_send(&self, tick: usize) {
         let sent = self.sent.lock().expect("pacing lock");
         let _sent = self
             .progress
@@ -795,7 +795,7 @@ impl ShardPacing {
             .expect("pacing lock");
     }
 
-    fn sent(&self, shard: usize) {
+    pub fn sent(&self, shard: usize) {
         self.sent.lock().expect("pacing lock")[shard] += 1;
         self.progress.notify_all();
     }
@@ -813,11 +813,7 @@ impl Laned {
             "{series} series: the lanes workload splits each tick into {LANE_SHARDS} requests"
         );
         let plan = promlab::ingest::plan::Plan::default();
-        let batch_rows = series.div_ceil(LANE_SHARDS);
-        let per_tick = series.div_ceil(batch_rows);
-        let bodies: Vec<Vec<u8>> =
-            churn_bodies_batched(groups, series_per_group, ticks, 0, batch_rows).collect();
-        anyhow::ensure!(bodies.len() == ticks as usize * per_tick);
+        let (bodies, per_tick) = lanes_bodies(groups, series_per_group, ticks)?;
         Ok(Laned {
             per_tick,
             floors: (0..lanes)
@@ -830,11 +826,27 @@ impl Laned {
             out: Vec::new(),
         })
     }
+}
 
-    /// Thread `i`'s requests of one tick.
-    fn shard(tick: &[Vec<u8>], lanes: usize, i: usize) -> impl Iterator<Item = &[u8]> {
-        tick.iter().skip(i).step_by(lanes).map(Vec::as_slice)
-    }
+/// Sender `i`'s requests of one tick of the lanes workload, of `lanes` senders.
+pub fn lane_shard(tick: &[Vec<u8>], lanes: usize, i: usize) -> impl Iterator<Item = &[u8]> {
+    tick.iter().skip(i).step_by(lanes).map(Vec::as_slice)
+}
+
+/// The lanes workload's request bodies, tick by tick (the feeder's, each
+/// tick in about [`LANE_SHARDS`] requests), and the requests a tick.
+pub fn lanes_bodies(
+    groups: u64,
+    series_per_group: u64,
+    ticks: u64,
+) -> Result<(Vec<Vec<u8>>, usize)> {
+    let series = (groups * series_per_group) as usize;
+    let batch_rows = series.div_ceil(LANE_SHARDS);
+    let per_tick = series.div_ceil(batch_rows);
+    let bodies: Vec<Vec<u8>> =
+        churn_bodies_batched(groups, series_per_group, ticks, 0, batch_rows).collect();
+    anyhow::ensure!(bodies.len() == ticks as usize * per_tick);
+    Ok((bodies, per_tick))
 }
 
 /// The lanes workload's arm of every strategy on one lane (one thread
@@ -860,7 +872,7 @@ impl Laned {
                         let mut failed = None;
                         for (t, tick) in bodies.chunks(per_tick).enumerate() {
                             pacing.wait_to_send(t);
-                            for body in Laned::shard(tick, lanes, i) {
+                            for body in lane_shard(tick, lanes, i) {
                                 if let Err(e) = laned.handle(body) {
                                     failed.get_or_insert(e);
                                 }
@@ -929,7 +941,7 @@ impl Workload for Laned {
                     s.spawn(move || {
                         let shard = bodies
                             .chunks(per_tick)
-                            .flat_map(|tick| Laned::shard(tick, lanes, i));
+                            .flat_map(|tick| lane_shard(tick, lanes, i));
                         floor.run_bodies(shard)
                     })
                 })
