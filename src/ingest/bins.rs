@@ -89,10 +89,6 @@ pub fn bin_value(config: &Config, key: i32) -> f64 {
     config.value(key).min(f64::MAX)
 }
 
-/// The runs [`Bins::from_dense`] notes on the stack while it sizes its
-/// vectors (more are found a second time).
-const RUNS_NOTED: usize = 64;
-
 /// The longest store whose runs are found from a mask of its non-zero
 /// counts, held on the stack (longer ones are walked count by count).
 const MASKED_COUNTS: usize = 4096;
@@ -106,11 +102,20 @@ const MASKED_COUNTS: usize = 4096;
 /// scan at each end. Walked count by count ([`for_each_dense_run_by_count`]),
 /// every change from zeros to counts and back was a mispredicted branch: a
 /// pane of 50 values over 150 keys makes a dozen runs.
-fn for_each_dense_run(counts: &[u64], mut run: impl FnMut(std::ops::Range<usize>)) {
+#[cfg(test)]
+fn for_each_dense_run(counts: &[u64], run: impl FnMut(std::ops::Range<usize>)) {
     if counts.len() > MASKED_COUNTS {
         return for_each_dense_run_by_count(counts, run);
     }
     let mut mask = [0u64; MASKED_COUNTS / 64];
+    let mask = run_mask(counts, &mut mask);
+    for_each_masked_run(mask, counts.len(), run);
+}
+
+/// The mask of the counts runs hold (at most [`MASKED_COUNTS`] of them),
+/// in the first words of `mask`: a bit per non-zero count, and one per zero
+/// with a non-zero count on each side (it joins their runs).
+fn run_mask<'m>(counts: &[u64], mask: &'m mut [u64; MASKED_COUNTS / 64]) -> &'m mut [u64] {
     let mask = &mut mask[..counts.len().div_ceil(64)];
     for (word, chunk) in mask.iter_mut().zip(counts.chunks(64)) {
         *word = chunk
@@ -128,9 +133,25 @@ fn for_each_dense_run(counts: &[u64], mut run: impl FnMut(std::ops::Range<usize>
         top_below = word >> 63;
         mask[w] = word | (left & right);
     }
+    mask
+}
+
+/// The words a dense store's bins take, from its runs' mask: a count per
+/// set bit, a head per run (a set bit whose lower neighbour is clear).
+fn masked_words(mask: &[u64]) -> usize {
+    let (mut words, mut top_below) = (0, 0);
+    for &word in mask {
+        words += (word.count_ones() + (word & !((word << 1) | top_below)).count_ones()) as usize;
+        top_below = word >> 63;
+    }
+    words
+}
+
+/// Each run of a mask over `len` counts, as an index range, in order.
+fn for_each_masked_run(mask: &[u64], len: usize, mut run: impl FnMut(std::ops::Range<usize>)) {
     let mut at = 0;
     while let Some(start) = next_bit(mask, at, true) {
-        let end = next_bit(mask, start, false).map_or(counts.len(), |end| end.min(counts.len()));
+        let end = next_bit(mask, start, false).map_or(len, |end| end.min(len));
         run(start..end);
         at = end;
     }
@@ -219,42 +240,53 @@ impl Bins {
     /// zeros kept), so each is copied whole. Pushed key by key, through an
     /// iterator walked once to size the vectors and once to fill them, this
     /// was 2,900 instructions a store at 100k groups of 10 series, 7.7 % of
-    /// `all`'s ingest there; 1,900 with runs found twice (to size, to fill).
-    /// Found once now, up to [`RUNS_NOTED`] of them noted on the stack. (With
-    /// the runs found from a mask, finding them twice still cost: at 10k
-    /// groups × 10 series, `examples/ingest_phases` flushed in 11.5–12.3 ms
-    /// against 9.3–11.5 with the runs noted, alternated three times.)
+    /// `all`'s ingest there. The vector is sized from the runs' mask (a count
+    /// per set bit, a head per run), and the total summed in one pass: with
+    /// the runs noted on the stack as they were found to size it (a 512-byte
+    /// array zeroed per store) and the counts summed run by run, it took
+    /// 3,900 instructions a store against 3,300 now, at 10k groups × 10
+    /// series × 5 samples (callgrind, `floor_probe ingest all 1 10000 10 5`),
+    /// and that window closed in 9.0–11.0 ms against 8.4–9.5
+    /// (`examples/ingest_phases`, alternated three times).
     pub fn from_dense(lo: i32, counts: &[u64]) -> Bins {
-        let mut noted = [(0u32, 0u32); RUNS_NOTED];
-        let (mut runs, mut stored) = (0, 0);
-        for_each_dense_run(counts, |run| {
-            if let Some(slot) = noted.get_mut(runs) {
-                *slot = (run.start as u32, run.len() as u32);
-            }
-            runs += 1;
-            stored += run.len();
-        });
+        if counts.len() > MASKED_COUNTS {
+            return Bins::from_dense_by_count(lo, counts);
+        }
+        let mut mask = [0u64; MASKED_COUNTS / 64];
+        let mask = run_mask(counts, &mut mask);
         let mut bins = Bins {
-            words: Vec::with_capacity(runs + stored),
+            words: Vec::with_capacity(masked_words(mask)),
             last_run: 0,
-            total: 0,
+            total: counts.iter().sum(),
         };
-        let mut push = |start: usize, len: usize| {
-            let len32 = u32::try_from(len).expect("a store's span fits in u32");
-            bins.last_run = bins.words.len();
-            bins.words.push(run_head(lo + start as i32, len32));
-            let counts = &counts[start..start + len];
-            bins.words.extend_from_slice(counts);
-            bins.total += counts.iter().sum::<u64>();
+        for_each_masked_run(mask, counts.len(), |run| bins.push_run(lo, counts, run));
+        bins
+    }
+
+    /// [`Bins::from_dense`] of a store past [`MASKED_COUNTS`]: its runs
+    /// found count by count, collected to size the vector.
+    fn from_dense_by_count(lo: i32, counts: &[u64]) -> Bins {
+        let mut runs = Vec::new();
+        for_each_dense_run_by_count(counts, |run| runs.push(run));
+        let stored: usize = runs.iter().map(|run| run.len()).sum();
+        let mut bins = Bins {
+            words: Vec::with_capacity(runs.len() + stored),
+            last_run: 0,
+            total: counts.iter().sum(),
         };
-        if runs <= RUNS_NOTED {
-            for &(start, len) in &noted[..runs] {
-                push(start as usize, len as usize);
-            }
-        } else {
-            for_each_dense_run(counts, |run| push(run.start, run.len()));
+        for run in runs {
+            bins.push_run(lo, counts, run);
         }
         bins
+    }
+
+    /// Appends the run of `counts[run]` (keys from `lo + run.start`).
+    #[inline]
+    fn push_run(&mut self, lo: i32, counts: &[u64], run: std::ops::Range<usize>) {
+        let len = u32::try_from(run.len()).expect("a store's span fits in u32");
+        self.last_run = self.words.len();
+        self.words.push(run_head(lo + run.start as i32, len));
+        self.words.extend_from_slice(&counts[run]);
     }
 
     /// The bins of (key, count) pairs, keys strictly ascending (zeros
@@ -788,14 +820,21 @@ mod tests {
         }
     }
 
-    /// More runs than `from_dense` notes on the stack (a count every third
-    /// key: 100 runs of one) are found a second time, to the same bins.
+    /// A store of many runs (a count every third key: 100 runs of one), and
+    /// one past [`MASKED_COUNTS`] (its runs found count by count), to their
+    /// pairs' bins.
     #[test]
     fn a_dense_store_of_many_runs_is_its_pairs_bins() {
+        let long: Vec<u64> = (0..MASKED_COUNTS as u64 + 10)
+            .map(|i| u64::from(i % 5 < 2) * (i + 1))
+            .collect();
+        let dense = Bins::from_dense(7, &long);
+        let pairs = long.iter().enumerate().map(|(i, &c)| (i as i32 + 7, c));
+        assert_eq!(dense, Bins::from_sorted(pairs));
+        assert_eq!(dense.words.capacity(), dense.words.len());
         let counts: Vec<u64> = (0..300).map(|i| u64::from(i % 3 == 0) * (i + 1)).collect();
         let dense = Bins::from_dense(-40, &counts);
         assert_eq!(dense.runs().count(), 100);
-        assert!(dense.runs().count() > RUNS_NOTED);
         let pairs = counts.iter().enumerate().map(|(i, &c)| (i as i32 - 40, c));
         assert_eq!(dense, Bins::from_sorted(pairs));
         assert_eq!(dense.words.capacity(), dense.words.len());
