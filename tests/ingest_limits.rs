@@ -10,7 +10,7 @@ use promlab::ingest::window::{Capacity, Stats};
 use promlab::strategy::{Stage, StrategySet};
 #[path = "common/remote_write.rs"]
 mod remote_write;
-use remote_write::body;
+use remote_write::{body, body_of_instances};
 
 /// The injected clock: 2026-12-01T00:00:00Z.
 const NOW: i64 = 1_796_083_200_000;
@@ -307,6 +307,50 @@ fn groups_come_back_after_a_flood() {
                 .map(|g| g.labels["label_0"].as_str())
                 .collect();
             assert_eq!(names, ["good", "newcomer"], "{what}");
+        }
+    }
+}
+
+/// A new series of the group the new series before it resolved to skips the
+/// group table (issue 26); once groups are reclaimed, their destination ids
+/// may be another group's, so that memory is forgotten with them. Here `x`
+/// is reclaimed while `a` is the group remembered, and new series of `a`
+/// keep coming, on one lane and on two, every combination.
+#[test]
+fn the_group_remembered_is_forgotten_when_groups_are_reclaimed() {
+    let t0 = (NOW - 600_000).div_euclid(60_000) * 60_000;
+    for set in sets() {
+        for lanes in [1, 2] {
+            let plan = Plan {
+                lateness_secs: 0,
+                keep_windows: 1,
+                ..Plan::default()
+            };
+            let laned = LanedIngester::new(lanes, || {
+                Ingester::new(plan.clone(), set).with_limits(serving())
+            });
+            let what = format!("{set}, {lanes} lanes");
+            let lane = lanes - 1;
+            let send = |samples: &[(&str, &str, i64, f64)]| {
+                laned.handle_on(lane, &body_of_instances(samples)).unwrap()
+            };
+            send(&[("x", "i1", t0, 1.0), ("a", "i1", t0, 2.0)]);
+            send(&[("a", "i1", t0 + 120_000, 3.0)]);
+            send(&[("a", "i1", t0 + 240_000, 4.0)]);
+            assert_eq!(laned.groups_reclaimed(), 1, "{what}");
+            let stats = send(&[
+                ("a", "i2", t0 + 241_000, 5.0),
+                ("a", "i3", t0 + 242_000, 6.0),
+            ]);
+            assert_eq!(stats.accepted, 2, "{what}");
+            laned.flush();
+            let answer = laned.query("data", None).unwrap();
+            let groups: Vec<(&str, u64)> = answer
+                .groups
+                .iter()
+                .map(|g| (g.labels["label_0"].as_str(), g.count))
+                .collect();
+            assert_eq!(groups, [("a", 3)], "{what}");
         }
     }
 }

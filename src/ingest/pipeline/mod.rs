@@ -343,6 +343,7 @@ impl Ingester {
             .set_plan(generation, &plan.aggregations, &kept, budget);
         // Destination ids: re-read from the table as series are resolved again.
         self.dests.clear();
+        self.spare_new_series.forget_groups();
         self.plan = PlanGeneration { plan, generation };
     }
 
@@ -474,6 +475,7 @@ impl Ingester {
             for lane in std::iter::once(self).chain(others.iter_mut().map(|o| &mut **o)) {
                 lane.cache.invalidate();
                 lane.dests.clear();
+                lane.spare_new_series.forget_groups();
             }
         }
     }
