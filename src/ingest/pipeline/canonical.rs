@@ -302,7 +302,7 @@ impl NewSeriesBuffers {
 /// series are of the group the one before was, and find it here without the
 /// shared group table's lock: at 10k groups × 10 series that lock was taken
 /// 100k times a run, and at 1,000 groups × 100 series two lanes took it
-/// 100k times between them, each waiting on the other.
+/// 100k times between them, at the same time.
 #[derive(Default)]
 struct LastGroup {
     agg: u16,
