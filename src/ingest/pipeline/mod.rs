@@ -342,8 +342,7 @@ impl Ingester {
             .lock()
             .set_plan(generation, &plan.aggregations, &kept, budget);
         // Destination ids: re-read from the table as series are resolved again.
-        self.dests.clear();
-        self.spare_new_series.forget_groups();
+        self.forget_destinations();
         self.plan = PlanGeneration { plan, generation };
     }
 
@@ -474,8 +473,7 @@ impl Ingester {
             // Their ids may be given to other groups: nothing may route by them.
             for lane in std::iter::once(self).chain(others.iter_mut().map(|o| &mut **o)) {
                 lane.cache.invalidate();
-                lane.dests.clear();
-                lane.spare_new_series.forget_groups();
+                lane.forget_destinations();
             }
         }
     }
@@ -663,6 +661,15 @@ impl Ingester {
             .collect();
         panes.sort();
         panes
+    }
+
+    /// Forgets every destination id this ingester copied from the group
+    /// table (its own map, and the group the last new series resolved to):
+    /// ids may be given to other groups once groups are reclaimed, and a new
+    /// plan numbers them afresh.
+    fn forget_destinations(&mut self) {
+        self.dests.clear();
+        self.spare_new_series.forget_groups();
     }
 
     /// The (group id, destination id) of a group key, from the shared group
