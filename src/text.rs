@@ -149,6 +149,13 @@ impl<'o> FamilyEncoder<'o> {
         SampleEncoder::new(self.out, self.name, suffix)
     }
 
+    /// Room for `additional` more bytes, so the lines after it write
+    /// without growing the buffer.
+    #[inline]
+    pub fn reserve(&mut self, additional: usize) {
+        self.out.reserve(additional);
+    }
+
     /// A sample whose `name{labels} ` prefix was encoded before (by
     /// [`SampleEncoder::end_prefix`]): the prefix is copied, the value follows.
     #[inline]

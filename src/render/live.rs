@@ -24,6 +24,7 @@
 
 use crate::probe::probe;
 use crate::registry::{self, MetricType};
+use crate::rubyfloat;
 use crate::seams::{LinePrefixes, Seams};
 use crate::strategy::StrategySet;
 use crate::text::{FamilyEncoder, SampleEncoder};
@@ -292,6 +293,11 @@ impl Family {
         match &self.prefixes {
             FamilyPrefixes::PerScrape => self.write_lines_per_scrape(&mut family),
             FamilyPrefixes::Prerendered { bytes, ends } => {
+                // Room for the family's lines first: the copies and values
+                // below then never grow the buffer (a scrape of 63k series,
+                // alternated with the render floor three times: 1.14x the
+                // floor's time without it, 1.08x with).
+                family.reserve(bytes.len() + self.values.len() * rubyfloat::MAX_LINE_END);
                 let mut start = 0;
                 for (&end, &value) in ends.iter().zip(&self.values) {
                     family
