@@ -25,6 +25,9 @@ pub enum Escape {
     LabelValue,
 }
 
+/// Values shorter than this are scanned byte by byte ([`Escape::find`]).
+const SHORT_SCAN: usize = 16;
+
 impl Escape {
     #[inline]
     fn needs(self, b: u8) -> bool {
@@ -35,9 +38,13 @@ impl Escape {
     }
 
     /// The first byte of `s` this mode escapes: the "needs escaping?" scan
-    /// (SIMD; most values have none).
+    /// (SIMD; most values have none). A short value is looked at byte by
+    /// byte: below a vector's width `memchr` sets up its search for nothing.
     #[inline]
     fn find(self, s: &[u8]) -> Option<usize> {
+        if s.len() < SHORT_SCAN {
+            return s.iter().position(|&b| self.needs(b));
+        }
         match self {
             Escape::Help => memchr::memchr2(b'\n', b'\\', s),
             Escape::LabelValue => memchr::memchr3(b'\n', b'\\', b'"', s),

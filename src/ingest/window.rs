@@ -1134,8 +1134,16 @@ fn afford_slots(closed: &mut VecDeque<ClosedWindow>, budget: &Budget, grow: usiz
     }
 }
 
-/// `s` as a JSON string, as `serde_json` writes it (it escapes).
+/// `s` as a JSON string, as `serde_json` writes it. Most label names and
+/// values need no escape (`serde_json` escapes `"`, `\` and bytes below
+/// 0x20, nothing else): those are quoted as they are, without its writer.
 fn json_string(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
     serde_json::to_writer(out, s).expect("a string serializes into a Vec");
 }
 
@@ -1199,6 +1207,20 @@ mod tests {
     use super::super::groups::GroupTable;
     use super::super::plan::Plan;
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A string quoted as it is, or escaped, is what `serde_json` writes.
+        #[test]
+        fn json_strings_are_serde_jsons(chars in proptest::collection::vec(prop_oneof![
+            Just('"'), Just('\\'), Just('\n'), Just('\u{1}'), Just('\u{1f}'), Just('\u{7f}'),
+            Just('é'), any::<char>()], 0..40)) {
+            let s: String = chars.into_iter().collect();
+            let mut ours = Vec::new();
+            json_string(&mut ours, &s);
+            prop_assert_eq!(ours, serde_json::to_vec(&s).unwrap());
+        }
+    }
 
     /// A closed window's pane is found by its group id, whichever ids have one.
     #[test]

@@ -9,7 +9,7 @@
 //! ```
 //! The bodies, each sender's share of them and its pacing are the lanes
 //! workload's (`harness::workloads`: each tick in 16 requests; thread `i`
-//! sends requests `i`, `i + lanes`, … of each tick, at most 2 ticks ahead of
+//! sends requests `i`, `i + lanes`, … of each tick, at most 4 ticks ahead of
 //! the slowest); the bodies are encoded before the first run. With `baseline-between`,
 //! each timed run follows an untimed one with no strategy (on 2 lanes, one
 //! sender), as an ablation's runs follow other arms'.
