@@ -31,7 +31,8 @@ pub const BUILD: Build = Build {
 /// The host, from `/proc`.
 #[derive(Clone, Debug, Default)]
 pub struct Host {
-    /// `model name` of the first CPU in `/proc/cpuinfo`.
+    /// The first CPU of `/proc/cpuinfo`: `model name`, family and model, and
+    /// whether it has AVX-512 ([`cpu_description`]).
     pub cpu: Option<String>,
     /// CPUs this process may run on.
     pub cores: usize,
@@ -48,7 +49,7 @@ impl Host {
         let cpuinfo = read_proc("/proc/cpuinfo").unwrap_or_default();
         let meminfo = read_proc("/proc/meminfo").unwrap_or_default();
         Host {
-            cpu: field(&cpuinfo, "model name").map(str::to_owned),
+            cpu: cpu_description(&cpuinfo),
             cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
             memory_kib: field(&meminfo, "MemTotal").and_then(kib),
             kernel: read_proc("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned()),
@@ -139,6 +140,26 @@ fn read_proc(path: &str) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
 
+/// `AMD EPYC (family 25, model 17, AVX-512)`: a VM's `model name` alone
+/// named two hosts alike whose ratios differed (libc's copy and compare run
+/// AVX-512 code on one of them), so runs say which they had.
+fn cpu_description(cpuinfo: &str) -> Option<String> {
+    let name = field(cpuinfo, "model name")?;
+    let mut details = Vec::new();
+    if let (Some(family), Some(model)) = (field(cpuinfo, "cpu family"), field(cpuinfo, "model")) {
+        details.push(format!("family {family}, model {model}"));
+    }
+    let flags = field(cpuinfo, "flags").unwrap_or_default();
+    if flags.split_whitespace().any(|f| f == "avx512f") {
+        details.push("AVX-512".to_owned());
+    }
+    Some(if details.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name} ({})", details.join(", "))
+    })
+}
+
 /// The value of the first `name: value` line (`/proc/cpuinfo`, `meminfo`, `status`).
 fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     text.lines().find_map(|line| {
@@ -172,6 +193,21 @@ mod tests {
         assert_eq!(cpu_ticks(stat), Some(200));
         assert_eq!(cpu_ticks("4242 (x) S 1 2"), None);
         assert_eq!(cpu_ticks("no parenthesis"), None);
+    }
+
+    #[test]
+    fn cpu_description_names_family_model_and_avx512() {
+        let info = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512bw\n";
+        assert_eq!(
+            cpu_description(info).as_deref(),
+            Some("AMD EPYC (family 25, model 17, AVX-512)")
+        );
+        let info = "cpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2\n";
+        assert_eq!(
+            cpu_description(info).as_deref(),
+            Some("AMD EPYC (family 25, model 1)")
+        );
+        assert_eq!(cpu_description("flags: avx512f\n"), None);
     }
 
     #[test]
