@@ -17,7 +17,9 @@
 //! `compare-words` (against the copy, without `memcmp`); `ingest ARM N GROUPS
 //! SERIES_PER_GROUP TICKS`: the feeder's bodies ingested, flushed and
 //! answered as the ablation's ingest workload does (`ARM` a strategy set, or
-//! `floor`). Prints wall and
+//! `floor`); `scenario ARM N NAME`: one arm of a built-in scenario at its
+//! full size, as the ablation builds it (`ARM` a strategy set, `floor`, or
+//! an extra arm such as `floor-folded`). Prints wall and
 //! thread CPU time per run (CPU time is the steadier on a shared machine).
 
 use anyhow::{bail, Context, Result};
@@ -36,7 +38,7 @@ type Planned = (usize, usize, usize, usize, usize, usize);
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [stage, arm, n, rest @ ..] = args.as_slice() else {
-        bail!("usage: floor_probe render|export ARM N [QUEUES]");
+        bail!("usage: floor_probe render|export|ingest|scenario ARM N [...]");
     };
     let n: usize = n.parse().context("N")?;
     let mut run: Box<dyn FnMut() -> usize> = match stage.as_str() {
@@ -183,7 +185,26 @@ fn main() -> Result<()> {
                 Box::new(move || output_len(workload.run(set).expect("ingest")))
             }
         }
-        other => bail!("unknown stage {other} (render, export or ingest)"),
+        "scenario" => {
+            let [name] = rest else {
+                bail!("usage: floor_probe scenario ARM N NAME");
+            };
+            let scenario = promlab_lab::harness::load_scenario(name)?;
+            let mut workload = promlab_lab::harness::workloads::build(&scenario.full.params)?;
+            workload.prepare_arms()?;
+            let extra = workload.extra_arms().iter().any(|(n, _)| *n == arm.as_str());
+            if arm == "floor" {
+                Box::new(move || output_len(workload.floor().expect("floor")))
+            } else if extra {
+                Box::new(move || {
+                    output_len(workload.run_extra(&arm, StrategySet::NONE).expect("extra arm"))
+                })
+            } else {
+                let set: StrategySet = arm.parse().map_err(anyhow::Error::msg)?;
+                Box::new(move || output_len(workload.run(set).expect("arm")))
+            }
+        }
+        other => bail!("unknown stage {other} (render, export, ingest or scenario)"),
     };
     run();
     let (mut wall, mut cpu) = (Vec::with_capacity(n), Vec::with_capacity(n));
