@@ -192,12 +192,19 @@ fn main() -> Result<()> {
             let scenario = promlab_lab::harness::load_scenario(name)?;
             let mut workload = promlab_lab::harness::workloads::build(&scenario.full.params)?;
             workload.prepare_arms()?;
-            let extra = workload.extra_arms().iter().any(|(n, _)| *n == arm.as_str());
+            let extra = workload
+                .extra_arms()
+                .iter()
+                .any(|(n, _)| *n == arm.as_str());
             if arm == "floor" {
                 Box::new(move || output_len(workload.floor().expect("floor")))
             } else if extra {
                 Box::new(move || {
-                    output_len(workload.run_extra(&arm, StrategySet::NONE).expect("extra arm"))
+                    output_len(
+                        workload
+                            .run_extra(arm, StrategySet::NONE)
+                            .expect("extra arm"),
+                    )
                 })
             } else {
                 let set: StrategySet = arm.parse().map_err(anyhow::Error::msg)?;
