@@ -17,9 +17,10 @@
 //! `compare-words` (against the copy, without `memcmp`); `ingest ARM N GROUPS
 //! SERIES_PER_GROUP TICKS`: the feeder's bodies ingested, flushed and
 //! answered as the ablation's ingest workload does (`ARM` a strategy set, or
-//! `floor`); `scenario ARM N NAME`: one arm of a built-in scenario at its
-//! full size, as the ablation builds it (`ARM` a strategy set, `floor`, or
-//! an extra arm such as `floor-folded`). Prints wall and
+//! `floor`); `scenario ARM N NAME [BETWEEN]`: one arm of a built-in
+//! scenario at its full size, as the ablation builds it (`ARM` a strategy
+//! set, `floor`, or an extra arm such as `floor-folded`), with another arm
+//! run untimed before each timed run if `BETWEEN` names one. Prints wall and
 //! thread CPU time per run (CPU time is the steadier on a shared machine).
 
 use anyhow::{bail, Context, Result};
@@ -41,6 +42,8 @@ fn main() -> Result<()> {
         bail!("usage: floor_probe render|export|ingest|scenario ARM N [...]");
     };
     let n: usize = n.parse().context("N")?;
+    // Untimed, before each timed run (`scenario … BETWEEN`).
+    let mut between: Box<dyn FnMut()> = Box::new(|| {});
     let mut run: Box<dyn FnMut() -> usize> = match stage.as_str() {
         "render" => {
             let queues = rest.first().map_or(Ok(10_000), |q| q.parse())?;
@@ -186,30 +189,25 @@ fn main() -> Result<()> {
             }
         }
         "scenario" => {
-            let [name] = rest else {
-                bail!("usage: floor_probe scenario ARM N NAME");
+            // `scenario ARM N NAME [BETWEEN]`: BETWEEN, another arm, runs
+            // untimed before each timed run, as other arms do in a round.
+            let (name, between_arm) = match rest {
+                [name] => (name, None),
+                [name, between] => (name, Some(between.clone())),
+                _ => bail!("usage: floor_probe scenario ARM N NAME [BETWEEN]"),
             };
             let scenario = promlab_lab::harness::load_scenario(name)?;
             let mut workload = promlab_lab::harness::workloads::build(&scenario.full.params)?;
             workload.prepare_arms()?;
-            let extra = workload
-                .extra_arms()
-                .iter()
-                .any(|(n, _)| *n == arm.as_str());
-            if arm == "floor" {
-                Box::new(move || output_len(workload.floor().expect("floor")))
-            } else if extra {
-                Box::new(move || {
-                    output_len(
-                        workload
-                            .run_extra(arm, StrategySet::NONE)
-                            .expect("extra arm"),
-                    )
-                })
-            } else {
-                let set: StrategySet = arm.parse().map_err(anyhow::Error::msg)?;
-                Box::new(move || output_len(workload.run(set).expect("arm")))
+            let workload = std::rc::Rc::new(std::cell::RefCell::new(workload));
+            if let Some(other) = between_arm {
+                let workload = std::rc::Rc::clone(&workload);
+                between = Box::new(move || {
+                    output_len(run_scenario_arm(&mut **workload.borrow_mut(), &other));
+                });
             }
+            let arm = arm.clone();
+            Box::new(move || output_len(run_scenario_arm(&mut **workload.borrow_mut(), &arm)))
         }
         other => bail!("unknown stage {other} (render, export, ingest or scenario)"),
     };
@@ -217,6 +215,7 @@ fn main() -> Result<()> {
     let (mut wall, mut cpu) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let mut bytes = 0;
     for _ in 0..n {
+        between();
         let (start, start_cpu) = (Instant::now(), thread_cpu());
         bytes = run();
         wall.push(start.elapsed());
@@ -234,6 +233,23 @@ fn main() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// One run of a scenario's arm: a strategy set, `floor`, or an extra arm.
+fn run_scenario_arm<'w>(
+    workload: &'w mut dyn promlab_lab::harness::Workload,
+    arm: &str,
+) -> Output<'w> {
+    if arm == "floor" {
+        return workload.floor().expect("floor");
+    }
+    if workload.extra_arms().iter().any(|(n, _)| *n == arm) {
+        return workload
+            .run_extra(arm, StrategySet::NONE)
+            .expect("extra arm");
+    }
+    let set: StrategySet = arm.parse().expect("a strategy set, floor or an extra arm");
+    workload.run(set).expect("arm")
 }
 
 /// A workload's output as bytes (its length) or units (their number).
