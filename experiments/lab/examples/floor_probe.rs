@@ -25,9 +25,9 @@
 
 use anyhow::{bail, Context, Result};
 use promlab::render::rabbitmq::RabbitMqNode;
-use promlab::strategy::StrategySet;
+use promlab::strategy::{Stage, StrategySet};
 use promlab_lab::harness::floor::{ExportFloor, RenderFloor};
-use promlab_lab::harness::{Output, Workload as _};
+use promlab_lab::harness::{all_arms, run_arm, ArmKind, Output, Workload};
 use std::time::{Duration, Instant};
 
 /// One entry of a compare experiment: where its padded key starts in the
@@ -193,21 +193,26 @@ fn main() -> Result<()> {
             // untimed before each timed run, as other arms do in a round.
             let (name, between_arm) = match rest {
                 [name] => (name, None),
-                [name, between] => (name, Some(between.clone())),
+                [name, between] => (name, Some(between)),
                 _ => bail!("usage: floor_probe scenario ARM N NAME [BETWEEN]"),
             };
             let scenario = promlab_lab::harness::load_scenario(name)?;
+            let stage = scenario.full.params.stage();
             let mut workload = promlab_lab::harness::workloads::build(&scenario.full.params)?;
             workload.prepare_arms()?;
+            let timed = ScenarioArm::resolve(&*workload, stage, arm)?;
+            let untimed = match between_arm {
+                Some(other) => Some(ScenarioArm::resolve(&*workload, stage, other)?),
+                None => None,
+            };
             let workload = std::rc::Rc::new(std::cell::RefCell::new(workload));
-            if let Some(other) = between_arm {
+            if let Some(other) = untimed {
                 let workload = std::rc::Rc::clone(&workload);
                 between = Box::new(move || {
-                    output_len(run_scenario_arm(&mut **workload.borrow_mut(), &other));
+                    other.run(&mut **workload.borrow_mut());
                 });
             }
-            let arm = arm.clone();
-            Box::new(move || output_len(run_scenario_arm(&mut **workload.borrow_mut(), &arm)))
+            Box::new(move || timed.run(&mut **workload.borrow_mut()))
         }
         other => bail!("unknown stage {other} (render, export, ingest or scenario)"),
     };
@@ -235,21 +240,38 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// One run of a scenario's arm: a strategy set, `floor`, or an extra arm.
-fn run_scenario_arm<'w>(
-    workload: &'w mut dyn promlab_lab::harness::Workload,
-    arm: &str,
-) -> Output<'w> {
-    if arm == "floor" {
-        return workload.floor().expect("floor");
+/// A scenario's arm as the ablation runs it: an arm it measures by name
+/// (its strategy set, the floor, an extra arm with the set the workload gives
+/// it), else a strategy set; resolved once, outside the timed runs.
+struct ScenarioArm {
+    name: String,
+    set: StrategySet,
+    kind: ArmKind,
+}
+
+impl ScenarioArm {
+    fn resolve(workload: &dyn Workload, stage: Stage, name: &str) -> Result<ScenarioArm> {
+        let (set, kind) = match all_arms(stage, StrategySet::all(), workload)
+            .into_iter()
+            .find(|(arm, _, _)| arm == name)
+        {
+            Some((_, set, kind)) => (set, kind),
+            None => (
+                name.parse().map_err(anyhow::Error::msg)?,
+                ArmKind::Strategies,
+            ),
+        };
+        Ok(ScenarioArm {
+            name: name.to_owned(),
+            set,
+            kind,
+        })
     }
-    if workload.extra_arms().iter().any(|(n, _)| *n == arm) {
-        return workload
-            .run_extra(arm, StrategySet::NONE)
-            .expect("extra arm");
+
+    /// One run; the length of its output.
+    fn run(&self, workload: &mut dyn Workload) -> usize {
+        output_len(run_arm(workload, self.kind, &self.name, self.set).expect("arm"))
     }
-    let set: StrategySet = arm.parse().expect("a strategy set, floor or an extra arm");
-    workload.run(set).expect("arm")
 }
 
 /// A workload's output as bytes (its length) or units (their number).
