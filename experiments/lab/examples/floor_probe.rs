@@ -18,7 +18,7 @@
 //! SERIES_PER_GROUP TICKS`: the feeder's bodies ingested, flushed and
 //! answered as the ablation's ingest workload does (`ARM` a strategy set, or
 //! `floor`); `scenario ARM N NAME [BETWEEN]`: one arm of a built-in
-//! scenario at its full size, as the ablation builds it (`ARM` a strategy
+//! scenario at its full size (`NAME:quick`, its quick size), as the ablation builds it (`ARM` a strategy
 //! set, `floor`, or an extra arm such as `floor-folded`), with another arm
 //! run untimed before each timed run if `BETWEEN` names one. Prints wall and
 //! thread CPU time per run (CPU time is the steadier on a shared machine).
@@ -196,9 +196,18 @@ fn main() -> Result<()> {
                 [name, between] => (name, Some(between)),
                 _ => bail!("usage: floor_probe scenario ARM N NAME [BETWEEN]"),
             };
+            let (name, quick) = match name.strip_suffix(":quick") {
+                Some(name) => (name, true),
+                None => (name.as_str(), false),
+            };
             let scenario = promlab_lab::harness::load_scenario(name)?;
-            let stage = scenario.full.params.stage();
-            let mut workload = promlab_lab::harness::workloads::build(&scenario.full.params)?;
+            let size = if quick {
+                &scenario.quick
+            } else {
+                &scenario.full
+            };
+            let stage = size.params.stage();
+            let mut workload = promlab_lab::harness::workloads::build(&size.params)?;
             workload.prepare_arms()?;
             let timed = ScenarioArm::resolve(&*workload, stage, arm)?;
             let untimed = match between_arm {
@@ -217,6 +226,8 @@ fn main() -> Result<()> {
         other => bail!("unknown stage {other} (render, export, ingest or scenario)"),
     };
     run();
+    // A profiler attaches here, past the setup (`perf record -p`).
+    eprintln!("set up (pid {}); timing {n} runs", std::process::id());
     let (mut wall, mut cpu) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let mut bytes = 0;
     for _ in 0..n {

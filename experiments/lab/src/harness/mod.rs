@@ -642,7 +642,7 @@ pub struct ArmResult {
     pub runs_per_sample: u32,
     /// Whether the arm's runs write a store (then it runs once per sample).
     pub writes_store: bool,
-    /// The median of its warm-up runs.
+    /// The fastest of its warm-up runs (see [`warmed_up`]).
     pub typical: Duration,
     /// `--peak-rss`: the run's own peak resident memory, in bytes (see [`rss`]).
     pub peak_rss_bytes: Option<u64>,
@@ -834,11 +834,14 @@ pub const WARM_RUN_BELOW: Duration = Duration::from_millis(10);
 /// Whether an arm's warm-up (round 0, untimed) has run enough to size its
 /// samples: one run of a store writer (every arm writes as often) or of an
 /// arm that took ten [`MIN_SAMPLE`]s or more; else runs until two have
-/// passed, at least three runs, whose median sizes the samples: the first
+/// passed, at least three runs, whose fastest sizes the samples: the first
 /// run after another arm's is cold (asap-query's quantile floor took over
 /// 1 ms for a 0.3 ms run), and on a shared host one run in a few is slow
 /// (`large`'s floor drew one of over 5 ms for a 2 ms run, ran one run a
-/// sample where `all` ran four, and read 1.11× `all`).
+/// sample where `all` ran four, and read 1.11× `all`). The median of three
+/// was not enough: `floor-folded`'s warm-up once drew two slow runs of
+/// three, sized as a 10 ms arm (one cold run a sample, no warm run before
+/// it) beside `all`'s two warm runs, and read 1.31× `all` (`large`, Zen 4).
 fn warmed_up(runs: &[Duration], writes_store: bool) -> bool {
     let elapsed: Duration = runs.iter().sum();
     writes_store
@@ -851,7 +854,7 @@ fn warmed_up(runs: &[Duration], writes_store: bool) -> bool {
 }
 
 /// How many back-to-back runs make a sample of an arm whose warm-up runs
-/// took a median of `typical`: enough for [`MIN_SAMPLE`]; one for an arm that
+/// took `typical` at their fastest: enough for [`MIN_SAMPLE`]; one for an arm that
 /// writes a store.
 fn runs_per_sample(typical: Duration, writes_store: bool) -> u32 {
     if writes_store || typical >= MIN_SAMPLE {
@@ -990,7 +993,7 @@ pub fn measure(
                 results[i].cpu.push(cpu / runs);
                 progress.inc();
             } else {
-                let typical = quantile(&warm_up, 0.5);
+                let typical = *warm_up.iter().min().expect("a warm-up runs once or more");
                 results[i].typical = typical;
                 results[i].runs_per_sample = runs_per_sample(typical, results[i].writes_store);
             }

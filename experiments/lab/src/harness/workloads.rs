@@ -179,7 +179,8 @@ impl Export {
         Ok(self.folded.as_ref().expect("made above").dir())
     }
 
-    /// Every exporter that reads the folded copy, made and run once before
+    /// Every exporter that reads the folded copy, and its floor, made (the
+    /// exporters run once) before
     /// any other ([`Workload::prepare_arms`]): a sidecar runs one exporter, with the process's budget of
     /// kept mappings to itself, but here 32 share one process, and the first
     /// to run took the budget whole with the unfolded store's files (40,000
@@ -196,6 +197,17 @@ impl Export {
                 exporter.export_into(&mut self.out)?;
                 self.exporters.insert(set, exporter);
             }
+        }
+        self.make_floor_folded()
+    }
+
+    /// `floor-folded`, made on first use ([`Export::prime_folded`] makes it
+    /// before any arm's warm-up, whose first run it would otherwise be).
+    fn make_floor_folded(&mut self) -> Result<()> {
+        if self.floor_folded.is_none() {
+            let text = self.floor.exposition().to_vec();
+            let dir = self.folded()?.to_path_buf();
+            self.floor_folded = Some(super::floor::ExportFloor::new(&dir, text)?);
         }
         Ok(())
     }
@@ -337,11 +349,7 @@ impl Workload for Export {
             name == FLOOR_FOLDED,
             "no extra arm `{name}` in this workload"
         );
-        if self.floor_folded.is_none() {
-            let text = self.floor.exposition().to_vec();
-            let dir = self.folded()?.to_path_buf();
-            self.floor_folded = Some(super::floor::ExportFloor::new(&dir, text)?);
-        }
+        self.make_floor_folded()?;
         floor_output(
             self.floor_folded.as_mut().expect("made above"),
             &mut self.out,
