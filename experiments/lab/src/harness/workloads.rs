@@ -179,9 +179,9 @@ impl Export {
         Ok(self.folded.as_ref().expect("made above").dir())
     }
 
-    /// Every exporter that reads the folded copy, and its floor, made (the
-    /// exporters run once) before
-    /// any other ([`Workload::prepare_arms`]): a sidecar runs one exporter, with the process's budget of
+    /// Every exporter that reads the folded copy, made and run once, and
+    /// that copy's floor, made, before any other arm ([`Workload::prepare_arms`]):
+    /// a sidecar runs one exporter, with the process's budget of
     /// kept mappings to itself, but here 32 share one process, and the first
     /// to run took the budget whole with the unfolded store's files (40,000
     /// at many-metrics' full size), leaving `all` to open and read its 400
