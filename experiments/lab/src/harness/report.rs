@@ -103,10 +103,35 @@ fn floor_named<'a>(arms: &'a [ArmResult], name: &str) -> Option<&'a ArmResult> {
         .find(|a| a.kind == ArmKind::Floor && a.arm == name)
 }
 
-/// An arm's median ÷ the median of the floor it is held to, same run.
+/// An arm's time ÷ the floor's it is held to, same run ([`paired_ratio`]).
 pub fn ratio_to_floor(arms: &[ArmResult], arm: &ArmResult) -> Option<f64> {
     let floor = floor_named(arms, &arm.floor)?;
-    Some(arm.median().as_secs_f64() / floor.median().as_secs_f64())
+    Some(paired_ratio(arm, floor))
+}
+
+/// `arm`'s time ÷ `to`'s: round by round (each round runs every arm once, so
+/// a round's two samples met the same state of a shared host), the median of
+/// those ratios. The ratio of the two medians let slow spells that came and
+/// went over a run land in one arm's median and not the other's: the quick
+/// series-per-file ladder's 2,100 point read `all` 1.33× its floor, both
+/// arms' samples split between a fast and a slow mode (p25 33.1 and 30.8 µs,
+/// p75 50.7 and 40.9), each median in another mode (run of 2026-12-05
+/// 14:07). Arms of unequal rounds (none the harness makes) fall back to the
+/// ratio of medians.
+pub fn paired_ratio(arm: &ArmResult, to: &ArmResult) -> f64 {
+    if arm.samples.len() != to.samples.len() || arm.samples.is_empty() {
+        return arm.median().as_secs_f64() / to.median().as_secs_f64();
+    }
+    let mut ratios: Vec<f64> = arm
+        .samples
+        .iter()
+        .zip(&to.samples)
+        .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64())
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    // The middle one, or the mean of the middle two.
+    let n = ratios.len();
+    (ratios[(n - 1) / 2] + ratios[n / 2]) / 2.0
 }
 
 /// Below this many times its floor an arm is a finding, not noise: either the
@@ -305,7 +330,8 @@ pub struct ResultRow {
     pub rss_kib: Option<u64>,
     #[serde(default, serialize_with = "four_decimals_or_empty")]
     pub ratio_to_all: Option<f64>,
-    /// Arm median / the floor arm's median, same run (per unit for a peer).
+    /// The arm's time ÷ the floor arm's, same run: the median of the rounds'
+    /// ratios ([`paired_ratio`]; per unit, medians, for a peer).
     #[serde(default, serialize_with = "four_decimals_or_empty")]
     pub ratio_to_floor: Option<f64>,
     /// `--peak-rss`: the arm's own peak resident memory, in bytes (`harness::rss`).
@@ -543,6 +569,41 @@ mod tests {
         let mut empty = Vec::new();
         write_rows(&mut empty, &[]).unwrap();
         assert_eq!(String::from_utf8(empty).unwrap(), format!("{CSV_HEADER}\n"));
+    }
+
+    /// A slow spell that catches one arm's sample of a round and not the
+    /// other's moves the ratio of medians a long way, the median of the
+    /// rounds' ratios not: each round's two samples are compared.
+    #[test]
+    fn an_arm_is_held_to_its_floor_round_by_round() {
+        use super::super::ArmKind;
+        use std::time::Duration;
+        let arm = |name: &str, kind: ArmKind, micros: &[u64]| ArmResult {
+            arm: name.to_string(),
+            strategies: promlab::strategy::StrategySet::NONE,
+            kind,
+            floor: "floor".to_string(),
+            samples: micros.iter().map(|&m| Duration::from_micros(m)).collect(),
+            cpu: Vec::new(),
+            runs_per_sample: 1,
+            writes_store: false,
+            typical: Duration::ZERO,
+            peak_rss_bytes: None,
+        };
+        // `all` is 1.1× the floor; a spell (×1.5) slows both in round 3,
+        // only `all` in rounds 1 and 2, only the floor in round 4.
+        let floor = arm("floor", ArmKind::Floor, &[100, 100, 150, 150, 100]);
+        let all = arm("all", ArmKind::Strategies, &[165, 165, 165, 110, 110]);
+        let medians = all.median().as_secs_f64() / floor.median().as_secs_f64();
+        assert!((medians - 1.65).abs() < 1e-9, "{medians}");
+        let arms = [all.clone(), floor.clone()];
+        let ratio = ratio_to_floor(&arms, &all).unwrap();
+        assert!((ratio - 1.1).abs() < 1e-9, "{ratio}");
+        assert_eq!(ratio_to_floor(&arms, &floor), Some(1.0));
+        // Unequal rounds (no measurement makes them): the ratio of medians.
+        let short = arm("all", ArmKind::Strategies, &[110, 110, 165]);
+        let ratio = paired_ratio(&short, &floor);
+        assert!((ratio - 1.1).abs() < 1e-9, "{ratio}");
     }
 
     /// Every results CSV in the repository reads, with the rows its lines promise.

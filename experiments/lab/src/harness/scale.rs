@@ -593,13 +593,14 @@ fn lanes_model(result: &AxisResult) -> Option<String> {
             let side_by_side = point
                 .arms
                 .iter()
-                .find(|a| a.arm == super::workloads::ONE_LANE);
+                .find(|a| a.arm == super::workloads::ONE_LANE)
+                .zip(point.arms.iter().find(|a| a.arm == "all"));
             match side_by_side {
-                Some(one_lane) => {
+                Some((one_lane, all)) => {
                     let _ = writeln!(
                         out,
                         "; {:.2}× `{}` in the same rounds",
-                        one_lane.median().as_secs_f64() / t,
+                        report::paired_ratio(one_lane, all),
                         super::workloads::ONE_LANE
                     );
                 }
