@@ -177,6 +177,32 @@ impl PaneSketch {
         }
     }
 
+    /// Asks the CPU to bring this pane's own structure into cache ahead of
+    /// an add: a boxed sketch is a pointer away from its window's slot.
+    #[inline]
+    pub fn prefetch(&self) {
+        match self {
+            PaneSketch::Reference(s) => prefetch_read(&**s),
+            PaneSketch::Bulk(s) => prefetch_read(&**s),
+        }
+    }
+
+    /// Asks the CPU for the bins an add of `values` values to this pane will
+    /// touch, once its structure is in cache (see [`PaneSketch::prefetch`]):
+    /// every line of its positive store's bins (where positive values go),
+    /// if the values are enough to touch a good part of them. (At 100k
+    /// groups of one series, one value a pane, every line asked for cost
+    /// more than the one miss it saved.)
+    #[inline]
+    pub fn prefetch_bins(&self, values: usize) {
+        if let PaneSketch::Bulk(s) = self {
+            let bins = s.positive.bins.as_slice();
+            if std::mem::size_of_val(bins) <= values * 4 * 64 {
+                prefetch_read(bins);
+            }
+        }
+    }
+
     /// One value (the reference path), whatever bins it needs.
     #[inline]
     pub fn add(&mut self, v: f64) {
@@ -670,6 +696,27 @@ impl BulkStore {
         *cursor = (0, 0);
         self.lo + self.bins.len() as i32 - 1
     }
+}
+
+/// A hint to bring the cache lines of `*p` (its first 4 KiB) in for
+/// reading. Nothing else happens: a prefetch never faults, and other
+/// architectures go without.
+#[inline(always)]
+fn prefetch_read<T: ?Sized>(p: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let at: *const i8 = (p as *const T).cast();
+        for line in (0..std::mem::size_of_val(p).min(4096)).step_by(64) {
+            // SAFETY: a prefetch reads nothing the program sees and never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    at.wrapping_add(line),
+                );
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]

@@ -271,6 +271,9 @@ pub(super) struct Routed {
     dests: (u32, u32),
 }
 
+/// How many destinations ahead of its add a pane is prefetched.
+const PREFETCH_AHEAD: usize = 8;
+
 /// Scratch space of the batched router, reused across requests.
 #[derive(Default)]
 pub(super) struct RouteScratch {
@@ -363,7 +366,26 @@ impl RouteScratch {
                 }
             }
         }
-        for &d in &self.touched {
+        for (k, &d) in self.touched.iter().enumerate() {
+            // The pane a few destinations on is asked for now (its structure,
+            // then its bins), so that its cache misses overlap the adds
+            // before it: at 10k groups of 10 series, `all` went from 1.24×
+            // its floor to 1.11–1.12× (quick ingest ladder, twice, the
+            // binaries side by side).
+            if let Some(&next) = self.touched.get(k + PREFETCH_AHEAD) {
+                let (agg, gid) = into.dests[next as usize];
+                let first_ts = self.ts[self.start[next as usize] as usize];
+                into.accumulators[agg as usize].prefetch(gid, first_ts);
+            }
+            if let Some(&next) = self.touched.get(k + PREFETCH_AHEAD / 2) {
+                // One value touches one line: its miss is not worth a lookup.
+                let values = self.counts[next as usize] as usize;
+                if values > 1 {
+                    let (agg, gid) = into.dests[next as usize];
+                    let first_ts = self.ts[self.start[next as usize] as usize];
+                    into.accumulators[agg as usize].prefetch_bins(gid, first_ts, values);
+                }
+            }
             let (agg, gid) = into.dests[d as usize];
             let (a, b) = (
                 self.start[d as usize] as usize,
