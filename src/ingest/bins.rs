@@ -364,6 +364,12 @@ impl Bins {
         self.total
     }
 
+    /// Asks the CPU for these bins' words ahead of a walk of them.
+    #[inline]
+    pub fn prefetch(&self) {
+        super::sketch::prefetch_read(self.words.as_slice());
+    }
+
     pub fn is_empty(&self) -> bool {
         self.total == 0
     }
@@ -493,6 +499,14 @@ impl PartialEq for PaneBins {
 }
 
 impl PaneBins {
+    /// Asks the CPU for the bins a query walks (its positive values' and
+    /// negative values'), ahead of the walk.
+    #[inline]
+    pub fn prefetch(&self) {
+        self.positive.prefetch();
+        self.negative.prefetch();
+    }
+
     /// Values counted (not the dropped ones).
     pub fn count(&self) -> u64 {
         self.positive.count() + self.negative.count() + self.zero_count

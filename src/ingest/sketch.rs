@@ -203,6 +203,18 @@ impl PaneSketch {
         }
     }
 
+    /// Asks the CPU for what closing this pane reads besides its structure
+    /// (see [`PaneSketch::prefetch`]): its stores' counts, dense or paired.
+    #[inline]
+    pub fn prefetch_stores(&self) {
+        if let PaneSketch::Bulk(s) = self {
+            for store in [&s.positive, &s.negative] {
+                prefetch_read(store.bins.as_slice());
+                prefetch_read(store.few.as_slice());
+            }
+        }
+    }
+
     /// One value (the reference path), whatever bins it needs.
     #[inline]
     pub fn add(&mut self, v: f64) {
@@ -702,7 +714,7 @@ impl BulkStore {
 /// reading. Nothing else happens: a prefetch never faults, and other
 /// architectures go without.
 #[inline(always)]
-fn prefetch_read<T: ?Sized>(p: &T) {
+pub(super) fn prefetch_read<T: ?Sized>(p: &T) {
     #[cfg(target_arch = "x86_64")]
     {
         let at: *const i8 = (p as *const T).cast();

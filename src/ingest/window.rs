@@ -240,7 +240,17 @@ impl OpenWindow {
         // Sized first: grown as it was filled, the vector's copies were a
         // fifth of closing a window of 100k one-series groups.
         let mut panes = Vec::with_capacity(self.panes.iter().flatten().count());
+        let ahead = |gid: usize| self.panes.get(gid).and_then(Option::as_ref);
         panes.extend(self.panes.iter().enumerate().filter_map(|(gid, pane)| {
+            // A pane a few slots on is asked for now (its structure, then its
+            // counts), so that its cache misses overlap the conversions
+            // before it, as the router's adds do.
+            if let Some(pane) = ahead(gid + CLOSE_PREFETCH_AHEAD) {
+                pane.prefetch();
+            }
+            if let Some(pane) = ahead(gid + CLOSE_PREFETCH_AHEAD / 2) {
+                pane.prefetch_stores();
+            }
             let mut bins = pane.as_ref()?.to_bins();
             bins.dropped = self.group_dropped.get(&(gid as u32)).copied().unwrap_or(0);
             Some((gid as u32, bins))
@@ -252,6 +262,12 @@ impl OpenWindow {
         }
     }
 }
+
+/// How many pane slots ahead of its conversion a closing pane is prefetched.
+const CLOSE_PREFETCH_AHEAD: usize = 8;
+
+/// How many groups ahead of its answer a queried pane's bins are prefetched.
+const ANSWER_PREFETCH_AHEAD: usize = 4;
 
 /// One window's panes as bins, by group id (ascending), and the samples
 /// refused for groups with no pane there: what a closed window keeps, what
@@ -834,7 +850,18 @@ impl Accumulator {
                 .collect();
             let mut values = Vec::with_capacity(keys.len());
             let mut first = true;
-            for &gid in &order.sorted {
+            for (i, &gid) in order.sorted.iter().enumerate() {
+                // A closed window's bins a few groups on are asked for now,
+                // so that their cache misses overlap the answers before them.
+                if let View::Bins(w) = view {
+                    if let Some(pane) = order
+                        .sorted
+                        .get(i + ANSWER_PREFETCH_AHEAD)
+                        .and_then(|&ahead| w.pane(ahead))
+                    {
+                        pane.prefetch();
+                    }
+                }
                 let Some(pane) = view.pane(gid) else {
                     continue;
                 };
