@@ -225,6 +225,21 @@ fn run_of(head: u64) -> (i32, u32) {
     (head as u32 as i32, (head >> 32) as u32)
 }
 
+/// Whether `key` (above every key held) joins the run whose head is `head`:
+/// `Some((zero, head))` if it does — `zero` when one empty key is between,
+/// stored as a zero (it costs what a new run would), and the run's new head
+/// — and `None` when it starts a run of its own.
+fn extend_run(head: u64, key: i32) -> Option<(bool, u64)> {
+    let (start, len) = run_of(head);
+    let end = i64::from(start) + i64::from(len);
+    debug_assert!(i64::from(key) >= end, "keys ascending");
+    match i64::from(key) - end {
+        0 => Some((false, run_head(start, len + 1))),
+        1 => Some((true, run_head(start, len + 2))),
+        _ => None,
+    }
+}
+
 impl Bins {
     /// Bins of (key, count) pairs given with strictly ascending keys; zero counts are skipped.
     pub fn from_sorted(pairs: impl IntoIterator<Item = (i32, u64)>) -> Bins {
@@ -315,21 +330,16 @@ impl Bins {
                 continue;
             }
             total += count;
-            if len > 0 {
-                let (start, mut run) = run_of(words[last_run]);
-                let end = i64::from(start) + i64::from(run);
-                debug_assert!(i64::from(key) >= end, "keys ascending");
-                if i64::from(key) <= end + 1 {
-                    if i64::from(key) == end + 1 {
-                        words[len] = 0;
-                        len += 1;
-                        run += 1;
-                    }
-                    words[len] = count;
+            let last = (len > 0).then(|| words[last_run]);
+            if let Some((zero, head)) = last.and_then(|head| extend_run(head, key)) {
+                if zero {
+                    words[len] = 0;
                     len += 1;
-                    words[last_run] = run_head(start, run + 1);
-                    continue;
                 }
+                words[len] = count;
+                len += 1;
+                words[last_run] = head;
+                continue;
             }
             last_run = len;
             words[len] = run_head(key, 1);
@@ -365,20 +375,14 @@ impl Bins {
             return;
         }
         self.total += count;
-        if let Some(&head) = self.words.get(self.last_run) {
-            let (start, mut len) = run_of(head);
-            let end = i64::from(start) + i64::from(len);
-            debug_assert!(i64::from(key) >= end, "keys ascending");
-            // One empty key between: a stored zero costs what a new run would.
-            if i64::from(key) <= end + 1 {
-                if i64::from(key) == end + 1 {
-                    self.words.push(0);
-                    len += 1;
-                }
-                self.words.push(count);
-                self.words[self.last_run] = run_head(start, len + 1);
-                return;
+        let last = self.words.get(self.last_run);
+        if let Some((zero, head)) = last.and_then(|&head| extend_run(head, key)) {
+            if zero {
+                self.words.push(0);
             }
+            self.words.push(count);
+            self.words[self.last_run] = head;
+            return;
         }
         self.last_run = self.words.len();
         self.words.push(run_head(key, 1));
