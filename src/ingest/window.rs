@@ -496,29 +496,13 @@ impl Accumulator {
         }
     }
 
-    /// Asks the CPU for group `gid`'s pane of the window of `ts`, if it has
-    /// one, ahead of adding to it (see [`PaneSketch::prefetch`]).
-    #[inline]
-    pub fn prefetch(&self, gid: u32, ts: i64) {
-        if let Some(pane) = self.newest_open_pane(gid, ts) {
-            pane.prefetch();
-        }
-    }
-
-    /// [`Accumulator::prefetch`] of the pane's bins (see [`PaneSketch::prefetch_bins`]).
-    #[inline]
-    pub fn prefetch_bins(&self, gid: u32, ts: i64, values: usize) {
-        if let Some(pane) = self.newest_open_pane(gid, ts) {
-            pane.prefetch_bins(values);
-        }
-    }
-
     /// Group `gid`'s pane in the newest open window, if `ts` falls in that
-    /// window (where nearly every sample goes): found without dividing, as
-    /// a hint needs nothing more (the division was a seventh of routing at
-    /// 100k groups of one series).
+    /// window (where nearly every sample goes), for a prefetch ahead of an
+    /// add (see [`PaneSketch::prefetch`]): found without dividing, as a hint
+    /// needs nothing more (the division was a seventh of routing at 100k
+    /// groups of one series).
     #[inline]
-    fn newest_open_pane(&self, gid: u32, ts: i64) -> Option<&PaneSketch> {
+    pub fn newest_open_pane(&self, gid: u32, ts: i64) -> Option<&PaneSketch> {
         let (&start, window) = self.open.last_key_value()?;
         if ts < start || ts.saturating_sub(start) >= self.window_ms {
             return None;

@@ -6,6 +6,7 @@
 use super::canonical::{group_key_of, parse_series_key, Resolved};
 use super::Ingester;
 use crate::ingest::groups::Budget;
+use crate::ingest::sketch::PaneSketch;
 use crate::ingest::window::{Accumulator, Stats, STALE_NAN_BITS};
 use crate::ingest::wire::{Batch, Sample};
 use std::collections::hash_map::{Entry, HashMap};
@@ -372,18 +373,18 @@ impl RouteScratch {
             // before it: at 10k groups of 10 series, `all` went from 1.24×
             // its floor to 1.11–1.12× (quick ingest ladder, twice, the
             // binaries side by side).
-            if let Some(&next) = self.touched.get(k + PREFETCH_AHEAD) {
-                let (agg, gid) = into.dests[next as usize];
-                let first_ts = self.ts[self.start[next as usize] as usize];
-                into.accumulators[agg as usize].prefetch(gid, first_ts);
+            if let Some(pane) = self
+                .touched
+                .get(k + PREFETCH_AHEAD)
+                .and_then(|&n| self.pane_of(n, &into))
+            {
+                pane.prefetch();
             }
             if let Some(&next) = self.touched.get(k + PREFETCH_AHEAD / 2) {
                 // One value touches one line: its miss is not worth a lookup.
                 let values = self.counts[next as usize] as usize;
-                if values > 1 {
-                    let (agg, gid) = into.dests[next as usize];
-                    let first_ts = self.ts[self.start[next as usize] as usize];
-                    into.accumulators[agg as usize].prefetch_bins(gid, first_ts, values);
+                if let Some(pane) = (values > 1).then(|| self.pane_of(next, &into)).flatten() {
+                    pane.prefetch_bins(values);
                 }
             }
             let (agg, gid) = into.dests[d as usize];
@@ -400,6 +401,15 @@ impl RouteScratch {
                 into.budget,
             );
         }
+    }
+
+    /// The pane destination `d`'s add will reach, if its window is open
+    /// (for a prefetch ahead of the add).
+    #[inline]
+    fn pane_of<'g>(&self, d: u32, into: &'g Groups<'_>) -> Option<&'g PaneSketch> {
+        let (agg, gid) = into.dests[d as usize];
+        let first_ts = self.ts[self.start[d as usize] as usize];
+        into.accumulators[agg as usize].newest_open_pane(gid, first_ts)
     }
 
     pub(super) fn offsets_from_counts(&mut self) -> usize {
