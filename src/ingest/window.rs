@@ -821,14 +821,20 @@ impl Accumulator {
             if order.version != Some(groups.version) {
                 *order = query_order_now(groups);
             }
-            // Each quantile's key, as `Quantiles` writes it, once.
+            // Each quantile's key, as `Quantiles` writes it, once, with what
+            // comes before its value (the object's opening before the first,
+            // a comma before the others, a colon after each): a group's
+            // answer is then its head, its count and a piece per quantile.
+            const OPENING: &[u8] = b",\"quantiles\":{";
             let keys: Vec<Vec<u8>> = self
                 .agg
                 .quantiles
                 .iter()
-                .map(|q| {
-                    let mut key = Vec::new();
+                .enumerate()
+                .map(|(j, q)| {
+                    let mut key = if j == 0 { OPENING.to_vec() } else { vec![b','] };
                     json_string(&mut key, &q.to_string());
+                    key.push(b':');
                     key
                 })
                 .collect();
@@ -859,15 +865,13 @@ impl Accumulator {
                     out.extend_from_slice(b",\"dropped\":");
                     out.extend_from_slice(ints.format(pane.dropped()).as_bytes());
                 }
-                out.extend_from_slice(b",\"quantiles\":{");
+                if keys.is_empty() {
+                    out.extend_from_slice(OPENING);
+                }
                 values.clear();
                 pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
-                for (j, (key, v)) in keys.iter().zip(&values).enumerate() {
-                    if j > 0 {
-                        out.push(b',');
-                    }
+                for (key, v) in keys.iter().zip(&values) {
                     out.extend_from_slice(key);
-                    out.push(b':');
                     // serde_json's own float form (`null` when not finite).
                     serde_json::to_writer(&mut *out, v).expect("a float serializes into a Vec");
                 }
