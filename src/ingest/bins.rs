@@ -56,6 +56,7 @@
 //! stores plus [`PANE_BINS`](super::sketch::PANE_BINS)), so closing a window
 //! and merging lanes never needs more of the budget than it frees.
 
+use super::sketch::FEW_KEYS;
 use sketches_ddsketch::{Config, DDSketch};
 
 /// Bins (8 bytes each) a [`PaneBins`] is counted beyond its bins and runs: its
@@ -88,10 +89,6 @@ pub fn sketch_config(alpha: f64) -> Config {
 pub fn bin_value(config: &Config, key: i32) -> f64 {
     config.value(key).min(f64::MAX)
 }
-
-/// The most pairs [`Bins::from_pairs`] lays out on the stack (a store holds
-/// at most 8 as pairs before it turns dense).
-const FEW_PAIRS: usize = 8;
 
 /// The longest store whose runs are found from a mask of its non-zero
 /// counts, held on the stack (longer ones are walked count by count).
@@ -311,19 +308,20 @@ impl Bins {
     /// The bins of (key, count) pairs, keys strictly ascending (zeros
     /// skipped), each vector allocated once at its size.
     ///
-    /// A few pairs (a store's, closing: at most [`FEW_PAIRS`]) are laid out
+    /// A few pairs (a store's, closing: at most [`FEW_KEYS`], what a store
+    /// holds as pairs before it turns dense) are laid out
     /// as [`Bins::push`] would lay them, on the stack, and copied once into a
     /// vector of their size. Through [`Bins::from_ascending`] (a walk to size
     /// the vector, then a push a pair) a pane of about 5 pairs took 656
     /// instructions, 44 % of closing 100k one-series groups (callgrind,
     /// `floor_probe ingest all 1 100000 1 5`, the flush alone).
     pub fn from_pairs(pairs: &[(i32, u64)]) -> Bins {
-        if pairs.len() > FEW_PAIRS {
+        if pairs.len() > FEW_KEYS {
             return Bins::from_ascending(pairs.iter().copied());
         }
         // A pair adds at most two words: a head and its count, or a zero
         // (one empty key between) and its count.
-        let mut words = [0u64; 2 * FEW_PAIRS];
+        let mut words = [0u64; 2 * FEW_KEYS];
         let (mut len, mut last_run, mut total) = (0, 0, 0);
         for &(key, count) in pairs {
             if count == 0 {

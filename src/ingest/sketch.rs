@@ -510,8 +510,9 @@ struct BulkStore {
     limit: i32,
 }
 
-/// The most keys a store holds as pairs before it turns dense.
-const FEW_KEYS: usize = 8;
+/// The most keys a store holds as pairs before it turns dense (also what
+/// [`Bins::from_pairs`](super::bins::Bins::from_pairs) lays out on the stack).
+pub(super) const FEW_KEYS: usize = 8;
 
 impl BulkStore {
     fn new(limit: i32) -> Self {
