@@ -822,15 +822,17 @@ impl Accumulator {
                 *order = query_order_now(groups);
             }
             // Each quantile's key, as `Quantiles` writes it, once, with what
-            // comes before its value (a comma before all but the first, a
-            // colon after each): one piece a quantile.
+            // comes before its value (the object's opening before the first,
+            // a comma before the others, a colon after each): a group's
+            // answer is then its head, its count and a piece per quantile.
+            const OPENING: &[u8] = b",\"quantiles\":{";
             let keys: Vec<Vec<u8>> = self
                 .agg
                 .quantiles
                 .iter()
                 .enumerate()
                 .map(|(j, q)| {
-                    let mut key = if j == 0 { Vec::new() } else { vec![b','] };
+                    let mut key = if j == 0 { OPENING.to_vec() } else { vec![b','] };
                     json_string(&mut key, &q.to_string());
                     key.push(b':');
                     key
@@ -863,7 +865,9 @@ impl Accumulator {
                     out.extend_from_slice(b",\"dropped\":");
                     out.extend_from_slice(ints.format(pane.dropped()).as_bytes());
                 }
-                out.extend_from_slice(b",\"quantiles\":{");
+                if keys.is_empty() {
+                    out.extend_from_slice(OPENING);
+                }
                 values.clear();
                 pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
                 for (key, v) in keys.iter().zip(&values) {
