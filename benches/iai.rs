@@ -35,7 +35,7 @@
 //! `target-cpu=native`, since valgrind cannot run AVX-512 code.
 
 use iai_callgrind::{library_benchmark, library_benchmark_group, main};
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use promlab_lab::harness::{self, ArmKind, Generator, Output, Workload};
 use std::hint::black_box;
 
@@ -117,7 +117,7 @@ fn kind_of(name: &str) -> (ArmKind, StrategySet) {
         "floor" => (ArmKind::Floor, StrategySet::NONE),
         _ => (
             ArmKind::Extra,
-            StrategySet::all().restrict(promlab::strategy::Stage::Ingest),
+            StrategySet::all().restrict(promlab::shared::strategy::Stage::Ingest),
         ),
     }
 }

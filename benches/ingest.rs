@@ -33,7 +33,7 @@ use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use promlab::ingest::feed::FeedWorkload;
 use promlab::ingest::wire::{self, WriteRequest};
-use promlab::strategy::{Stage, Strategy};
+use promlab::shared::strategy::{Stage, Strategy};
 use promlab_lab::harness::{self, Generator};
 use std::hint::black_box;
 use std::time::Duration;

@@ -20,8 +20,8 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use prometheus_client::encoding::text::encode;
-use promlab::render::rabbitmq::RabbitMqNode;
-use promlab::strategy::Stage;
+use promlab::scenarios::rabbitmq::RabbitMqNode;
+use promlab::shared::strategy::Stage;
 use promlab_lab::harness::peers::crates_render::{prometheus_client_registry, prometheus_registry};
 use promlab_lab::harness::{self, Generator};
 use promlab_lab::http_client::Client;

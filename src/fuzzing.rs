@@ -8,14 +8,14 @@
 //! is exactly what was fuzzed.
 
 use crate::export::{export, Exporter};
-use crate::formenc::{self, ComponentCache, Dialect};
+use crate::format::formenc::{self, ComponentCache, Dialect};
+use crate::format::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::ingest::pipeline::{IngestError, Ingester};
 use crate::ingest::plan::Plan;
 use crate::ingest::query::QuantileParams;
 use crate::ingest::wire;
-use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
-use crate::seams::Unescape;
-use crate::strategy::{Stage, StrategySet};
+use crate::shared::seams::Unescape;
+use crate::shared::strategy::{Stage, StrategySet};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
@@ -73,7 +73,7 @@ fn store_metric(selector: u8) -> MetricDef {
         buckets: vec![],
     };
     if kind == MetricType::Histogram {
-        def.buckets = crate::registry::DEFAULT_BUCKETS
+        def.buckets = crate::format::registry::DEFAULT_BUCKETS
             .iter()
             .map(|b| b.to_string())
             .collect();

@@ -21,28 +21,13 @@
 //! checked against; [`scrape`] turns an exposition into remote-write requests,
 //! so the chain runs end to end (`promlab verify`).
 
-pub mod compare;
-pub mod config_file;
 pub mod export;
-mod fileset;
-pub mod fold;
-pub mod formenc;
+pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ingest;
-pub mod liveness;
-pub mod mapguard;
-pub mod ops;
-mod probe;
 pub mod reference;
-pub mod registry;
 pub mod render;
-pub mod rubyfloat;
-pub mod scrape;
-pub mod seams;
-pub mod store;
-pub mod storefile;
-pub mod strategy;
-pub mod text;
-pub mod values;
-pub mod workload;
+pub mod scenarios;
+pub mod shared;
+pub mod write;

@@ -8,11 +8,11 @@ mod common;
 mod generators;
 
 use generators::{label_value, value};
-use promlab::formenc::Dialect;
-use promlab::ops::{Op, OpKind, OpLog, OpValue};
-use promlab::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
-use promlab::store::{Client, ClientConfig};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::format::formenc::Dialect;
+use promlab::format::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
+use promlab::scenarios::ops::{Op, OpKind, OpLog, OpValue};
+use promlab::shared::strategy::{Stage, StrategySet};
+use promlab::write::{Client, ClientConfig};
 use proptest::prelude::*;
 use std::path::Path;
 
@@ -43,7 +43,7 @@ fn metric_def(index: usize) -> impl Strategy<Value = MetricDef> {
             let buckets = if kind == MetricType::Histogram {
                 bounds
                     .iter()
-                    .map(|b| promlab::rubyfloat::to_s(*b))
+                    .map(|b| promlab::format::rubyfloat::to_s(*b))
                     .collect()
             } else {
                 Vec::new()
@@ -160,7 +160,7 @@ fn write_store(case: &Case, dir: &Path, strategies: StrategySet) {
         };
         let mut client = Client::new(dir, &case.registry, config).unwrap();
         for op in &log.ops {
-            promlab::ops::apply(&mut client, op).unwrap();
+            promlab::scenarios::ops::apply(&mut client, op).unwrap();
         }
     }
 }
@@ -265,13 +265,14 @@ fn keys_rewritten_in_place_are_not_trusted_from_hints() {
             )
         })
         .collect();
-    let path = promlab::storefile::file_path(live.path(), "c", 7);
+    let path = promlab::format::storefile::file_path(live.path(), "c", 7);
     let mut out = Vec::new();
     for round in 0..2 {
         if round == 1 {
             // std::fs::write truncates and rewrites: the inode stays.
             let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
-            let bytes = std::fs::read(promlab::storefile::file_path(other.path(), "c", 7)).unwrap();
+            let bytes =
+                std::fs::read(promlab::format::storefile::file_path(other.path(), "c", 7)).unwrap();
             std::fs::write(&path, bytes).unwrap();
             let after = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
             assert_eq!(inode, after);
@@ -296,7 +297,7 @@ fn keys_rewritten_in_place_are_not_trusted_from_hints() {
 /// writes the baseline's bytes.
 #[test]
 fn cached_offsets_hold_across_file_growth() {
-    let registry = promlab::workload::long_label_registry();
+    let registry = promlab::scenarios::workload::long_label_registry();
     const SETS: usize = 1000;
     const AGAIN: usize = 50;
     let write = |dir: &Path, strategies: StrategySet| {
@@ -309,7 +310,7 @@ fn cached_offsets_hold_across_file_growth() {
         let histogram = client.metric("request_seconds").unwrap();
         let counter = client.metric("requests_total").unwrap();
         for i in (0..SETS).chain(0..AGAIN) {
-            let statement = promlab::workload::statement(i, 49);
+            let statement = promlab::scenarios::workload::statement(i, 49);
             let labels = [("statement", statement.as_str())];
             for value in [0.003, 0.03, 0.3, 3.0] {
                 client.observe(histogram, &labels, value).unwrap();
@@ -319,11 +320,11 @@ fn cached_offsets_hold_across_file_growth() {
     };
     let baseline = tempfile::tempdir().unwrap();
     write(baseline.path(), StrategySet::NONE);
-    let file = promlab::storefile::file_path(baseline.path(), "request_seconds", 4242);
+    let file = promlab::format::storefile::file_path(baseline.path(), "request_seconds", 4242);
     let len = std::fs::metadata(&file).unwrap().len();
     assert_eq!(
         len,
-        4 * promlab::storefile::INITIAL_FILE_SIZE,
+        4 * promlab::format::storefile::INITIAL_FILE_SIZE,
         "1 MiB, doubled twice"
     );
     for strategies in StrategySet::combinations(Stage::Write).into_iter().skip(1) {

@@ -1,4 +1,4 @@
-//! The fold of exited processes' files (`fold-exited`, `src/fold.rs`):
+//! The fold of exited processes' files (`fold-exited`, `src/export/fold.rs`):
 //! byte-identical expositions before and after, under every export strategy
 //! combination, for every aggregation and both key dialects, with live
 //! writers among the exited ones; live files never touched.
@@ -8,11 +8,11 @@ mod common;
 mod generators;
 
 use generators::{label_value, value};
-use promlab::fold::{fold_store, FoldConfig};
-use promlab::formenc::Dialect;
-use promlab::registry::{MetricType, ProcessAggregation, Registry};
-use promlab::store::{Client, ClientConfig};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::export::fold::{fold_store, FoldConfig};
+use promlab::format::formenc::Dialect;
+use promlab::format::registry::{MetricType, ProcessAggregation, Registry};
+use promlab::shared::strategy::{Stage, StrategySet};
+use promlab::write::{Client, ClientConfig};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -188,7 +188,7 @@ proptest! {
         prop_assert!(export_all(dir.path(), &registry) == after);
         prop_assert!(files(dir.path()).len() <= files_after.len());
         // Nothing of the fold's own is left behind.
-        let fold_dir = dir.path().join(promlab::fold::FOLD_DIR);
+        let fold_dir = dir.path().join(promlab::export::fold::FOLD_DIR);
         let leftovers: Vec<_> = std::fs::read_dir(&fold_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         prop_assert!(leftovers.iter().all(|n| n == "lock" || n == "trash"), "{leftovers:?}");
         prop_assert_eq!(std::fs::read_dir(fold_dir.join("trash")).unwrap().count(), 0);

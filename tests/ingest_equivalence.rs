@@ -11,7 +11,7 @@ use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::{Aggregation, Plan};
 use promlab::ingest::window::{PaneReport, Stats, STALE_NAN_BITS};
 use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WriteRequest};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::shared::strategy::{Stage, StrategySet};
 use proptest::prelude::*;
 use prost::Message;
 use std::collections::BTreeMap;

@@ -9,7 +9,7 @@ use promlab::ingest::pipeline::{Ingester, Limits};
 use promlab::ingest::plan::{Aggregation, Plan};
 use promlab::ingest::window::{Capacity, Stats};
 use promlab::ingest::wire::{self, WriteRequest};
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use prost::Message;
 use std::path::PathBuf;
 #[path = "common/remote_write.rs"]

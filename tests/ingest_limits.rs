@@ -7,7 +7,7 @@ use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::pipeline::{Ingester, Limits};
 use promlab::ingest::plan::Plan;
 use promlab::ingest::window::{Capacity, Stats};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::shared::strategy::{Stage, StrategySet};
 #[path = "common/remote_write.rs"]
 mod remote_write;
 use remote_write::{body, body_of_instances};

@@ -5,7 +5,7 @@
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::ingest::wire::{self, Label, Sample, TimeSeries, WireError, WriteRequest};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::shared::strategy::{Stage, StrategySet};
 use proptest::prelude::*;
 use prost::Message;
 use std::path::PathBuf;

@@ -5,10 +5,10 @@
 
 mod common;
 
-use promlab::formenc::Dialect;
-use promlab::ops::OpLog;
+use promlab::format::formenc::Dialect;
+use promlab::format::registry::Registry;
 use promlab::reference;
-use promlab::registry::Registry;
+use promlab::scenarios::ops::OpLog;
 use std::path::Path;
 
 fn assert_reference_export(case: &Path) {
@@ -19,7 +19,7 @@ fn assert_reference_export(case: &Path) {
         got == expected,
         "{}: {}",
         case.display(),
-        promlab::compare::first_difference(&got, &expected, "reference", "ruby")
+        promlab::reference::compare::first_difference(&got, &expected, "reference", "ruby")
     );
 }
 
@@ -53,7 +53,12 @@ fn the_reference_writer_gives_rubys_store_bytes() {
             assert!(
                 &got[name] == bytes,
                 "{case}/{name}: {}",
-                promlab::compare::first_difference(&got[name], bytes, "reference", "ruby")
+                promlab::reference::compare::first_difference(
+                    &got[name],
+                    bytes,
+                    "reference",
+                    "ruby"
+                )
             );
         }
     }
@@ -104,7 +109,7 @@ fn the_reference_key_decoder_reads_keys_as_ruby_does() {
 }
 
 mod decoders {
-    use promlab::formenc::{self, KeyError};
+    use promlab::format::formenc::{self, KeyError};
     use promlab::reference::exposition as naive;
     use proptest::prelude::*;
 
@@ -143,7 +148,7 @@ mod decoders {
             for decoded in [
                 formenc::decode_key_reference(&raw).map(owned),
                 formenc::decode_key_fast(&raw).map(owned),
-                formenc::decode_key_cached(&raw, promlab::seams::Unescape::Fast, &mut cache).map(owned),
+                formenc::decode_key_cached(&raw, promlab::shared::seams::Unescape::Fast, &mut cache).map(owned),
             ] {
                 match (&decoded, &naive) {
                     (Ok(labels), Ok(want)) => prop_assert_eq!(labels, want),

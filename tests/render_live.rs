@@ -1,10 +1,10 @@
 //! The live registry renders the same bytes with and without `prerender`, and
 //! both match an independent reference written the obvious way.
 
-use promlab::registry::MetricType;
+use promlab::format::registry::MetricType;
 use promlab::render::live::LiveRegistry;
-use promlab::render::rabbitmq::{self, RabbitMqNode, SERIES_PER_QUEUE};
-use promlab::strategy::{Stage, Strategy as Optimization, StrategySet};
+use promlab::scenarios::rabbitmq::{self, RabbitMqNode, SERIES_PER_QUEUE};
+use promlab::shared::strategy::{Stage, Strategy as Optimization, StrategySet};
 use proptest::prelude::*;
 use std::collections::HashSet;
 

@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
-use promlab::registry::Registry;
-use promlab::strategy::{Stage, StrategySet};
+use promlab::format::registry::Registry;
+use promlab::shared::strategy::{Stage, StrategySet};
 use std::path::Path;
 
 fn assert_exports(case: &Path, store: &Path) {
@@ -19,7 +19,7 @@ fn assert_exports(case: &Path, store: &Path) {
             out == expected,
             "{}: export with {strategies} differs from Ruby's, {}",
             case.display(),
-            promlab::compare::first_difference(&out, &expected, "ours", "ruby")
+            promlab::reference::compare::first_difference(&out, &expected, "ours", "ruby")
         );
     }
 }

@@ -1,7 +1,7 @@
 //! Ruby's `Float#to_s` oracle: every line of `to_s.tsv` (IEEE-754 bits in hex,
 //! then the text Ruby 3.1 printed) must match, for the fast path and the reference.
 
-use promlab::rubyfloat;
+use promlab::format::rubyfloat;
 
 #[test]
 fn every_oracle_line_matches() {

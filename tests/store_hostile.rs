@@ -9,9 +9,9 @@
 //! `serve.rs`.
 
 use promlab::export::{export_with_report, EntrySkip, Exporter, FileSkip};
-use promlab::registry::Registry;
-use promlab::storefile::{file_bytes, file_path, new_entry};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::format::registry::Registry;
+use promlab::format::storefile::{file_bytes, file_path, new_entry};
+use promlab::shared::strategy::{Stage, StrategySet};
 use std::path::Path;
 
 /// A store file's bytes: header, then each (raw key, value) as client_ruby appends it.
@@ -263,7 +263,7 @@ fn a_key_with_100k_labels_exports_in_linear_time() {
     assert!(took.as_secs() < 20, "took {took:?}");
     // A repeated name among many is still found.
     key.extend_from_slice(b"&l000007=w");
-    let err = promlab::formenc::decode_key_reference(&key).unwrap_err();
+    let err = promlab::format::formenc::decode_key_reference(&key).unwrap_err();
     assert!(err.to_string().contains("l000007"), "{err}");
 }
 
@@ -271,7 +271,7 @@ fn a_key_with_100k_labels_exports_in_linear_time() {
 /// first is open, and allowed once it is gone.
 #[test]
 fn a_second_writer_on_one_file_is_refused() {
-    use promlab::store::{Client, ClientConfig};
+    use promlab::write::{Client, ClientConfig};
     let tmp = tempfile::tempdir().unwrap();
     let reg = registry(
         r#"{"name": "c", "type": "counter", "help": "h", "labels": ["a"], "aggregation": "sum"}"#,
@@ -478,7 +478,7 @@ fn a_file_locked_for_a_while_is_read_after_the_others_in_its_place() {
     for attempt in 0..10 {
         for s in [StrategySet::NONE, StrategySet::all()] {
             let held = std::fs::File::open(file_path(tmp.path(), "c", 2)).unwrap();
-            promlab::storefile::flock(held.as_raw_fd(), libc::LOCK_EX).unwrap();
+            promlab::format::storefile::flock(held.as_raw_fd(), libc::LOCK_EX).unwrap();
             let release = std::thread::spawn(move || {
                 std::thread::sleep(std::time::Duration::from_millis(25));
                 drop(held);

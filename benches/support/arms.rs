@@ -13,7 +13,7 @@
 
 use criterion::measurement::Measurement;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::shared::strategy::{Stage, StrategySet};
 use promlab_lab::harness::{self, ArmKind, Generator, Output};
 use std::hint::black_box;
 use std::path::PathBuf;

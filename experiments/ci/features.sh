@@ -3,7 +3,7 @@
 # bench of the feature's stage in criterion's --test mode — every arm the
 # feature asks for (baseline, alone, all-but-one, all) runs once, after its
 # output is verified against the scenario's expected answer. A feature only
-# changes the default strategy set (src/strategy.rs), so this is what it can
+# changes the default strategy set (src/shared/strategy.rs), so this is what it can
 # break: the arm list and its verification.
 #
 # Usage: experiments/ci/features.sh [--all-stages] [--one-per-build] [FEATURE...]

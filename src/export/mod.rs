@@ -13,7 +13,7 @@
 //! # Seams
 //!
 //! [`Exporter::new`] takes its [`ExportSeams`] from [`Seams::resolve`] (the
-//! table of seams, and why two are combined, is in [`crate::seams`]);
+//! table of seams, and why two are combined, is in [`crate::shared::seams`]);
 //! nothing below it asks which strategies are on.
 //!
 //! Bad input never fails a scrape (issue #12): a file that vanished, is not
@@ -32,27 +32,32 @@
 //! after the metric's other files, all lock waits of a scrape together
 //! bounded by [`LOCK_WAIT_BUDGET`]; the scrape's deadline is checked inside a
 //! file's walk too; and a walk stops at the first entry client_ruby could not
-//! have written (a zero key length: see [`crate::storefile`]), so a sparse
+//! have written (a zero key length: see [`crate::format::storefile`]), so a sparse
 //! file claiming gigabytes of entries costs nothing.
 //!
 //! With `Keep::Catalogue`, what is gone is dropped when the catalogue
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
 //! recomputed every scrape, so output never depends on history.
 
+pub(crate) mod fileset;
+pub mod fold;
+pub mod liveness;
 mod plan;
 
-pub use crate::fileset::Watch as StoreWatch;
-use crate::fileset::{FileSet, Listed};
-use crate::formenc;
-use crate::liveness::{self, Writers};
-use crate::mapguard;
-use crate::probe::probe;
-use crate::registry::{is_label_name, MetricDef, MetricType, ProcessAggregation, Registry};
+pub use crate::export::fileset::Watch as StoreWatch;
+use crate::export::fileset::{FileSet, Listed};
+use crate::export::liveness::Writers;
+use crate::format::formenc;
+use crate::format::registry::{is_label_name, MetricDef, MetricType, ProcessAggregation, Registry};
+use crate::format::storefile::{
+    check_used, entries, flock, strip_padding, Entry, EntryError, HEADER_SIZE,
+};
 use crate::render;
-use crate::seams::{ExportSeams, FileRead, Keep, KeyDecode, Listing, Liveness, Seams};
-use crate::storefile::{check_used, entries, flock, strip_padding, Entry, EntryError, HEADER_SIZE};
-use crate::strategy::StrategySet;
-use crate::values::{
+use crate::shared::mapguard;
+use crate::shared::probe::probe;
+use crate::shared::seams::{ExportSeams, FileRead, Keep, KeyDecode, Listing, Liveness, Seams};
+use crate::shared::strategy::StrategySet;
+use crate::shared::values::{
     DecodedLabels, Group, HistogramValue, MetricValues, RenderedText, SummaryValue,
 };
 use ahash::AHashMap;
@@ -262,7 +267,7 @@ struct FileReader {
 /// checked before each file, where the fine clock's read (~30 ns here) was
 /// 15 % of a folded store's scrape, which reads one small file per metric.
 fn coarse_now() -> Duration {
-    crate::store::clock_reading(libc::CLOCK_MONOTONIC_COARSE)
+    crate::write::clock_reading(libc::CLOCK_MONOTONIC_COARSE)
 }
 
 /// A store file kept mapped between scrapes, so a scrape of it is a walk of
@@ -1064,7 +1069,7 @@ fn read_entry_by_entry_inner(
 // Series: decoded label sets, grouped, and one scrape's aggregated values.
 
 /// Values of one label set, folded as they arrive in file order (the fold,
-/// `crate::fold`, folds exited processes' files by the same rule).
+/// `crate::export::fold`, folds exited processes' files by the same rule).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Aggregate {
     pub(crate) value: f64,
@@ -2381,10 +2386,10 @@ pub fn export_with_report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::formenc::Dialect;
-    use crate::probe::{counted, Counts, ThreadIo};
-    use crate::store::{Client, ClientConfig};
-    use crate::strategy::{Stage, Strategy};
+    use crate::format::formenc::Dialect;
+    use crate::shared::probe::{counted, Counts, ThreadIo};
+    use crate::shared::strategy::{Stage, Strategy};
+    use crate::write::{Client, ClientConfig};
 
     const LABEL_SETS: usize = 200;
 
@@ -2410,7 +2415,7 @@ mod tests {
                 let value = format!("set {i} / {}", "x".repeat(100));
                 client.increment(id, &[("l", &value)], 1.0).unwrap();
             }
-            let path = crate::storefile::file_path(dir.path(), "c_total", pid);
+            let path = crate::format::storefile::file_path(dir.path(), "c_total", pid);
             let header = std::fs::read(path).unwrap();
             used += u64::from(u32::from_le_bytes(header[..4].try_into().unwrap()));
         }
@@ -2563,12 +2568,12 @@ mod tests {
         assert!(reprobes(&mut unfolded) > 0);
         drop(unfolded);
 
-        let config = crate::fold::FoldConfig {
+        let config = crate::export::fold::FoldConfig {
             grace: Duration::ZERO,
             durable: false,
-            ..crate::fold::FoldConfig::default()
+            ..crate::export::fold::FoldConfig::default()
         };
-        crate::fold::fold_store(dir.path(), &registry, &config).unwrap();
+        crate::export::fold::fold_store(dir.path(), &registry, &config).unwrap();
         let files = std::fs::read_dir(dir.path()).unwrap().flatten();
         assert_eq!(
             files.filter(|f| f.path().is_file()).count(),
@@ -2612,7 +2617,7 @@ mod tests {
 
         // Written in place and closed (a file held open for writing has a
         // writer, and is read under its lock).
-        let path = crate::storefile::file_path(dir.path(), "c_total", 1);
+        let path = crate::format::storefile::file_path(dir.path(), "c_total", 1);
         let write_at = |at: usize, bytes: &[u8]| {
             let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
             file.write_all_at(bytes, at as u64).unwrap();

@@ -31,13 +31,13 @@
 //!
 //! [`FileKeys`]: super::FileKeys
 //! [`FilePass::replay`]: super::FilePass::replay
-//! [`FileSet::generation`]: crate::fileset::FileSet::generation
+//! [`FileSet::generation`]: crate::export::fileset::FileSet::generation
 //! [`FileReader::changes`]: super::FileReader::changes
 
 use super::{Aggregate, Exporter, FileReader, SlotRole};
-use crate::mapguard;
-use crate::registry::{MetricType, ProcessAggregation};
-use crate::storefile::check_used;
+use crate::format::registry::{MetricType, ProcessAggregation};
+use crate::format::storefile::check_used;
+use crate::shared::mapguard;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -462,7 +462,7 @@ impl ScrapePlan {
                 }
                 _ => own + total,
             };
-            crate::rubyfloat::write(out, printed);
+            crate::format::rubyfloat::write(out, printed);
         }
         out.extend_from_slice(&self.text[from..]);
     }
@@ -471,11 +471,11 @@ impl ScrapePlan {
 #[cfg(test)]
 mod tests {
     use super::super::{export, Exporter};
-    use crate::probe::counted;
-    use crate::registry::Registry;
-    use crate::store::{Client, ClientConfig};
-    use crate::storefile::{check_used, entries};
-    use crate::strategy::{Stage, StrategySet};
+    use crate::format::registry::Registry;
+    use crate::format::storefile::{check_used, entries};
+    use crate::shared::probe::counted;
+    use crate::shared::strategy::{Stage, StrategySet};
+    use crate::write::{Client, ClientConfig};
     use std::os::unix::fs::FileExt;
     use std::path::Path;
 
@@ -617,7 +617,7 @@ mod tests {
         let dir = store();
         let registry = registry(r#""1", "5", "10""#);
         let all = StrategySet::all().restrict(Stage::Export);
-        let path = crate::storefile::file_path(dir.path(), "c_total", 1);
+        let path = crate::format::storefile::file_path(dir.path(), "c_total", 1);
         let bytes = std::fs::read(&path).unwrap();
         let used = check_used(bytes[..4].try_into().unwrap(), bytes.len() as u64).unwrap();
         let first = entries(&bytes, used).next().unwrap().unwrap();

@@ -19,7 +19,7 @@ use super::bins::{Bins, PaneBins};
 use super::groups::{Budget, GroupTable};
 use super::plan::Aggregation;
 use super::window::{write_group_key, Accumulator, Capacity, WindowBins};
-use crate::seams::SketchUpdate;
+use crate::shared::seams::SketchUpdate;
 use std::collections::BTreeMap;
 
 /// A group's key (as the receiver interns it) from its labels as an answer
@@ -190,7 +190,7 @@ mod tests {
         use crate::ingest::feed::FeedWorkload;
         use crate::ingest::pipeline::Ingester;
         use crate::ingest::plan::Plan;
-        use crate::strategy::StrategySet;
+        use crate::shared::strategy::StrategySet;
         let workload = FeedWorkload {
             groups: 7,
             series_per_group: 5,

@@ -41,7 +41,7 @@ use super::groups::Shared;
 use super::pipeline::{CacheStats, ClosedBins, IngestError, Ingester, Limits};
 use super::plan::Plan;
 use super::window::{Held, PaneReport, QueryResult, Stats, WindowBins};
-use crate::strategy::StrategySet;
+use crate::shared::strategy::StrategySet;
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::BTreeMap;

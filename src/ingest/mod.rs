@@ -3,9 +3,9 @@
 //! [`pipeline::Ingester`] is the one entry point (`handle(body)`), used by the
 //! lab's HTTP receiver and offline by `promlab ingest`. Its four seams (wire
 //! decode, canonicalize, route, sketch update) each have a reference and a
-//! strategy; the ingester takes its [`crate::seams::IngestSeams`] from
-//! [`crate::seams::Seams::resolve`] once, when it is built, and nothing below
-//! asks which strategies are on. [`crate::seams`] has the table of seams, their
+//! strategy; the ingester takes its [`crate::shared::seams::IngestSeams`] from
+//! [`crate::shared::seams::Seams::resolve`] once, when it is built, and nothing below
+//! asks which strategies are on. [`crate::shared::seams`] has the table of seams, their
 //! variants, and the one combined variant (and why).
 
 pub mod bins;

@@ -98,7 +98,7 @@ impl Aggregation {
                 id
             );
         }
-        if !crate::registry::is_metric_name(self.metric.as_bytes()) {
+        if !crate::format::registry::is_metric_name(self.metric.as_bytes()) {
             bail!(
                 "aggregation `{id}`: metric = {:?} is not a metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
                 self.metric
@@ -142,7 +142,7 @@ impl Aggregation {
             );
         }
         for (i, g) in self.group_by.iter().enumerate() {
-            if !crate::registry::is_label_name(g.as_bytes()) {
+            if !crate::format::registry::is_label_name(g.as_bytes()) {
                 bail!("aggregation `{id}`: group_by[{i}] = {g:?} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)");
             }
             if self.group_by[..i].contains(g) {
@@ -152,7 +152,7 @@ impl Aggregation {
         if let Some(name) = self
             .matchers
             .keys()
-            .find(|n| !crate::registry::is_label_name(n.as_bytes()))
+            .find(|n| !crate::format::registry::is_label_name(n.as_bytes()))
         {
             bail!("aggregation `{id}`: match names {name:?}, not a label name ([a-zA-Z_][a-zA-Z0-9_]*)");
         }
@@ -199,10 +199,11 @@ impl Plan {
     }
 
     /// Reads and validates a plan file: a regular file of at most
-    /// [`crate::config_file::MAX_BYTES`], opened without blocking (see
-    /// [`crate::config_file::read`]).
+    /// [`crate::shared::config_file::MAX_BYTES`], opened without blocking (see
+    /// [`crate::shared::config_file::read`]).
     pub fn load(path: &Path) -> Result<Plan> {
-        let text = crate::config_file::read(path, "plan", crate::config_file::MAX_BYTES)?;
+        let text =
+            crate::shared::config_file::read(path, "plan", crate::shared::config_file::MAX_BYTES)?;
         Plan::parse(&text).with_context(|| format!("in {}", path.display()))
     }
 

@@ -21,7 +21,7 @@
 //! whose bins are refused is left out, and counted by the caller.
 
 use super::bins::{bin_value, Bins, PaneBins};
-use crate::seams::SketchUpdate;
+use crate::shared::seams::SketchUpdate;
 use sketches_ddsketch::{Config, DDSketch};
 
 /// A pane's sketch: the crate's (reference) or ours (`bulk-sketch`). Both

@@ -11,7 +11,7 @@
 //!   checked later, at canonicalization, where the series cache can skip it for
 //!   bytes it has already validated.
 
-use crate::seams::WireDecode;
+use crate::shared::seams::WireDecode;
 use std::ops::Range;
 
 /// `prometheus.WriteRequest` (only the fields remote write 1.0 uses; others are skipped).

@@ -9,13 +9,13 @@
 //! algorithm of its own, written from the form-encoding rules, not from
 //! `formenc`'s decoders; `tests/reference.rs` compares them), values aggregated in
 //! `Vec`s searched linearly, and lines printed with plain loops. Floats print
-//! through [`crate::rubyfloat::write_reference`]: the slow, obviously-correct
+//! through [`crate::format::rubyfloat::write_reference`]: the slow, obviously-correct
 //! `Float#to_s` (shortest round-trip digits from `{:e}`), which
 //! `tests/ruby_float.rs` checks against all 10,119 lines Ruby printed in
 //! `tests/fixtures/ruby-float/to_s.tsv`; reusing it here is therefore reusing
 //! an independently verified oracle, not the code under test.
 
-use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
+use crate::format::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 
@@ -301,7 +301,7 @@ pub(crate) fn line(out: &mut Vec<u8>, name: &str, labels: &[(&[u8], &[u8])], val
     }
     out.push(b' ');
     if let Some(v) = value {
-        crate::rubyfloat::write_reference(out, v);
+        crate::format::rubyfloat::write_reference(out, v);
     }
     out.push(b'\n');
 }

@@ -6,7 +6,7 @@
 //! `Float#to_s`. The lines are [`super::exposition`]'s plain loops; nothing
 //! here touches the registry's arena, its prefixes or `text`'s encoders.
 
-use crate::registry::MetricType;
+use crate::format::registry::MetricType;
 
 /// One family as data: what was registered and every series' label values
 /// (one per label name, in order) and value.

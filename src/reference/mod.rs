@@ -20,6 +20,7 @@
 //!   guarantee (relative error α of the value at that rank, collapsed lowest
 //!   bins and the zero bucket accounted for).
 
+pub mod compare;
 pub mod exposition;
 pub mod ingest;
 pub mod live;

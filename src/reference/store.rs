@@ -13,9 +13,9 @@
 //!   summary observe adds 1 to `count`, then the value to `sum`; `init` writes
 //!   every series of the label set (buckets, `+Inf`, `sum`; or `count`, `sum`).
 
-use crate::formenc::Dialect;
-use crate::ops::{Op, OpKind, OpLog};
-use crate::registry::{MetricType, ProcessAggregation, Registry};
+use crate::format::formenc::Dialect;
+use crate::format::registry::{MetricType, ProcessAggregation, Registry};
+use crate::scenarios::ops::{Op, OpKind, OpLog};
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 

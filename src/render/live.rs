@@ -11,7 +11,7 @@
 //!
 //! Only one thing differs between strategies: how each series' line prefix
 //! `name{k="v",...} ` reaches the scrape buffer ([`LinePrefixes`], resolved
-//! in [`crate::seams`]).
+//! in [`crate::shared::seams`]).
 //! - Baseline (RabbitMQ before "Pre-render prometheus labels"): on every scrape,
 //!   walk the series' label pairs, escape each value byte by byte, build the
 //!   line in a fresh buffer, then copy it out.
@@ -22,12 +22,12 @@
 //! Both write the same bytes; `tests/render_live.rs` proves it by proptest over
 //! awkward names and values.
 
-use crate::probe::probe;
-use crate::registry::{self, MetricType};
-use crate::rubyfloat;
-use crate::seams::{LinePrefixes, Seams};
-use crate::strategy::StrategySet;
-use crate::text::{FamilyEncoder, SampleEncoder};
+use crate::format::registry::{self, MetricType};
+use crate::format::rubyfloat;
+use crate::format::text::{FamilyEncoder, SampleEncoder};
+use crate::shared::probe::probe;
+use crate::shared::seams::{LinePrefixes, Seams};
+use crate::shared::strategy::StrategySet;
 use anyhow::{bail, Context, Result};
 use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hasher};
@@ -371,14 +371,14 @@ fn hash_values<'a>(hasher: &ahash::RandomState, values: impl Iterator<Item = &'a
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::counted;
-    use crate::strategy::Strategy;
+    use crate::shared::probe::counted;
+    use crate::shared::strategy::Strategy;
 
     /// `prerender`: each series' prefix encoded once, when it is created;
     /// without it, once per series per scrape.
     #[test]
     fn prerender_encodes_each_prefix_once() {
-        for set in StrategySet::combinations(crate::strategy::Stage::Render) {
+        for set in StrategySet::combinations(crate::shared::strategy::Stage::Render) {
             let mut reg = LiveRegistry::new(set);
             let (_, created) = counted(|| {
                 let f = reg.register("f", MetricType::Gauge, "", &["a"]).unwrap();

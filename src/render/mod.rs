@@ -9,29 +9,28 @@
 //! departure, so that only valid exposition is printed: a histogram label set
 //! without a `sum` entry has no `_sum` line (Ruby prints one with no value).
 //!
-//! Every line is written by the one exposition encoder, [`crate::text`]'s
+//! Every line is written by the one exposition encoder, [`crate::format::text`]'s
 //! [`FamilyEncoder`] chain; the values come from
-//! [`crate::values`], so this module and [`crate::export`] do not import each
+//! [`crate::shared::values`], so this module and [`crate::export`] do not import each
 //! other's internals.
 //!
 //! # Seams
 //!
-//! [`live`] has one seam, [`LinePrefixes`](crate::seams::LinePrefixes), taken
-//! from [`Seams::resolve`](crate::seams::Seams::resolve) in
+//! [`live`] has one seam, [`LinePrefixes`](crate::shared::seams::LinePrefixes), taken
+//! from [`Seams::resolve`](crate::shared::seams::Seams::resolve) in
 //! [`live::LiveRegistry::new`]; the store exposition here copies a group's
-//! label pairs when the exporter's [`Keep`](crate::seams::Keep) seam rendered
+//! label pairs when the exporter's [`Keep`](crate::shared::seams::Keep) seam rendered
 //! them ([`Group::rendered`]). Both are `prerender`'s; the table is in
-//! [`crate::seams`].
+//! [`crate::shared::seams`].
 //!
 //! [`live`] renders in-memory registries at scale;
 //! [`rabbitmq`] builds RabbitMQ's per-object families on one.
 
-use crate::registry::{MetricDef, MetricType};
-use crate::text::{FamilyEncoder, SampleEncoder, ValueEncoder};
-use crate::values::{Group, MetricValues, RenderedLines, RenderedText};
+use crate::format::registry::{MetricDef, MetricType};
+use crate::format::text::{FamilyEncoder, SampleEncoder, ValueEncoder};
+use crate::shared::values::{Group, MetricValues, RenderedLines, RenderedText};
 
 pub mod live;
-pub mod rabbitmq;
 
 /// Writes one metric family as client_ruby does; `text` holds the groups'
 /// rendered lines, if they were rendered ([`Group::rendered`]).
@@ -204,7 +203,7 @@ impl HistogramLines {
 /// encoder that writes them per scrape.
 pub fn rendered_header(def: &MetricDef) -> Box<[u8]> {
     let mut header = Vec::new();
-    crate::text::write_family_header(
+    crate::format::text::write_family_header(
         &mut header,
         def.name.as_bytes(),
         def.kind.name(),
@@ -225,7 +224,7 @@ pub fn rendered_lines<'a>(
     labels: impl Iterator<Item = (&'a [u8], &'a [u8])>,
 ) -> RenderedLines {
     let mut pairs = Vec::new();
-    crate::text::write_label_pairs(&mut pairs, labels);
+    crate::format::text::write_label_pairs(&mut pairs, labels);
     let name = def.name.as_bytes();
     text.push(&pairs, |lines| {
         let mut prefix = |suffix: &[u8], le: Option<&[u8]>| {

@@ -87,7 +87,7 @@ pub fn assert_same_store(expected: &Path, actual: &Path, what: &str) {
             "{what}: {name} differs in its used region"
         );
         assert_eq!(
-            a_len as u64 % promlab::storefile::INITIAL_FILE_SIZE,
+            a_len as u64 % promlab::format::storefile::INITIAL_FILE_SIZE,
             0,
             "{what}: {name} size"
         );

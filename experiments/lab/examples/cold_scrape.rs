@@ -20,8 +20,8 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use promlab::export::Exporter;
-use promlab::registry::Registry;
-use promlab::strategy::StrategySet;
+use promlab::format::registry::Registry;
+use promlab::shared::strategy::StrategySet;
 use promlab_lab::harness::clones;
 use promlab_lab::harness::floor::ExportFloor;
 use promlab_lab::harness::quantile;
@@ -38,7 +38,7 @@ fn main() -> Result<()> {
         Some(processes) => {
             let processes = processes.parse().context("clones:N")?;
             let registry = clones::write("all-types-v5-uri", processes, scratch.path())?;
-            promlab::fold::fold_store(scratch.path(), &registry, &Default::default())?;
+            promlab::export::fold::fold_store(scratch.path(), &registry, &Default::default())?;
             (scratch.path(), registry)
         }
         None => (Path::new(store), Registry::load(Path::new(registry))?),

@@ -24,8 +24,8 @@
 //! thread CPU time per run (CPU time is the steadier on a shared machine).
 
 use anyhow::{bail, Context, Result};
-use promlab::render::rabbitmq::RabbitMqNode;
-use promlab::strategy::{Stage, StrategySet};
+use promlab::scenarios::rabbitmq::RabbitMqNode;
+use promlab::shared::strategy::{Stage, StrategySet};
 use promlab_lab::harness::floor::{ExportFloor, RenderFloor};
 use promlab_lab::harness::{all_arms, run_arm, ArmKind, Output, Workload};
 use std::time::{Duration, Instant};
@@ -67,7 +67,7 @@ fn main() -> Result<()> {
         "export" => {
             let dir = tempfile::tempdir()?;
             let case = promlab_lab::fixtures::unpack_ruby_case("large-v5-uri", dir.path())?;
-            let registry = promlab::registry::Registry::load(&case.join("registry.json"))?;
+            let registry = promlab::format::registry::Registry::load(&case.join("registry.json"))?;
             let store = case.join("store");
             let text = promlab::export::export(&store, &registry, StrategySet::NONE)?;
             if arm == "compare-catalogue" || arm == "compare-previous" || arm == "compare-words" {
@@ -91,7 +91,7 @@ fn main() -> Result<()> {
                     let used = i32::from_le_bytes(map[..4].try_into()?) as usize;
                     let mut per = Vec::new();
                     let mut prev: &[u8] = b"";
-                    for entry in promlab::storefile::entries(map, used) {
+                    for entry in promlab::format::storefile::entries(map, used) {
                         let entry = entry?;
                         let key = entry.padded_key;
                         let at = entry.value_offset - key.len();
@@ -99,7 +99,7 @@ fn main() -> Result<()> {
                             bytes.extend_from_slice(key);
                             (bytes.len() - key.len(), key.len())
                         });
-                        let (a, b) = (promlab::storefile::strip_padding(prev), entry.key());
+                        let (a, b) = (promlab::format::storefile::strip_padding(prev), entry.key());
                         let p = a.iter().zip(b).take_while(|(x, y)| x == y).count();
                         let s = a[p..]
                             .iter()
@@ -125,7 +125,7 @@ fn main() -> Result<()> {
                             let key = &map[at..at + len];
                             let reference = &bytes[start..start + len];
                             if previous {
-                                let kb = promlab::storefile::strip_padding(reference).len();
+                                let kb = promlab::format::storefile::strip_padding(reference).len();
                                 let prev = &map[last..last + prev_len];
                                 same += (key[..p] == prev[..p]) as usize;
                                 same += (key[kb - s..kb] == prev[prev_len - s..]) as usize;

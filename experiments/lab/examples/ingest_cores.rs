@@ -21,7 +21,7 @@ use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::ingest::wire;
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;

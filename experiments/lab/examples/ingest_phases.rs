@@ -15,7 +15,7 @@
 use anyhow::{bail, Context, Result};
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use std::time::Instant;
 
 fn main() -> Result<()> {

@@ -17,7 +17,7 @@
 use anyhow::{bail, Context, Result};
 use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::plan::Plan;
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use promlab_lab::harness::workloads::{lane_shard, lanes_bodies, ShardPacing};
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! cargo run --release -p promlab-lab --example query_probe -- 1000 2 66 200 3
 //! ```
 use anyhow::{bail, Result};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::shared::strategy::{Stage, StrategySet};
 use promlab_lab::harness::query::Query;
 use promlab_lab::harness::{quantile, Workload};
 use std::time::Instant;

@@ -6,8 +6,8 @@
 //! ```
 //! One process per strategy set: the high-water mark only ever grows.
 
-use promlab::render::rabbitmq::RabbitMqNode;
-use promlab::strategy::StrategySet;
+use promlab::scenarios::rabbitmq::RabbitMqNode;
+use promlab::shared::strategy::StrategySet;
 use promlab_lab::machine::ProcessStats;
 use std::time::Instant;
 

@@ -16,7 +16,7 @@
 //! time per run.
 
 use anyhow::{bail, Context, Result};
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use promlab_lab::harness::{self, ArmKind};
 use std::time::Instant;
 

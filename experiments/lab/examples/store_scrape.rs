@@ -14,8 +14,8 @@
 
 use anyhow::{bail, Context, Result};
 use promlab::export::{export, Exporter};
-use promlab::registry::Registry;
-use promlab::strategy::StrategySet;
+use promlab::format::registry::Registry;
+use promlab::shared::strategy::StrategySet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

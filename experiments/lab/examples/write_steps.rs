@@ -14,8 +14,8 @@
 //! Divide the collected instructions by `steps` for a count per step. The
 //! driver prints the wall time per step too (noisy on a loaded machine).
 
-use promlab::strategy::StrategySet;
-use promlab::workload::LongLabelWriter;
+use promlab::scenarios::workload::LongLabelWriter;
+use promlab::shared::strategy::StrategySet;
 use promlab_lab::harness::floor::WriteFloor;
 use std::time::Instant;
 

@@ -13,7 +13,7 @@ mod common;
 mod support;
 
 use promlab::ingest::feed::FeedWorkload;
-use promlab::strategy::{Stage, StrategySet};
+use promlab::shared::strategy::{Stage, StrategySet};
 use promlab_lab::cluster::client::ClickHouse;
 use promlab_lab::cluster::local::{self, LocalCluster};
 use promlab_lab::cluster::schema::Schema;

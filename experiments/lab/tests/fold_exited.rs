@@ -8,11 +8,11 @@
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
-use promlab::fold::{FoldConfig, FoldStep};
-use promlab::formenc::Dialect;
-use promlab::registry::Registry;
-use promlab::store::{Client, ClientConfig};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::export::fold::{FoldConfig, FoldStep};
+use promlab::format::formenc::Dialect;
+use promlab::format::registry::Registry;
+use promlab::shared::strategy::{Stage, StrategySet};
+use promlab::write::{Client, ClientConfig};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -46,7 +46,12 @@ fn export(dir: &Path) -> Vec<u8> {
         assert!(
             out == first,
             "{s}: {}",
-            promlab::compare::first_difference(&out, &first, s.to_string().as_str(), "baseline")
+            promlab::reference::compare::first_difference(
+                &out,
+                &first,
+                s.to_string().as_str(),
+                "baseline"
+            )
         );
     }
     first
@@ -69,7 +74,7 @@ fn scrape_all(exporters: &mut [promlab::export::Exporter], want: &[u8], when: &s
         assert!(
             out == want,
             "{when}: {}",
-            promlab::compare::first_difference(&out, want, "long-lived", "expected")
+            promlab::reference::compare::first_difference(&out, want, "long-lived", "expected")
         );
     }
 }
@@ -210,7 +215,7 @@ fn a_crash_at_every_step_loses_nothing_and_counts_nothing_twice() {
         let live_files = files.iter().filter(|n| n.ends_with("___5000.bin")).count();
         assert_eq!(live_files, 8, "{step:?}: {files:?}");
         assert_eq!(files.len(), 8 * 3, "{step:?}: {files:?}");
-        let leftovers: Vec<_> = std::fs::read_dir(folded.join(promlab::fold::FOLD_DIR))
+        let leftovers: Vec<_> = std::fs::read_dir(folded.join(promlab::export::fold::FOLD_DIR))
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
@@ -261,7 +266,9 @@ fn a_writer_opening_a_folded_file_gets_it_back() {
     };
     let fold = {
         let dir = dir.clone();
-        std::thread::spawn(move || promlab::fold::fold_store(&dir, &registry(), &config).unwrap())
+        std::thread::spawn(move || {
+            promlab::export::fold::fold_store(&dir, &registry(), &config).unwrap()
+        })
     };
     // Once the fold has moved it out, the "new process" opens it for writing
     // through the name it looked up (blocked until the fold lets go).
@@ -312,7 +319,8 @@ fn a_file_with_a_writer_is_never_folded() {
         .map(|n| (n.clone(), std::fs::read(dir.join(&n)).unwrap()))
         .collect();
     let before = export(&dir);
-    let report = promlab::fold::fold_store(&dir, &registry(), &FoldConfig::default()).unwrap();
+    let report =
+        promlab::export::fold::fold_store(&dir, &registry(), &FoldConfig::default()).unwrap();
     assert!(report.files_folded > 0, "{report:?}");
     assert_eq!(report.live_files, 9, "{report:?}");
     for (name, bytes) in &files_before {

@@ -4,9 +4,9 @@
 //! wrote, so this also proves the cached pid (`cached-pid`) is refreshed
 //! after `fork` and every child writes its own file.
 
-use promlab::registry::Registry;
-use promlab::store::{Client, ClientConfig};
-use promlab::strategy::StrategySet;
+use promlab::format::registry::Registry;
+use promlab::shared::strategy::StrategySet;
+use promlab::write::{Client, ClientConfig};
 
 const CHILDREN: usize = 6;
 const INCREMENTS: usize = 2_000;
@@ -75,7 +75,7 @@ fn run(strategies: StrategySet) {
     }
 
     for pid in &pids {
-        let file = promlab::storefile::file_path(dir.path(), "jobs_total", *pid as u32);
+        let file = promlab::format::storefile::file_path(dir.path(), "jobs_total", *pid as u32);
         assert!(file.exists(), "child {pid} did not write its own file");
     }
     let text =
@@ -109,7 +109,7 @@ fn run(strategies: StrategySet) {
 
 #[test]
 fn concurrent_processes_sum_exactly_under_every_write_strategy() {
-    for strategies in StrategySet::combinations(promlab::strategy::Stage::Write) {
+    for strategies in StrategySet::combinations(promlab::shared::strategy::Stage::Write) {
         run(strategies);
     }
 }

@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
-use promlab::registry::Registry;
-use promlab::strategy::{Stage, StrategySet};
+use promlab::format::registry::Registry;
+use promlab::shared::strategy::{Stage, StrategySet};
 use std::path::Path;
 
 fn replay(case: &Path, store: &Path, dialect: &str, strategies: StrategySet) {
@@ -66,7 +66,7 @@ fn replaying_the_large_case_rebuilds_its_store_and_exposition() {
             assert!(
                 out == expected,
                 "large replayed, exported with {strategies}: {}",
-                promlab::compare::first_difference(&out, &expected, "ours", "ruby")
+                promlab::reference::compare::first_difference(&out, &expected, "ours", "ruby")
             );
         }
     }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use support::{get, serve, try_get, Reaped};
 
 const QUEUES: usize = 50;
-const SERIES_PER_QUEUE: usize = promlab::render::rabbitmq::SERIES_PER_QUEUE;
+const SERIES_PER_QUEUE: usize = promlab::scenarios::rabbitmq::SERIES_PER_QUEUE;
 
 const GZIP: [(&str, &str); 1] = [("Accept-Encoding", "gzip")];
 
@@ -352,7 +352,7 @@ fn real_prometheus_scrapes_both_modes() {
 /// ingests every good series of the target.
 #[test]
 fn only_valid_exposition_reaches_prometheus() {
-    use promlab::storefile::{file_bytes, file_path};
+    use promlab::format::storefile::{file_bytes, file_path};
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     std::fs::create_dir(&store).unwrap();

@@ -58,8 +58,9 @@ const REGISTRY: &str = r#"{"metrics": [
 
 /// A store file's bytes with `entries` (raw key, value), sized `size` (at least its used region).
 fn store_bytes(entries: &[(Vec<u8>, f64)], size: usize) -> Vec<u8> {
-    let mut bytes =
-        promlab::storefile::file_bytes(entries.iter().map(|(key, value)| (key.as_slice(), *value)));
+    let mut bytes = promlab::format::storefile::file_bytes(
+        entries.iter().map(|(key, value)| (key.as_slice(), *value)),
+    );
     bytes.resize(size.max(bytes.len()), 0);
     bytes
 }
@@ -74,7 +75,7 @@ fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
 }
 
 fn file(store: &Path, pid: u32) -> PathBuf {
-    promlab::storefile::file_path(store, "c", pid)
+    promlab::format::storefile::file_path(store, "c", pid)
 }
 
 /// One file of `n` series `a=0..n`, each 1.0.
@@ -362,7 +363,7 @@ fn a_file_locked_forever_is_skipped_in_bounded_time() {
     )
     .unwrap();
     let held = std::fs::File::open(file(&store, 2)).unwrap();
-    promlab::storefile::flock(held.as_raw_fd(), libc::LOCK_EX).unwrap();
+    promlab::format::storefile::flock(held.as_raw_fd(), libc::LOCK_EX).unwrap();
     let mut child = serve(&store, &registry, "all", None);
     let addr = child.addr;
     let started = Instant::now();
@@ -406,7 +407,7 @@ fn good_files(store: &Path, metric: &str, n: usize, files: u32) -> Vec<String> {
             let value = String::from_utf8_lossy(&key[2..]).into_owned();
             lines.push(format!("{metric}{{a=\"{value}\"}} 1.0"));
         }
-        let path = promlab::storefile::file_path(store, metric, 10 + pid);
+        let path = promlab::format::storefile::file_path(store, metric, 10 + pid);
         std::fs::write(path, store_bytes(&keys, 4096)).unwrap();
     }
     lines
@@ -433,10 +434,10 @@ fn stuck_locked_files_cost_no_good_line() {
         good.extend(good_files(&store, &metric, n, 3));
         if m < 4 {
             // Sorted before the good files of its metric.
-            let path = promlab::storefile::file_path(&store, &metric, 1);
+            let path = promlab::format::storefile::file_path(&store, &metric, 1);
             std::fs::write(&path, store_bytes(&[(b"a=stuck".to_vec(), 100.0)], 4096)).unwrap();
             let file = std::fs::File::open(&path).unwrap();
-            promlab::storefile::flock(file.as_raw_fd(), libc::LOCK_EX).unwrap();
+            promlab::format::storefile::flock(file.as_raw_fd(), libc::LOCK_EX).unwrap();
             held.push(file);
         }
     }

@@ -7,11 +7,11 @@
 //! reference (memchr-style, one macro); and `promlab verify --quick` exits 0.
 
 use generators::value;
-use promlab::formenc::Dialect;
-use promlab::ops::OpLog;
+use promlab::format::formenc::Dialect;
 use promlab::reference;
-use promlab::store::{Client, ClientConfig};
-use promlab::strategy::{Strategy as S, StrategySet};
+use promlab::scenarios::ops::OpLog;
+use promlab::shared::strategy::{Strategy as S, StrategySet};
+use promlab::write::{Client, ClientConfig};
 use promlab_lab::verify::{self, generate, Case};
 use proptest::prelude::*;
 use std::path::Path;
@@ -96,7 +96,12 @@ fn check_write(case: &Case, strategies: StrategySet) -> Result<(), TestCaseError
             &got[name] == bytes,
             "{}: {}",
             name,
-            promlab::compare::first_difference(&got[name], bytes, "promlab", "reference")
+            promlab::reference::compare::first_difference(
+                &got[name],
+                bytes,
+                "promlab",
+                "reference"
+            )
         );
     }
     Ok(())
@@ -119,12 +124,12 @@ fn check_export(case: &Case, strategies: StrategySet) -> Result<(), TestCaseErro
         if strategies.contains(S::FoldExited) {
             // Every writer so far has exited: fold their files (exactly, so
             // the reference's answer on the unfolded store still holds).
-            let config = promlab::fold::FoldConfig {
+            let config = promlab::export::fold::FoldConfig {
                 grace: std::time::Duration::ZERO,
                 durable: false,
-                ..promlab::fold::FoldConfig::default()
+                ..promlab::export::fold::FoldConfig::default()
             };
-            promlab::fold::fold_store(dir.path(), &case.registry, &config).unwrap();
+            promlab::export::fold::fold_store(dir.path(), &case.registry, &config).unwrap();
         }
         exporter.export_into(&mut out).unwrap();
         let once = promlab::export::export(dir.path(), &case.registry, strategies).unwrap();
@@ -134,7 +139,7 @@ fn check_export(case: &Case, strategies: StrategySet) -> Result<(), TestCaseErro
                 "{} export after writer {}: {}",
                 what,
                 i + 1,
-                promlab::compare::first_difference(got, &want, "promlab", "reference")
+                promlab::reference::compare::first_difference(got, &want, "promlab", "reference")
             );
         }
     }
@@ -257,11 +262,11 @@ fn a_difference_names_the_first_set_that_hits_it() {
             extra_values: 0,
         },
     );
-    let bad = promlab::ops::Op {
+    let bad = promlab::scenarios::ops::Op {
         pid: case.processes[1].1.pid,
         metric: "requests_total".into(),
-        op: promlab::ops::OpKind::Inc,
-        value: promlab::ops::OpValue::new(-1.0),
+        op: promlab::scenarios::ops::OpKind::Inc,
+        value: promlab::scenarios::ops::OpValue::new(-1.0),
         labels: vec![("path".into(), "x".into()), ("code".into(), "200".into())],
     };
     case.processes[1].1.ops.push(bad);
@@ -338,7 +343,7 @@ fn laned_requests_are_grouped_so_that_any_interleaving_is_the_in_order_run() {
     assert_eq!(outcome.counts, input.reference.counts);
     assert!(input.reference.counts.accepted > 0);
     // And the laned checks pass on it, naming what they ran.
-    let ingests = StrategySet::combinations(promlab::strategy::Stage::Ingest);
+    let ingests = StrategySet::combinations(promlab::shared::strategy::Stage::Ingest);
     let report = verify::lanes::check(&input, &ingests, 3, 7).unwrap();
     assert_eq!((report.runs, report.orders), (16 + 3 * 2 * 4, 4));
     assert!(report.answers > 0);

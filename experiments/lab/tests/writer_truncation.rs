@@ -1,7 +1,7 @@
 //! A store file truncated under a writing process (issue 24, item 2): the
 //! writer — a real child process, `promlab replay-one -` fed ops on its
 //! stdin — survives, repairs the file in place and makes the write that met
-//! the cut again (`promlab::store::StoreFile`'s doc), under the baseline's
+//! the cut again (`promlab::write::StoreFile`'s doc), under the baseline's
 //! `read(2)`/`write(2)` and `mmap-store`'s guarded mapping alike.
 
 use promlab::reference::exposition::read_entries;
@@ -39,7 +39,7 @@ impl Writer {
     }
 
     fn file(&self) -> PathBuf {
-        promlab::storefile::file_path(&self.store, "c_total", PID)
+        promlab::format::storefile::file_path(&self.store, "c_total", PID)
     }
 
     fn inc(&mut self, key: &str, by: f64, times: usize) {
@@ -217,7 +217,7 @@ fn a_writer_survives_repeated_cuts() {
         let bytes = std::fs::read(&file).unwrap();
         let entries = read_entries(&bytes).unwrap();
         assert!(entries.len() >= 2, "{entries:?}");
-        let registry = promlab::registry::Registry::from_json(REGISTRY).unwrap();
+        let registry = promlab::format::registry::Registry::from_json(REGISTRY).unwrap();
         let text =
             promlab::reference::exposition::export(&writer_store(dir.path()), &registry).unwrap();
         assert!(

@@ -6,12 +6,12 @@
 
 use super::series_cache::SeriesCache;
 use super::{invalid, IngestError, Ingester};
+use crate::format::text::{write_escaped, Escape};
 use crate::ingest::groups::OVERFLOW;
 use crate::ingest::plan::Plan;
 use crate::ingest::window::write_group_key;
 use crate::ingest::wire::{self, Batch};
-use crate::seams::Canonicalize;
-use crate::text::{write_escaped, Escape};
+use crate::shared::seams::Canonicalize;
 use std::collections::{BTreeMap, HashMap};
 
 impl Ingester {
@@ -160,7 +160,7 @@ fn validate(labels: &[(&[u8], &[u8])]) -> Result<(), IngestError> {
             std::str::from_utf8(name).map_err(|_| invalid("a label name is not UTF-8"))?;
         std::str::from_utf8(value)
             .map_err(|_| invalid(format!("the value of label `{name_str}` is not UTF-8")))?;
-        if !crate::registry::is_label_name(name) {
+        if !crate::format::registry::is_label_name(name) {
             return Err(invalid(format!(
                 "invalid label name `{}`",
                 name_str.escape_debug()
@@ -190,7 +190,7 @@ fn validate(labels: &[(&[u8], &[u8])]) -> Result<(), IngestError> {
 fn validate_ascii_first(labels: &[(&[u8], &[u8])]) -> Result<(), IngestError> {
     let plain = labels.iter().enumerate().all(|(i, &(name, value))| {
         value.is_ascii()
-            && crate::registry::is_label_name(name)
+            && crate::format::registry::is_label_name(name)
             && (i == 0 || labels[i - 1].0 < name)
     });
     if plain {

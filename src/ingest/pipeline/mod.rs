@@ -2,7 +2,7 @@
 //!
 //! A request goes through four seams, each resolved once, when the ingester is
 //! built, from its [`StrategySet`] into an [`IngestSeams`] value (the table of
-//! variants is in [`crate::seams`]):
+//! variants is in [`crate::shared::seams`]):
 //!
 //! | seam | reference (the upstream per-sample shape) | strategy |
 //! | --- | --- | --- |
@@ -42,8 +42,8 @@ use super::groups::{Budget, Shared};
 use super::plan::{Plan, PlanGeneration};
 use super::window::{Accumulator, Capacity, Held, PaneReport, QueryResult, Stats};
 use super::wire::{self, Batch, WireError, WriteRequest};
-use crate::seams::{IngestSeams, Route, Seams};
-use crate::strategy::StrategySet;
+use crate::shared::seams::{IngestSeams, Route, Seams};
+use crate::shared::strategy::StrategySet;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 

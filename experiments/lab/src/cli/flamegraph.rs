@@ -14,7 +14,7 @@
 use crate::harness::profiles::{self, ArmRecord, Recorded};
 use crate::profile::{self, draw, SamplerChoice};
 use anyhow::{bail, Context, Result};
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

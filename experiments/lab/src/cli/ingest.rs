@@ -5,7 +5,7 @@ use promlab::ingest::feed::{self, FeedWorkload};
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::ingest::wire;
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use std::io::Write;
 use std::path::PathBuf;
 

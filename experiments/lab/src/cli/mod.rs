@@ -9,11 +9,11 @@ pub use soak::{soak, SoakArgs};
 
 use crate::serve::ServerLimits;
 use anyhow::{bail, Context, Result};
-use promlab::formenc::Dialect;
+use promlab::format::formenc::Dialect;
+use promlab::format::registry::Registry;
 use promlab::ingest::pipeline::Limits;
-use promlab::registry::Registry;
-use promlab::store::{Client, ClientConfig};
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
+use promlab::write::{Client, ClientConfig};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -152,7 +152,7 @@ pub fn replay_one(args: ReplayOneArgs) -> Result<()> {
             if line.trim().is_empty() {
                 continue;
             }
-            let op = promlab::ops::OpLog::parse(&line)
+            let op = promlab::scenarios::ops::OpLog::parse(&line)
                 .with_context(|| format!("op {} from stdin", n + 1))?
                 .ops
                 .remove(0);
@@ -160,19 +160,19 @@ pub fn replay_one(args: ReplayOneArgs) -> Result<()> {
                 Some(client) => client,
                 None => client.insert(Client::new(&args.store, &registry, config(op.pid))?),
             };
-            promlab::ops::apply(client, &op)
+            promlab::scenarios::ops::apply(client, &op)
                 .with_context(|| format!("op {} ({:?} {})", n + 1, op.op, op.metric))?;
         }
     } else {
-        let log = promlab::ops::OpLog::load(&args.ops)?;
+        let log = promlab::scenarios::ops::OpLog::load(&args.ops)?;
         let mut client = Client::new(&args.store, &registry, config(log.pid))?;
         log.replay(&mut client)?;
     }
-    let cut = promlab::store::truncations();
+    let cut = promlab::write::truncations();
     if cut.files_repaired > 0 {
         eprintln!(
             "promlab replay-one: store files were cut under this writer and repaired {} time(s), \
-             {} entries reset to zero (see promlab::store::StoreFile)",
+             {} entries reset to zero (see promlab::write::StoreFile)",
             cut.files_repaired, cut.entries_reset
         );
     }
@@ -279,7 +279,7 @@ pub struct ServeArgs {
     /// Strategies to use: a comma-separated list, `none` (the baseline), `all`, or
     /// `default` (the build's features; every strategy when none was named).
     #[arg(long, default_value = "default")]
-    pub strategies: promlab::strategy::StrategySet,
+    pub strategies: promlab::shared::strategy::StrategySet,
     /// Receiver: also write each closed window's bins (per group, with its
     /// count, zero count, min and max) to this ClickHouse node's HTTP
     /// interface (http://HOST:PORT), one batch per close; the tables are
@@ -316,7 +316,7 @@ pub struct FoldArgs {
     pub registry: PathBuf,
     /// Tests: SIGKILL this process when the first batch reaches this step.
     #[arg(long, hide = true)]
-    pub kill_at: Option<promlab::fold::FoldStep>,
+    pub kill_at: Option<promlab::export::fold::FoldStep>,
     /// How long a committed batch keeps its leases before it is final, in
     /// milliseconds (a writer on its way into a source's `open` shows up).
     #[arg(long, default_value_t = 20)]
@@ -640,7 +640,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         let fold = if args.fold_exited {
             if !args
                 .strategies
-                .contains(promlab::strategy::Strategy::FoldExited)
+                .contains(promlab::shared::strategy::Strategy::FoldExited)
             {
                 bail!("--fold-exited needs the fold-exited strategy in --strategies (`all` has it, and so does a build without strategy features)");
             }
@@ -664,7 +664,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     }
     match args.scenario.as_deref() {
         Some("rabbitmq") => {
-            let scenario = promlab::render::rabbitmq::RabbitMqNode::build(
+            let scenario = promlab::scenarios::rabbitmq::RabbitMqNode::build(
                 args.queues as usize,
                 args.awkward_names,
                 args.strategies,
@@ -725,12 +725,12 @@ fn raise_open_file_limit() {
 pub fn fold(args: FoldArgs) -> Result<()> {
     check_store_dir(&args.store)?;
     let registry = Registry::load(&args.registry)?;
-    let config = promlab::fold::FoldConfig {
+    let config = promlab::export::fold::FoldConfig {
         grace: std::time::Duration::from_millis(args.grace_ms),
         kill_at: args.kill_at,
-        ..promlab::fold::FoldConfig::default()
+        ..promlab::export::fold::FoldConfig::default()
     };
-    let report = promlab::fold::fold_store(&args.store, &registry, &config)?;
+    let report = promlab::export::fold::fold_store(&args.store, &registry, &config)?;
     println!(
         "promlab fold: {} files folded into {} fold files; {} live, {} without a lease to tell (left as live), {} exited left as they are; {} batches given up; {} interrupted batches finished or undone",
         report.files_folded,

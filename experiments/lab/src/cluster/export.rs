@@ -20,10 +20,10 @@
 
 use super::client::{ClickHouse, Error};
 use super::schema::{Batch, Event, Origin, Schema};
+use promlab::format::text::FamilyEncoder;
 use promlab::ingest::distributed::{group_key, PaneRows};
 use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::window::closed_windows_generation;
-use promlab::text::FamilyEncoder;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};

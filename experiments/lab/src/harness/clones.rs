@@ -20,8 +20,8 @@
 //! same bytes.
 
 use anyhow::{bail, Context, Result};
-use promlab::registry::Registry;
-use promlab::storefile::{entries, file_path, new_entry, HEADER_SIZE};
+use promlab::format::registry::Registry;
+use promlab::format::storefile::{entries, file_path, new_entry, HEADER_SIZE};
 use std::path::Path;
 
 /// The first clone's pid. Above 32,768 (the default `pid_max` on many

@@ -5,7 +5,7 @@
 
 use super::report::{self, ResultRow};
 use anyhow::{bail, Context, Result};
-use promlab::strategy::{Stage, Strategy};
+use promlab::shared::strategy::{Stage, Strategy};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 

@@ -76,8 +76,8 @@
 use anyhow::{bail, Context, Result};
 use promlab::ingest::sketch::BulkSketch;
 use promlab::ingest::wire;
-use promlab::seams::StoreIo;
-use promlab::store::StoreFile;
+use promlab::shared::seams::StoreIo;
+use promlab::write::StoreFile;
 use std::collections::HashMap;
 use std::hash::BuildHasher as _;
 use std::hint::black_box;
@@ -210,7 +210,7 @@ impl ExportFloor {
             let used = used_region(&map).len();
             let header = header(&map);
             let first = entries.len();
-            for entry in promlab::storefile::entries(&map, used) {
+            for entry in promlab::format::storefile::entries(&map, used) {
                 let entry = entry.with_context(|| format!("{}", path.display()))?;
                 let at = entry.value_offset - entry.padded_key.len() - 4;
                 let bytes = &map[at..entry.value_offset];
@@ -273,7 +273,7 @@ impl ExportFloor {
     fn check(&mut self) -> Result<()> {
         self.listing.check()?;
         let mut sum = 0.0f64;
-        let mut guarded = promlab::mapguard::GuardedReads::default();
+        let mut guarded = promlab::shared::mapguard::GuardedReads::default();
         for (file, plan) in self.files.iter().zip(&self.plans) {
             let entries = &self.entries[plan.entries.clone()];
             let checked = match file {
@@ -886,7 +886,7 @@ impl IngestFloor {
 #[inline]
 fn label_is_valid(previous: Option<&[u8]>, name: &[u8], value: &[u8]) -> bool {
     previous.is_none_or(|p| p < name)
-        && promlab::registry::is_label_name(name)
+        && promlab::format::registry::is_label_name(name)
         && (value.is_ascii() || std::str::from_utf8(value).is_ok())
 }
 
@@ -1045,7 +1045,7 @@ mod tests {
             let body = body(labels);
             let mut receiver = promlab::ingest::pipeline::Ingester::new(
                 plan.clone(),
-                promlab::strategy::StrategySet::all(),
+                promlab::shared::strategy::StrategySet::all(),
             );
             let refused = receiver.handle(&body).is_err();
             assert_eq!(refused, i >= 3, "case {i}");
@@ -1058,7 +1058,7 @@ mod tests {
     fn export_floor_compares_every_key_and_fails_on_a_change() {
         let dir = tempfile::tempdir().unwrap();
         let entries: [(&[u8], f64); 2] = [(b"a=1", 1.0), (b"a=22", 2.0)];
-        let bytes = promlab::storefile::file_bytes(entries);
+        let bytes = promlab::format::storefile::file_bytes(entries);
         for pid in [1, 2] {
             std::fs::write(dir.path().join(format!("metric_x___{pid}.bin")), &bytes).unwrap();
         }
@@ -1082,7 +1082,7 @@ mod tests {
     #[test]
     fn export_floor_reads_its_watch_once_a_scrape_and_fails_on_a_new_file() {
         let dir = tempfile::tempdir().unwrap();
-        let bytes = promlab::storefile::file_bytes([(b"a=1".as_slice(), 1.0)]);
+        let bytes = promlab::format::storefile::file_bytes([(b"a=1".as_slice(), 1.0)]);
         std::fs::write(dir.path().join("metric_x___1.bin"), &bytes).unwrap();
         let mut floor = ExportFloor::new(dir.path(), b"x 1.0\n".to_vec()).unwrap();
         assert!(matches!(floor.listing, ListingCheck::Watch(_)));

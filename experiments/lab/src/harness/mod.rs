@@ -26,8 +26,8 @@ pub mod scale;
 pub mod workloads;
 
 use anyhow::{bail, Context, Result};
-use promlab::formenc::Dialect;
-use promlab::strategy::{Stage, Strategy, StrategySet};
+use promlab::format::formenc::Dialect;
+use promlab::shared::strategy::{Stage, Strategy, StrategySet};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -77,7 +77,7 @@ pub enum Generator {
     /// directory of exited workers' files.
     RubyClones { case: String, processes: usize },
     /// Export: `metrics` counters × `processes` processes, one entry per file,
-    /// written by promlab's writer ([`promlab::workload::many_metrics`]).
+    /// written by promlab's writer ([`promlab::scenarios::workload::many_metrics`]).
     ManyMetrics { metrics: usize, processes: usize },
     /// Render: RabbitMQ's per-object scrape of `queues` queues.
     Rabbitmq {
@@ -359,7 +359,7 @@ pub fn digest(bytes: &[u8]) -> String {
 ///   ([`promlab::reference::store::file_size`]), as [`workloads::store_bytes`]
 ///   lays a store out;
 /// - render (`rabbitmq`): the node's families as plain data
-///   ([`promlab::render::rabbitmq::contents`], from the scenario's definition)
+///   ([`promlab::scenarios::rabbitmq::contents`], from the scenario's definition)
 ///   printed by the reference renderer ([`promlab::reference::live`]);
 /// - ingest and query (`asap`, `prometheus-captures`, `asap-query`): the
 ///   request bodies decoded by `snap` and `prost`, the window rules applied
@@ -394,20 +394,20 @@ pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
             return promlab::reference::exposition::export(dir.path(), &registry);
         }
         Generator::ManyMetrics { metrics, processes } => {
-            promlab::workload::many_metrics(*metrics, *processes)
+            promlab::scenarios::workload::many_metrics(*metrics, *processes)
         }
         Generator::SeedRepro {
             processes,
             statements,
-        } => promlab::workload::seed_repro(*processes, *statements),
+        } => promlab::scenarios::workload::seed_repro(*processes, *statements),
         Generator::Large {
             processes,
             statements,
             max_len,
-        } => promlab::workload::large(*processes, *statements, *max_len),
+        } => promlab::scenarios::workload::large(*processes, *statements, *max_len),
         Generator::LongLabel { steps } => {
-            let log = promlab::workload::long_label_log(*steps);
-            let registry = promlab::workload::long_label_registry();
+            let log = promlab::scenarios::workload::long_label_log(*steps);
+            let registry = promlab::scenarios::workload::long_label_registry();
             let files = reference::store::files(&registry, &[(Dialect::Uri, log)])?;
             let mut out = Vec::new();
             for (name, region) in files {
@@ -423,7 +423,7 @@ pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
             queues,
             awkward_names,
         } => {
-            let families = promlab::render::rabbitmq::contents(*queues, *awkward_names, 1);
+            let families = promlab::scenarios::rabbitmq::contents(*queues, *awkward_names, 1);
             return Ok(reference::live::render(&families));
         }
         Generator::Asap {
@@ -552,7 +552,7 @@ pub fn bench_id(strategies: StrategySet) -> String {
     }
 }
 
-pub use promlab::compare::first_difference;
+pub use promlab::reference::compare::first_difference;
 
 /// A combination's output did not match.
 fn mismatch_report(

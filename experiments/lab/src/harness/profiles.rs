@@ -19,7 +19,7 @@ use super::dossier::per_unit;
 use super::{digest, load_scenario, workloads, Output, Scenario};
 use crate::profile::{self, draw, ArmProfile, Folded, Profiler, Sampler, SamplerKind};
 use anyhow::{bail, Context, Result};
-use promlab::strategy::{Stage, Strategy, StrategySet};
+use promlab::shared::strategy::{Stage, Strategy, StrategySet};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

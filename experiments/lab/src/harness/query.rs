@@ -25,7 +25,7 @@ use anyhow::{bail, Context, Result};
 use promlab::ingest::feed::{FeedWorkload, Generator};
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
-use promlab::strategy::{Stage, StrategySet};
+use promlab::shared::strategy::{Stage, StrategySet};
 use std::collections::HashMap;
 use std::time::Duration;
 

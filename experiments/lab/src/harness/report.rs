@@ -4,7 +4,7 @@
 use super::{AblateOptions, ArmKind, ArmResult, ScenarioResult};
 use crate::machine::{self, Host, LoadAverage};
 use anyhow::{Context, Result};
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -495,7 +495,7 @@ pub fn write_machine(
     let host = Host::read();
     let build = machine::BUILD;
     let unknown = || "unknown".to_string();
-    let features: Vec<&str> = promlab::strategy::Strategy::ALL
+    let features: Vec<&str> = promlab::shared::strategy::Strategy::ALL
         .iter()
         .filter(|s| s.on_by_default())
         .map(|s| s.name())
@@ -580,7 +580,7 @@ mod tests {
         use std::time::Duration;
         let arm = |name: &str, kind: ArmKind, micros: &[u64]| ArmResult {
             arm: name.to_string(),
-            strategies: promlab::strategy::StrategySet::NONE,
+            strategies: promlab::shared::strategy::StrategySet::NONE,
             kind,
             floor: "floor".to_string(),
             samples: micros.iter().map(|&m| Duration::from_micros(m)).collect(),

@@ -9,7 +9,7 @@
 use super::{all_arms, digest, load_scenario, run_arm, workloads, ArmKind, Generator, Output};
 use crate::machine::ProcessStats;
 use anyhow::{bail, Context, Result};
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use std::path::Path;
 use std::process::Command;
 

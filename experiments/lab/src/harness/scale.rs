@@ -25,7 +25,7 @@ use super::{
     Output, FLOOR,
 };
 use anyhow::{bail, Context, Result};
-use promlab::strategy::{Stage, StrategySet};
+use promlab::shared::strategy::{Stage, StrategySet};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -2,8 +2,8 @@
 
 use super::{Generator, Output, Workload};
 use anyhow::Result;
-use promlab::strategy::{Stage, StrategySet};
-use promlab::workload::{self, LongLabelWriter, StoreWorkload};
+use promlab::scenarios::workload::{self, LongLabelWriter, StoreWorkload};
+use promlab::shared::strategy::{Stage, StrategySet};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
@@ -70,7 +70,7 @@ pub fn build(params: &Generator) -> Result<Box<dyn Workload>> {
 /// Writes the store of an export scenario's generator into `dir` (which must
 /// exist) and returns its registry: the directory the export arms scrape,
 /// for the peers and the upstream benchmarks to read too.
-pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::registry::Registry> {
+pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::format::registry::Registry> {
     let generated = match params {
         Generator::SeedRepro {
             processes,
@@ -94,7 +94,7 @@ pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::registry::
                 let entry = entry?;
                 std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
             }
-            return promlab::registry::Registry::load(&case_dir.join("registry.json"));
+            return promlab::format::registry::Registry::load(&case_dir.join("registry.json"));
         }
         other => anyhow::bail!("{other:?} is not an export scenario's generator"),
     };
@@ -113,7 +113,7 @@ pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::registry::
 struct Export {
     _dir: tempfile::TempDir,
     dir: std::path::PathBuf,
-    registry: promlab::registry::Registry,
+    registry: promlab::format::registry::Registry,
     exporters: HashMap<StrategySet, promlab::export::Exporter>,
     folded: Option<FoldedCopy>,
     out: Vec<u8>,
@@ -138,7 +138,7 @@ impl Export {
     fn ruby_fixture(case: &str) -> Result<Export> {
         let dir = tempfile::tempdir()?;
         let case_dir = crate::fixtures::unpack_ruby_case(case, dir.path())?;
-        let registry = promlab::registry::Registry::load(&case_dir.join("registry.json"))?;
+        let registry = promlab::format::registry::Registry::load(&case_dir.join("registry.json"))?;
         Export::from_store(dir, case_dir.join("store"), registry)
     }
 
@@ -153,7 +153,7 @@ impl Export {
     fn from_store(
         keep: tempfile::TempDir,
         dir: std::path::PathBuf,
-        registry: promlab::registry::Registry,
+        registry: promlab::format::registry::Registry,
     ) -> Result<Export> {
         let text = promlab::export::export(&dir, &registry, StrategySet::NONE)?;
         let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
@@ -189,7 +189,7 @@ impl Export {
     /// them). The unfolded arms cannot keep all
     /// their files even alone at that size; they read past the budget either way.
     fn prime_folded(&mut self) -> Result<()> {
-        use promlab::strategy::{Stage, Strategy};
+        use promlab::shared::strategy::{Stage, Strategy};
         let dir = self.folded()?.to_path_buf();
         for set in StrategySet::combinations(Stage::Export) {
             if set.contains(Strategy::FoldExited) {
@@ -213,7 +213,7 @@ impl Export {
     }
 
     fn scrape(&mut self, strategies: StrategySet) -> Result<&[u8]> {
-        let dir = if strategies.contains(promlab::strategy::Strategy::FoldExited) {
+        let dir = if strategies.contains(promlab::shared::strategy::Strategy::FoldExited) {
             self.folded()?;
             self.folded.as_ref().expect("made above").dir()
         } else {
@@ -250,8 +250,8 @@ struct FoldedCopy {
 }
 
 impl FoldedCopy {
-    fn new(store: &Path, registry: &promlab::registry::Registry) -> Result<FoldedCopy> {
-        use promlab::liveness::{probe, Writers};
+    fn new(store: &Path, registry: &promlab::format::registry::Registry) -> Result<FoldedCopy> {
+        use promlab::export::liveness::{probe, Writers};
         let dir = tempfile::tempdir()?;
         let mut writers = Vec::new();
         for entry in std::fs::read_dir(store)? {
@@ -270,12 +270,12 @@ impl FoldedCopy {
                 );
             }
         }
-        let config = promlab::fold::FoldConfig {
+        let config = promlab::export::fold::FoldConfig {
             grace: std::time::Duration::ZERO,
             durable: false,
-            ..promlab::fold::FoldConfig::default()
+            ..promlab::export::fold::FoldConfig::default()
         };
-        promlab::fold::fold_store(dir.path(), registry, &config)?;
+        promlab::export::fold::fold_store(dir.path(), registry, &config)?;
         Ok(FoldedCopy {
             dir,
             _writers: writers,
@@ -358,7 +358,7 @@ impl Workload for Export {
 
     /// An arm that reads the folded copy is held to its floor.
     fn floor_of(&self, _arm: &str, strategies: StrategySet) -> &'static str {
-        if strategies.contains(promlab::strategy::Strategy::FoldExited) {
+        if strategies.contains(promlab::shared::strategy::Strategy::FoldExited) {
             FLOOR_FOLDED
         } else {
             super::FLOOR
@@ -399,7 +399,7 @@ pub fn store_bytes(dir: &Path) -> Result<Vec<u8>> {
         out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
         let used = i32::from_le_bytes(bytes[..4].try_into()?) as usize;
         let mut region = bytes[..used].to_vec();
-        for entry in promlab::storefile::entries(&bytes, used) {
+        for entry in promlab::format::storefile::entries(&bytes, used) {
             let at = entry?.value_offset + 8;
             region[at..at + 8].fill(0);
         }
@@ -446,7 +446,7 @@ impl Workload for LongLabel {
 struct Render {
     queues: usize,
     awkward_names: bool,
-    scenarios: HashMap<StrategySet, promlab::render::rabbitmq::RabbitMqNode>,
+    scenarios: HashMap<StrategySet, promlab::scenarios::rabbitmq::RabbitMqNode>,
     body: Vec<u8>,
     floor: Option<super::floor::RenderFloor>,
 }
@@ -465,11 +465,11 @@ impl Render {
     fn scenario(
         &mut self,
         strategies: StrategySet,
-    ) -> Result<&promlab::render::rabbitmq::RabbitMqNode> {
+    ) -> Result<&promlab::scenarios::rabbitmq::RabbitMqNode> {
         // Only the render stage's strategies change a registry.
         let key = strategies.restrict(Stage::Render);
         if !self.scenarios.contains_key(&key) {
-            let scenario = promlab::render::rabbitmq::RabbitMqNode::build(
+            let scenario = promlab::scenarios::rabbitmq::RabbitMqNode::build(
                 self.queues,
                 self.awkward_names,
                 key,

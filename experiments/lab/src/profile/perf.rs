@@ -488,7 +488,7 @@ fn event_time_ns(line: &str) -> Option<u64> {
 }
 
 /// A frame line's address (relative to its file, as perf prints it) and file:
-/// `\t  6f4907 promlab::formenc::decode_key_reference+0x277 (/path/promlab)`.
+/// `\t  6f4907 promlab::format::formenc::decode_key_reference+0x277 (/path/promlab)`.
 fn frame_address(line: &str) -> Option<(u64, &str)> {
     let line = line.trim();
     let (address, rest) = line.split_once(' ')?;
@@ -530,7 +530,7 @@ mod tests {
         assert_eq!(event_time_ns("no time here"), None);
         assert_eq!(
             frame_address(
-                "\t          6f4907 promlab::formenc::decode_key_reference+0x277 (/work/promlab)"
+                "\t          6f4907 promlab::format::formenc::decode_key_reference+0x277 (/work/promlab)"
             ),
             Some((0x6f4907, "/work/promlab"))
         );

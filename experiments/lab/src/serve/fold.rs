@@ -1,13 +1,13 @@
 //! `promlab serve --store DIR --fold-exited`: the sidecar folds the files of
-//! exited processes (`fold-exited`, `promlab::fold`) every `--fold-every`
+//! exited processes (`fold-exited`, `promlab::export::fold`) every `--fold-every`
 //! seconds, on a thread of its own, beside the scrapes (a batch commits under
 //! the store's fold lock, which a scrape holds shared). Interrupted folds are
 //! finished or undone before the first scrape. What it did is counted at
 //! `/metrics/promlab`.
 
-use promlab::fold::{fold_store, FoldConfig, FoldReport};
-use promlab::registry::Registry;
-use promlab::text::FamilyEncoder;
+use promlab::export::fold::{fold_store, FoldConfig, FoldReport};
+use promlab::format::registry::Registry;
+use promlab::format::text::FamilyEncoder;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -115,7 +115,7 @@ impl FoldStats {
 /// its own, for as long as the process lives.
 pub fn start(dir: PathBuf, registry: Registry, every: Duration) -> anyhow::Result<Arc<FoldStats>> {
     let stats = Arc::new(FoldStats::default());
-    let recovered = promlab::fold::recover(&dir)?;
+    let recovered = promlab::export::fold::recover(&dir)?;
     stats.recovered.fetch_add(recovered, Ordering::Relaxed);
     if recovered > 0 {
         eprintln!("promlab: finished or undid {recovered} interrupted fold batches");

@@ -33,9 +33,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use promlab::export::{EntrySkip, Exporter, FileSkip};
-use promlab::render::rabbitmq::RabbitMqNode;
-use promlab::strategy::StrategySet;
-use promlab::text::FamilyEncoder;
+use promlab::format::text::FamilyEncoder;
+use promlab::scenarios::rabbitmq::RabbitMqNode;
+use promlab::shared::strategy::StrategySet;
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -476,7 +476,7 @@ pub fn families_of_query(query: &str) -> Result<Vec<String>, String> {
 /// Decodes `application/x-www-form-urlencoded` text (`+` is a space), with
 /// the library's component decoder.
 fn percent_decode(s: &str) -> Result<String, String> {
-    let decoded = promlab::formenc::decode_component(s.as_bytes())
+    let decoded = promlab::format::formenc::decode_component(s.as_bytes())
         .map_err(|_| format!("bad percent-encoding in query: {s:?}\n"))?;
     String::from_utf8(decoded.into_owned())
         .map_err(|_| format!("query is not UTF-8 after decoding: {s:?}\n"))
@@ -521,7 +521,7 @@ mod tests {
              promlab_store_scrapes_total{result=\"failed\"} 0\n\
              promlab_store_scrapes_total{result=\"busy\"} 0\n";
         assert_eq!(text, expected);
-        let samples = promlab::scrape::parse(&out).unwrap();
+        let samples = promlab::scenarios::scrape::parse(&out).unwrap();
         assert_eq!(
             samples.len(),
             FileSkip::ALL.len() + EntrySkip::ALL.len() + SCRAPE_RESULTS.len()

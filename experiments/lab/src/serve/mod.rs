@@ -91,7 +91,7 @@ pub fn connection_stats() -> &'static ConnectionStats {
 
 /// The [`connection_stats`] as exposition families, onto `out`.
 pub fn write_connection_metrics(out: &mut Vec<u8>) {
-    use promlab::text::FamilyEncoder;
+    use promlab::format::text::FamilyEncoder;
     let stats = connection_stats();
     let mut family = FamilyEncoder::new(
         out,

@@ -32,11 +32,11 @@ use promlab::ingest::pipeline::{IngestError, Ingester, Limits};
 use promlab::ingest::plan::Plan;
 use promlab::ingest::window::Stats;
 // Parsed here by axum's `Query` (serde_urlencoded), as the fuzz target parses it.
+use promlab::format::text::FamilyEncoder;
 use promlab::ingest::query::QuantileParams;
 use promlab::ingest::window::closed_windows_generation;
 use promlab::ingest::wire;
-use promlab::strategy::StrategySet;
-use promlab::text::FamilyEncoder;
+use promlab::shared::strategy::StrategySet;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;

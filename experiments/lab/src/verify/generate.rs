@@ -4,10 +4,10 @@
 //! `-0.0` and subnormals to `1e20` and `Infinity` — deterministic in a seed.
 
 use super::Case;
-use promlab::formenc::Dialect;
+use promlab::format::formenc::Dialect;
+use promlab::format::registry::Registry;
 use promlab::ingest::feed::splitmix64;
-use promlab::ops::{Op, OpKind, OpLog, OpValue};
-use promlab::registry::Registry;
+use promlab::scenarios::ops::{Op, OpKind, OpLog, OpValue};
 
 /// How big a generated case is.
 #[derive(Clone, Copy, Debug)]
@@ -200,8 +200,8 @@ fn awkward_value(rng: &mut Rng) -> f64 {
 /// bytes), an unlabeled gauge, help with `\` and newlines; values as the
 /// generated cases draw them.
 pub fn live_families(seed: u64) -> Vec<promlab::reference::live::Family> {
+    use promlab::format::registry::MetricType;
     use promlab::reference::live::Family;
-    use promlab::registry::MetricType;
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x11fe);
     let mut values: Vec<Vec<u8>> = AWKWARD.iter().map(|s| s.as_bytes().to_vec()).collect();
     values.push(vec![0xff, 0xc3, b'"']);

@@ -29,7 +29,7 @@ use promlab::ingest::plan::Plan;
 use promlab::ingest::window::PaneReport;
 use promlab::ingest::wire;
 use promlab::reference;
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 
 /// The largest body `promlab serve` takes by default (`--max-body-bytes`).
 const MAX_BODY_BYTES: usize = 32 << 20;

@@ -12,8 +12,8 @@
 use anyhow::{bail, Result};
 use promlab::reference::live::{self as reference, Family};
 use promlab::render::live::LiveRegistry;
-use promlab::render::rabbitmq::{self, RabbitMqNode};
-use promlab::strategy::StrategySet;
+use promlab::scenarios::rabbitmq::{self, RabbitMqNode};
+use promlab::shared::strategy::StrategySet;
 
 /// What the live renderer's check covered.
 #[derive(Clone, Copy, Debug, Default)]
@@ -74,7 +74,7 @@ pub fn check(sets: &[StrategySet], queues: usize, seed: u64) -> Result<LiveRepor
             if got != want {
                 bail!(
                     "live renderer, strategy set `{set}`: the {what} differs from the reference renderer's {}",
-                    promlab::compare::first_difference(got, want, "promlab", "reference")
+                    promlab::reference::compare::first_difference(got, want, "promlab", "reference")
                 );
             }
         }

@@ -29,11 +29,11 @@
 //!   and by a one-shot [`export::export`]; both must equal the reference
 //!   exporter's bytes ([`promlab::reference::exposition`]) on that store; with
 //!   `fold-exited`, a twin of the store folded after every writer exits
-//!   ([`promlab::fold`]) must. For a client_ruby case, Ruby's store exported
+//!   ([`promlab::export::fold`]) must. For a client_ruby case, Ruby's store exported
 //!   under every export subset (folded first with `fold-exited`; and the
 //!   reference exporter) must print Ruby's `expected.prom`;
 //! - **quantiles**: the exposition sequence is scraped (each exposition twice,
-//!   5 s apart), converted to remote-write requests ([`promlab::scrape`]) and
+//!   5 s apart), converted to remote-write requests ([`promlab::scenarios::scrape`]) and
 //!   ingested under a plan with two aggregations per sample name. Every pane
 //!   must hold exactly the panes and counts of the reference
 //!   ([`promlab::reference::ingest`]), every quantile within α of the exact
@@ -67,20 +67,20 @@ mod query;
 
 use crate::cluster::hashmod;
 use anyhow::{bail, Context, Result};
-use promlab::compare::first_difference;
 use promlab::export::{self, Exporter};
-use promlab::formenc::Dialect;
+use promlab::format::formenc::Dialect;
+use promlab::format::registry::Registry;
 use promlab::ingest::distributed::{group_key, merge_as_rows, PaneRows};
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::{Aggregation, Plan};
 use promlab::ingest::window::PaneReport;
 use promlab::ingest::wire::WriteRequest;
-use promlab::ops::OpLog;
 use promlab::reference;
-use promlab::registry::Registry;
-use promlab::scrape;
-use promlab::store::{Client, ClientConfig};
-use promlab::strategy::{Stage, Strategy, StrategySet};
+use promlab::reference::compare::first_difference;
+use promlab::scenarios::ops::OpLog;
+use promlab::scenarios::scrape;
+use promlab::shared::strategy::{Stage, Strategy, StrategySet};
+use promlab::write::{Client, ClientConfig};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -173,7 +173,7 @@ fn subsets(sets: &[StrategySet], stage: Stage) -> Vec<StrategySet> {
 
 /// Every one of the 2^n strategy sets, the baseline first.
 pub fn every_set() -> Vec<StrategySet> {
-    StrategySet::subsets(&promlab::strategy::Strategy::ALL)
+    StrategySet::subsets(&promlab::shared::strategy::Strategy::ALL)
 }
 
 /// Compares two store snapshots (file name → comparable bytes).
@@ -341,12 +341,12 @@ impl FoldedTwin {
                 std::fs::copy(entry.path(), twin.path().join(&name))?;
             }
         }
-        let config = promlab::fold::FoldConfig {
+        let config = promlab::export::fold::FoldConfig {
             grace: std::time::Duration::ZERO,
             durable: false,
-            ..promlab::fold::FoldConfig::default()
+            ..promlab::export::fold::FoldConfig::default()
         };
-        promlab::fold::fold_store(twin.path(), registry, &config)?;
+        promlab::export::fold::fold_store(twin.path(), registry, &config)?;
         Ok(())
     }
 }
@@ -689,13 +689,13 @@ pub fn check_case_with(
             let entry = entry?;
             std::fs::copy(entry.path(), folded_ruby.path().join(entry.file_name()))?;
         }
-        promlab::fold::fold_store(
+        promlab::export::fold::fold_store(
             folded_ruby.path(),
             &case.registry,
-            &promlab::fold::FoldConfig {
+            &promlab::export::fold::FoldConfig {
                 grace: std::time::Duration::ZERO,
                 durable: false,
-                ..promlab::fold::FoldConfig::default()
+                ..promlab::export::fold::FoldConfig::default()
             },
         )?;
         for &e in &exports {

@@ -112,7 +112,12 @@ pub(super) fn check(
                 return Err(format!(
                     "{path}({}) differs from query_json: {}",
                     agg.id,
-                    promlab::compare::first_difference(&bytes, &served, path, "query_json")
+                    promlab::reference::compare::first_difference(
+                        &bytes,
+                        &served,
+                        path,
+                        "query_json"
+                    )
                 ));
             }
         }
@@ -158,7 +163,7 @@ fn compare(got: &impl Answers, what: &str, bytes: &[u8], want: &Value) -> Result
     }
     Err(format!(
         "{what} differs from the reference answer {}",
-        promlab::compare::first_difference(bytes, &want_bytes, "promlab", "reference")
+        promlab::reference::compare::first_difference(bytes, &want_bytes, "promlab", "reference")
     ))
 }
 

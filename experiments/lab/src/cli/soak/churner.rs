@@ -35,13 +35,13 @@ impl ChurnState {
 /// A store file as client_ruby lays it out: `used`, then entries of
 /// (padded length, key, padding, value, timestamp), `len` bytes in all (sparse).
 fn raw_store_file(entries: &[(&[u8], f64)], len: u64) -> Vec<u8> {
-    let mut bytes = promlab::storefile::file_bytes(entries.iter().copied());
+    let mut bytes = promlab::format::storefile::file_bytes(entries.iter().copied());
     bytes.resize(bytes.len().max(len as usize), 0);
     bytes
 }
 
 fn victim(store: &Path, pid: u32) -> PathBuf {
-    promlab::storefile::file_path(store, "soak_victim", pid)
+    promlab::format::storefile::file_path(store, "soak_victim", pid)
 }
 
 /// One phase per slot of the first 80 % of the run, each cleaning up after itself.
@@ -119,12 +119,12 @@ fn churn_phase(
         }
         "grow" => {
             // A real writer adding new series as fast as it can: the file grows past 1 MiB.
-            let registry = promlab::registry::Registry::from_json(REGISTRY)?;
-            let config = promlab::store::ClientConfig {
+            let registry = promlab::format::registry::Registry::from_json(REGISTRY)?;
+            let config = promlab::write::ClientConfig {
                 pid_override: Some(920_001),
                 ..Default::default()
             };
-            let mut client = promlab::store::Client::new(store, &registry, config)?;
+            let mut client = promlab::write::Client::new(store, &registry, config)?;
             let id = client.metric("soak_victim")?;
             let mut n = 0u64;
             while until_end() && n < 60_000 {
@@ -140,7 +140,7 @@ fn churn_phase(
         }
         "garbage" => {
             // Bad files of the good metric: each must be skipped, never fail the scrape.
-            let good = |pid| promlab::storefile::file_path(store, "soak_jobs_total", pid);
+            let good = |pid| promlab::format::storefile::file_path(store, "soak_jobs_total", pid);
             let random: Vec<u8> = (0..4096u64).map(|i| splitmix64(i ^ 0xbad) as u8).collect();
             let mut past_end = raw_store_file(&[(b"queue=default", 5.0)], 4096);
             past_end[..4].copy_from_slice(&100_000i32.to_le_bytes());
@@ -280,7 +280,7 @@ pub(super) fn sweep(store: &Path) {
         return;
     };
     let writers: Vec<PathBuf> = (0..WRITERS)
-        .map(|w| promlab::storefile::file_path(store, "soak_jobs_total", 700_001 + w))
+        .map(|w| promlab::format::storefile::file_path(store, "soak_jobs_total", 700_001 + w))
         .collect();
     for entry in entries.flatten() {
         let path = entry.path();
@@ -308,12 +308,13 @@ mod tests {
     fn raw_store_files_read_back() {
         let bytes = raw_store_file(&[(b"k=a", 2.5), (b"k=bb", 1.0)], 4096);
         assert_eq!(bytes.len(), 4096);
-        let used = promlab::storefile::check_used(bytes[..4].try_into().unwrap(), 4096).unwrap();
-        let entries: Vec<_> = promlab::storefile::entries(&bytes, used)
+        let used =
+            promlab::format::storefile::check_used(bytes[..4].try_into().unwrap(), 4096).unwrap();
+        let entries: Vec<_> = promlab::format::storefile::entries(&bytes, used)
             .map(|e| e.unwrap())
             .map(|e| {
                 (
-                    promlab::storefile::strip_padding(e.key()).to_vec(),
+                    promlab::format::storefile::strip_padding(e.key()).to_vec(),
                     e.value(),
                 )
             })

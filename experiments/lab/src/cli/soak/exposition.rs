@@ -1,5 +1,5 @@
 //! Checking what the servers expose: each line of the sidecar's scrapes read by
-//! the library's parser (`promlab::scrape`, the way Prometheus's scraper reads
+//! the library's parser (`promlab::scenarios::scrape`, the way Prometheus's scraper reads
 //! the text format), the good counter's total, and the receiver's own counters
 //! from its `/metrics`.
 
@@ -7,7 +7,7 @@ use super::server::Server;
 use super::{truncate, GOOD_COUNTER};
 use crate::http_client::Client;
 use anyhow::Result;
-use promlab::scrape::{self, ScrapedSample};
+use promlab::scenarios::scrape::{self, ScrapedSample};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -23,7 +23,7 @@
 //! - `feeder.rs` and `hostile.rs`: the receiver's clients, good and hostile;
 //! - `sidecar.rs` and `churner.rs`: the sidecar's writers and scrapers, and
 //!   what abuses its store directory;
-//! - `exposition.rs`: the servers' expositions read with `promlab::scrape`;
+//! - `exposition.rs`: the servers' expositions read with `promlab::scenarios::scrape`;
 //! - `tally.rs`: what each client's requests got;
 //! - `report.rs`: the report and its checks.
 
@@ -47,7 +47,7 @@ use tally::Tallies;
 
 use crate::machine::{Host, BUILD};
 use anyhow::{bail, Context, Result};
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -14,10 +14,10 @@ use anyhow::{bail, Context, Result};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use promlab::registry::MetricType;
+use promlab::format::registry::MetricType;
 use promlab::render::live::SeriesId;
-use promlab::render::rabbitmq::RabbitMqNode;
-use promlab::strategy::StrategySet;
+use promlab::scenarios::rabbitmq::RabbitMqNode;
+use promlab::shared::strategy::StrategySet;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 

@@ -12,8 +12,8 @@
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use crate::harness::Generator;
 use anyhow::{bail, Result};
-use promlab::strategy::StrategySet;
-use promlab::workload::{self, StoreWorkload};
+use promlab::scenarios::workload::{self, StoreWorkload};
+use promlab::shared::strategy::StrategySet;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

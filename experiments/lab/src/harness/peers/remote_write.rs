@@ -30,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use promlab::ingest::feed::FeedWorkload;
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
-use promlab::strategy::StrategySet;
+use promlab::shared::strategy::StrategySet;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::TcpListener;

@@ -75,7 +75,7 @@ impl Objects {
     }
 }
 
-// promlab's `src/render/rabbitmq.rs` tables (metric names and help texts).
+// promlab's `src/scenarios/rabbitmq.rs` tables (metric names and help texts).
 const GROUPS: &[(Objects, &[(&str, &str)])] = &[
     (Objects::Queues, &[
         ("queue_messages_ready", "Messages ready to be delivered to consumers"),

@@ -16,8 +16,8 @@
 //! component that holds no escape. A property test checks they agree on every
 //! input, errors included.
 
-use crate::probe::probe;
-use crate::seams::Unescape;
+use crate::shared::probe::probe;
+use crate::shared::seams::Unescape;
 use std::borrow::Cow;
 use std::fmt;
 
@@ -214,7 +214,7 @@ fn nth_piece_offset(raw: &[u8], n: usize) -> usize {
         .map_or(0, |(i, _)| i + 1)
 }
 
-/// The unescape seam ([`crate::seams::Unescape`]): what each decoder is.
+/// The unescape seam ([`crate::shared::seams::Unescape`]): what each decoder is.
 impl Unescape {
     /// Decodes a whole raw key with this decoder.
     #[inline]

@@ -8,10 +8,10 @@
 //! vhosts, queues and exchanges carry `"`, `\`, newlines and non-ASCII, the
 //! names that made RabbitMQ put escaping back.
 
-use super::live::{FamilyId, LiveRegistry};
+use crate::format::registry::MetricType;
 use crate::reference::live as live_reference;
-use crate::registry::MetricType;
-use crate::strategy::StrategySet;
+use crate::render::live::{FamilyId, LiveRegistry};
+use crate::shared::strategy::StrategySet;
 use anyhow::Result;
 use std::fmt;
 use std::io::Write;

@@ -16,7 +16,7 @@
 //! replacing `\n` → `\n`, `\` → `\\`, `"` → `\"`. Nothing else is touched (no
 //! UTF-8 validation, no other control characters).
 
-use crate::rubyfloat;
+use crate::format::rubyfloat;
 
 /// What to escape: HELP text leaves `"` alone, label values do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 //! the baseline, named after what the upstream does, the others after what
 //! the strategy does instead.
 //!
-//! # Write ([`crate::store`])
+//! # Write ([`crate::write`])
 //!
 //! | seam | strategy | baseline | with the strategy |
 //! |---|---|---|---|
@@ -40,10 +40,10 @@
 //! |---|---|---|---|
 //! | [`FileRead`] | `single-read` | `EntryByEntry`: two buffered passes of per-entry reads per file (positions, then values, as `FileMappedDict` does) | `Mapped`: the file mapped, its used region walked once |
 //! | [`KeyDecode`] | `decode-once` | `EveryEntry`: every entry's key decoded | `OncePerRawKey`: each distinct raw key decoded once, component by component through a cache (raw keys of 4.2.5 and 5.x differ in `~`/`*` but decode to the same label set, so series are still found by their decoded labels) |
-//! | [`Unescape`] (carried by `KeyDecode`) | `fast-unescape` | `Reference`: [`crate::formenc::decode_key_reference`] | `Fast`: the table-driven, borrowing [`crate::formenc::decode_key_fast`] |
+//! | [`Unescape`] (carried by `KeyDecode`) | `fast-unescape` | `Reference`: [`crate::format::formenc::decode_key_reference`] | `Fast`: the table-driven, borrowing [`crate::format::formenc::decode_key_fast`] |
 //! | [`Keep`] | `prerender` (the render strategy, applied to a long-lived exporter) | `Nothing`: every scrape starts from nothing | `Catalogue`: each metric's decoded, grouped label sets kept across scrapes with their label pairs and line prefixes rendered once, so a scrape of known keys compares raw key bytes, copies a prefix and writes the value per line |
 //! | [`Listing`] | `single-read` | `PerMetric`: the directory listed once per metric (client_ruby's glob) | `OncePerScrape`: one listing, each name handed to its metric |
-//! | [`Liveness`] | `fold-exited` | `AssumeLive`: every file read under its `flock` | `Leases`: a kept file whose writer has exited ([`crate::liveness`]) read in place without its lock; the files of exited processes folded ([`crate::fold`]) where the runtime allows (`promlab serve --fold-exited`, `promlab fold`) |
+//! | [`Liveness`] | `fold-exited` | `AssumeLive`: every file read under its `flock` | `Leases`: a kept file whose writer has exited ([`crate::export::liveness`]) read in place without its lock; the files of exited processes folded ([`crate::export::fold`]) where the runtime allows (`promlab serve --fold-exited`, `promlab fold`) |
 //!
 //! Combined variants, and why they exist:
 //! - `FileRead::KeptMapped` (`single-read` × `prerender`): files kept open
@@ -90,7 +90,7 @@
 //!   a series' destination ids are a slice of the cache, without it they are
 //!   re-derived once per series per request.
 
-use crate::strategy::{Strategy, StrategySet};
+use crate::shared::strategy::{Strategy, StrategySet};
 
 /// Every stage's seams, resolved from one [`StrategySet`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,7 +208,7 @@ impl Seams {
 // ---------------------------------------------------------------------------
 // Write.
 
-/// The write stage's seams ([`crate::store::Client`]).
+/// The write stage's seams ([`crate::write::Client`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WriteSeams {
     pub key_source: KeySource,
@@ -320,16 +320,16 @@ pub enum KeyDecode {
 /// (`fast-unescape`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unescape {
-    /// [`crate::formenc::decode_key_reference`]: every byte looked at, every
+    /// [`crate::format::formenc::decode_key_reference`]: every byte looked at, every
     /// component owned.
     Reference,
-    /// [`crate::formenc::decode_key_fast`]: table-driven, borrowing
+    /// [`crate::format::formenc::decode_key_fast`]: table-driven, borrowing
     /// components without escapes.
     Fast,
 }
 
 /// How a metric's files are found (`single-read`, and `prerender` with it;
-/// [`crate::fileset`]).
+/// [`crate::export::fileset`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Listing {
     /// The directory listed once per metric, as client_ruby's
@@ -346,7 +346,7 @@ pub enum Listing {
 }
 
 /// Whether the exporter knows which files' writers have exited
-/// (`fold-exited`; [`crate::liveness`]).
+/// (`fold-exited`; [`crate::export::liveness`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Liveness {
     /// Every file may have a live writer, so every read takes its `flock`
@@ -356,7 +356,7 @@ pub enum Liveness {
     /// says no one has it open for writing) cannot change, so it is read in
     /// place without its lock; files with a live writer keep client_ruby's
     /// protocol; and the files of exited processes can be folded
-    /// ([`crate::fold`]), where the runtime allows it.
+    /// ([`crate::export::fold`]), where the runtime allows it.
     Leases,
 }
 
@@ -444,7 +444,7 @@ pub enum SketchUpdate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::strategy::Stage;
+    use crate::shared::strategy::Stage;
 
     /// No strategy is a no-op, and no two combinations of a stage's
     /// strategies run the same code: each resolves to seams of its own.

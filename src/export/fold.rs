@@ -26,7 +26,7 @@
 //!
 //! # Which files are exited
 //!
-//! [`crate::liveness`]: a read lease, granted only while no one has the file
+//! [`crate::export::liveness`]: a read lease, granted only while no one has the file
 //! open for writing — the writer's own open file is the proof of life, not
 //! a pid, so pid reuse and containers in other pid namespaces are no
 //! hazard. Fold files are named `metric_<name>___<id>.bin` with an id of
@@ -61,11 +61,11 @@
 //! the lock (see the dossier, `strategies/fold-exited.md`, for what it may
 //! see during a fold).
 
+use crate::export::liveness::{self, ReadLease, Writers};
 use crate::export::Aggregate;
-use crate::formenc;
-use crate::liveness::{self, ReadLease, Writers};
-use crate::registry::{is_label_name, ProcessAggregation, Registry};
-use crate::storefile::{
+use crate::format::formenc;
+use crate::format::registry::{is_label_name, ProcessAggregation, Registry};
+use crate::format::storefile::{
     self, check_used, entries, flock, is_fold_id, parse_file_name, FOLD_ID_DIGITS, HEADER_SIZE,
 };
 use anyhow::{anyhow, bail, Context, Result};

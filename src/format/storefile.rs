@@ -1,4 +1,4 @@
-//! The store file format, shared by the writer ([`crate::store`]) and the
+//! The store file format, shared by the writer ([`crate::write`]) and the
 //! exporter ([`crate::export`]): client_ruby's `DirectFileStore` files.
 //!
 //! One file per metric per process, named `metric_<name>___<pid>.bin`: an
@@ -67,7 +67,7 @@ pub fn is_metric_file(file_name: &[u8], metric: &str) -> bool {
 /// A store file name's metric and id: `metric_<metric>___<id>.bin` with a
 /// decimal id, split at the last `___` (a metric name may hold `___`; an id
 /// never does). The id is a process id, or — with [`FOLD_ID_DIGITS`] digits
-/// or more — a fold file's (`crate::fold`).
+/// or more — a fold file's (`crate::export::fold`).
 pub fn parse_file_name(file_name: &[u8]) -> Option<(&[u8], &[u8])> {
     let inner = file_name.strip_prefix(b"metric_")?.strip_suffix(b".bin")?;
     let split = memchr::memmem::rfind(inner, b"___")?;
@@ -78,7 +78,7 @@ pub fn parse_file_name(file_name: &[u8]) -> Option<(&[u8], &[u8])> {
 
 /// Ids of this many digits or more are never process ids: Linux's pids stop
 /// at `PID_MAX_LIMIT`, 2^22 = 4,194,304 (seven digits), in every pid
-/// namespace. The fold names its files so (`crate::fold`), so no writer, in
+/// namespace. The fold names its files so (`crate::export::fold`), so no writer, in
 /// any container, ever opens one: client_ruby's `metric_<name>___<pid>.bin`.
 pub const FOLD_ID_DIGITS: usize = 8;
 

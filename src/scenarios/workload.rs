@@ -11,11 +11,11 @@
 //! - [`many_metrics`]: hundreds of counters × ~100 processes, one entry per
 //!   file (issue #22's probe: 400 × 100 = 40,000 files).
 
-use crate::formenc::Dialect;
-use crate::ops::{Op, OpKind, OpLog, OpValue};
-use crate::registry::Registry;
-use crate::store::{Client, ClientConfig};
-use crate::strategy::StrategySet;
+use crate::format::formenc::Dialect;
+use crate::format::registry::Registry;
+use crate::scenarios::ops::{Op, OpKind, OpLog, OpValue};
+use crate::shared::strategy::StrategySet;
+use crate::write::{Client, ClientConfig};
 use anyhow::Result;
 use std::path::Path;
 
@@ -234,8 +234,8 @@ pub fn long_label_log(steps: usize) -> OpLog {
 /// A client in `dir` ready for the long-label write loop.
 pub struct LongLabelWriter {
     client: Client,
-    histogram: crate::store::MetricId,
-    counter: crate::store::MetricId,
+    histogram: crate::write::MetricId,
+    counter: crate::write::MetricId,
     label: String,
 }
 

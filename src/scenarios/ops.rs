@@ -5,7 +5,7 @@
 //! `observe`, `init`), `value` (a number, or `"Infinity"`, `"-Infinity"`,
 //! `"NaN"`), `labels` (an object of strings).
 
-use crate::store::Client;
+use crate::write::Client;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;

@@ -1,22 +1,22 @@
 //! Stage 1, write: an instrumentation client whose multi-process store is
 //! byte-compatible with client_ruby's `DirectFileStore` (the file format is
-//! [`crate::storefile`]'s).
+//! [`crate::format::storefile`]'s).
 //!
 //! # Seams
 //!
 //! [`Client::new`] takes its [`WriteSeams`] from [`Seams::resolve`] (the
-//! table of seams is in [`crate::seams`]); nothing below it asks which
+//! table of seams is in [`crate::shared::seams`]); nothing below it asks which
 //! strategies are on. The bytes on disk are the same under every combination.
 
-use crate::formenc::{self, Dialect};
-use crate::mapguard;
-use crate::probe::probe;
-use crate::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
-use crate::seams::{
+use crate::format::formenc::{self, Dialect};
+use crate::format::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
+use crate::format::storefile::{self, entries, file_path, flock, HEADER_SIZE, INITIAL_FILE_SIZE};
+use crate::shared::mapguard;
+use crate::shared::probe::probe;
+use crate::shared::seams::{
     ClockReads, ClockSource, KeySource, Lookups, PidSource, Seams, StoreIo, WriteSeams,
 };
-use crate::storefile::{self, entries, file_path, flock, HEADER_SIZE, INITIAL_FILE_SIZE};
-use crate::strategy::StrategySet;
+use crate::shared::strategy::StrategySet;
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::MmapMut;
 use std::collections::HashMap;
@@ -1214,8 +1214,8 @@ fn validate_labels(metric: &str, declared: &[String], labels: &[(&str, &str)]) -
 mod tests {
     use super::*;
 
-    use crate::probe::{counted, Counts, ThreadIo};
-    use crate::strategy::{Stage, Strategy};
+    use crate::shared::probe::{counted, Counts, ThreadIo};
+    use crate::shared::strategy::{Stage, Strategy};
 
     /// One kind of public call, repeated by [`costs_of`].
     #[derive(Clone, Copy, Debug)]

@@ -13,13 +13,13 @@
 //! gets a new slot; the old one is *released*, and whoever keeps something by
 //! slot forgets it ([`FileSet::take_released`]).
 //!
-//! A store that was folded (`crate::fold`) has `.fold/`: then the
+//! A store that was folded (`crate::export::fold`) has `.fold/`: then the
 //! fold lock is held shared for the scrape and the sources of a committed but
 //! unfinished batch are left out ([`FileSet::excluded`]).
 
-use crate::fold;
-use crate::seams::Listing;
-use crate::storefile::parse_file_name;
+use crate::export::fold;
+use crate::format::storefile::parse_file_name;
+use crate::shared::seams::Listing;
 use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -36,13 +36,14 @@ pub(crate) struct Listed {
     pub(crate) ino: u64,
     /// Stable while the same inode sits at the same name.
     pub(crate) slot: u32,
-    /// A fold file ([`crate::storefile::is_fold_id`]): no process writes it.
+    /// A fold file ([`crate::format::storefile::is_fold_id`]): no process writes it.
     pub(crate) fold: bool,
 }
 
 impl Listed {
     fn new(name: Box<[u8]>, ino: u64, slot: u32) -> Listed {
-        let fold = parse_file_name(&name).is_some_and(|(_, id)| crate::storefile::is_fold_id(id));
+        let fold =
+            parse_file_name(&name).is_some_and(|(_, id)| crate::format::storefile::is_fold_id(id));
         Listed {
             name,
             ino,
@@ -214,7 +215,7 @@ impl FileSet {
     }
 
     fn read_dir(&mut self) -> Result<std::fs::ReadDir> {
-        crate::probe::probe!("export.dir_listed");
+        crate::shared::probe::probe!("export.dir_listed");
         self.generation += 1;
         std::fs::read_dir(&self.dir)
             .with_context(|| format!("cannot read store directory {}", self.dir.display()))
@@ -228,7 +229,7 @@ impl FileSet {
         for entry in self.read_dir()? {
             let entry = entry?;
             let name = entry.file_name();
-            if crate::storefile::is_metric_file(name.as_bytes(), &metric) {
+            if crate::format::storefile::is_metric_file(name.as_bytes(), &metric) {
                 found.push((Box::<[u8]>::from(name.as_bytes()), entry.ino()));
             }
         }

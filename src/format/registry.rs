@@ -179,10 +179,14 @@ impl Registry {
     }
 
     /// Reads and validates a registry file: a regular file of at most
-    /// [`crate::config_file::MAX_BYTES`], opened without blocking (a FIFO is
-    /// an error, not a wait: see [`crate::config_file::read`]).
+    /// [`crate::shared::config_file::MAX_BYTES`], opened without blocking (a FIFO is
+    /// an error, not a wait: see [`crate::shared::config_file::read`]).
     pub fn load(path: &Path) -> Result<Registry> {
-        let text = crate::config_file::read(path, "registry", crate::config_file::MAX_BYTES)?;
+        let text = crate::shared::config_file::read(
+            path,
+            "registry",
+            crate::shared::config_file::MAX_BYTES,
+        )?;
         Registry::from_json(&text).with_context(|| format!("registry {}", path.display()))
     }
 

@@ -1,0 +1,6 @@
+//! Scenario generators.
+
+pub mod ops;
+pub mod rabbitmq;
+pub mod scrape;
+pub mod workload;
