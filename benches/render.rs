@@ -25,7 +25,7 @@ use promlab::shared::strategy::Stage;
 use promlab_lab::harness::peers::crates_render::{prometheus_client_registry, prometheus_registry};
 use promlab_lab::harness::{self, Generator};
 use promlab_lab::http_client::Client;
-use promlab_lab::serve::metrics::{app, Source};
+use promlab_lab::servers::metrics::{app, Source};
 use std::hint::black_box;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

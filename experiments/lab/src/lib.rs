@@ -11,5 +11,5 @@ pub mod harness;
 pub mod http_client;
 pub mod machine;
 pub mod profile;
-pub mod serve;
+pub mod servers;
 pub mod verify;

@@ -7,7 +7,7 @@ mod soak;
 pub use flamegraph::{flamegraph, profiles, FlamegraphArgs, ProfilesArgs};
 pub use soak::{soak, SoakArgs};
 
-use crate::serve::ServerLimits;
+use crate::servers::ServerLimits;
 use anyhow::{bail, Context, Result};
 use promlab::format::formenc::Dialect;
 use promlab::format::registry::Registry;
@@ -626,7 +626,7 @@ pub fn report(args: ReportArgs) -> Result<()> {
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
-    use crate::serve::metrics::{self, Source};
+    use crate::servers::metrics::{self, Source};
     let listen = |port| listen_address(args.listen.as_deref(), port);
     if let Some(dir) = &args.store {
         let registry_path = args
@@ -645,7 +645,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
                 bail!("--fold-exited needs the fold-exited strategy in --strategies (`all` has it, and so does a build without strategy features)");
             }
             let every = std::time::Duration::from_secs(args.fold_every);
-            Some(crate::serve::fold::start(
+            Some(crate::servers::fold_loop::start(
                 dir.clone(),
                 registry.clone(),
                 every,
@@ -678,7 +678,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             )
         }
         Some(other) => bail!("unknown scenario `{other}` (known: rabbitmq)"),
-        None => crate::serve::receiver::serve(crate::serve::receiver::ReceiverConfig {
+        None => crate::servers::receiver::serve(crate::servers::receiver::ReceiverConfig {
             clickhouse: args.clickhouse_export(listen(9201)?)?,
             listen: listen(9201)?,
             plan: args.plan.clone(),

@@ -332,8 +332,8 @@ impl Query {
                 .build()?;
             let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
             let addr = listener.local_addr()?;
-            let receiver = crate::serve::receiver::Receiver::new(ingester.into(), None, 32 << 20);
-            let app = crate::serve::receiver::app(receiver);
+            let receiver = crate::servers::receiver::Receiver::new(ingester.into(), None, 32 << 20);
+            let app = crate::servers::receiver::app(receiver);
             // As `promlab serve` does: no Nagle wait on an answer's last segment.
             let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
                 let _ = tcp.set_nodelay(true);

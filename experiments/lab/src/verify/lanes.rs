@@ -47,7 +47,7 @@ pub struct LanedReport {
     pub answers: usize,
 }
 
-/// One lane as the receiver builds it (`serve::receiver::serve`).
+/// One lane as the receiver builds it (`servers::receiver::serve`).
 fn receiver_lane(plan: &Plan, strategies: StrategySet) -> Ingester {
     Ingester::new(plan.clone(), strategies)
         .with_limits(Limits::serving())

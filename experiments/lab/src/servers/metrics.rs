@@ -167,7 +167,7 @@ struct Shared {
     /// The paths served, for 404 messages (without waiting for a scrape's lock).
     served: &'static str,
     /// `--fold-exited`: what the fold loop did.
-    fold: Option<Arc<super::fold::FoldStats>>,
+    fold: Option<Arc<super::fold_loop::FoldStats>>,
 }
 
 /// The router for a source (store: `/metrics`; scenario: the RabbitMQ endpoints).
@@ -176,7 +176,7 @@ pub fn app(source: Source) -> Router {
 }
 
 /// [`app`], with the fold loop's counters at `/metrics/promlab`.
-pub fn app_folding(source: Source, fold: Option<Arc<super::fold::FoldStats>>) -> Router {
+pub fn app_folding(source: Source, fold: Option<Arc<super::fold_loop::FoldStats>>) -> Router {
     let is_store = matches!(source, Source::Store(_));
     let served = if is_store {
         "/metrics and /metrics/promlab"
@@ -216,7 +216,7 @@ pub fn serve(
     source: Source,
     strategies: StrategySet,
     limits: super::ServerLimits,
-    fold: Option<Arc<super::fold::FoldStats>>,
+    fold: Option<Arc<super::fold_loop::FoldStats>>,
 ) -> Result<()> {
     let described = source.describe();
     super::run(listen, None, app_folding(source, fold), limits, |addr| {

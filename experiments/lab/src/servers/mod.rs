@@ -4,7 +4,7 @@
 //! client can hold: connections (the slowest closed at the cap), time to send
 //! headers, time to send a body, time per request, and time to shut down.
 
-pub mod fold;
+pub mod fold_loop;
 pub mod metrics;
 pub mod receiver;
 
