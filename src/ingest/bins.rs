@@ -56,7 +56,7 @@
 //! stores plus [`PANE_BINS`](super::sketch::PANE_BINS)), so closing a window
 //! and merging lanes never needs more of the budget than it frees.
 
-use super::sketch::FEW_KEYS;
+use super::prefetch::prefetch_read;
 use sketches_ddsketch::{Config, DDSketch};
 
 /// Bins (8 bytes each) a [`PaneBins`] is counted beyond its bins and runs: its
@@ -89,6 +89,10 @@ pub fn sketch_config(alpha: f64) -> Config {
 pub fn bin_value(config: &Config, key: i32) -> f64 {
     config.value(key).min(f64::MAX)
 }
+
+/// The most keys a store holds as pairs before it turns dense (also what
+/// [`Bins::from_pairs`](super::bins::Bins::from_pairs) lays out on the stack).
+pub(super) const FEW_KEYS: usize = 8;
 
 /// The longest store whose runs are found from a mask of its non-zero
 /// counts, held on the stack (longer ones are walked count by count).
@@ -417,7 +421,7 @@ impl Bins {
     /// Asks the CPU for these bins' words ahead of a walk of them.
     #[inline]
     pub fn prefetch(&self) {
-        super::sketch::prefetch_read(self.words.as_slice());
+        prefetch_read(self.words.as_slice());
     }
 
     pub fn is_empty(&self) -> bool {

@@ -15,6 +15,7 @@ pub mod groups;
 pub mod lanes;
 pub mod pipeline;
 pub mod plan;
+mod prefetch;
 pub mod query;
 pub mod sketch;
 pub mod window;

@@ -20,7 +20,8 @@
 //! that needs more bins asks first ([`PaneSketch::add_within`]): a value
 //! whose bins are refused is left out, and counted by the caller.
 
-use super::bins::{bin_value, Bins, PaneBins};
+use super::bins::{bin_value, Bins, PaneBins, FEW_KEYS};
+use super::prefetch::prefetch_read;
 use crate::shared::seams::SketchUpdate;
 use sketches_ddsketch::{Config, DDSketch};
 
@@ -510,10 +511,6 @@ struct BulkStore {
     limit: i32,
 }
 
-/// The most keys a store holds as pairs before it turns dense (also what
-/// [`Bins::from_pairs`](super::bins::Bins::from_pairs) lays out on the stack).
-pub(super) const FEW_KEYS: usize = 8;
-
 impl BulkStore {
     fn new(limit: i32) -> Self {
         BulkStore {
@@ -709,27 +706,6 @@ impl BulkStore {
         *cursor = (0, 0);
         self.lo + self.bins.len() as i32 - 1
     }
-}
-
-/// A hint to bring the cache lines of `*p` (its first 4 KiB) in for
-/// reading. Nothing else happens: a prefetch never faults, and other
-/// architectures go without.
-#[inline(always)]
-pub(super) fn prefetch_read<T: ?Sized>(p: &T) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let at: *const i8 = (p as *const T).cast();
-        for line in (0..std::mem::size_of_val(p).min(4096)).step_by(64) {
-            // SAFETY: a prefetch reads nothing the program sees and never faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    at.wrapping_add(line),
-                );
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]
