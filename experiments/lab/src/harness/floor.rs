@@ -74,7 +74,7 @@
 //! pair, a window-less sketch per group or bare quantiles are not the answer.
 
 use anyhow::{bail, Context, Result};
-use promlab::ingest::sketch::BulkSketch;
+use promlab::ingest::bulk_sketch::BulkSketch;
 use promlab::ingest::wire;
 use promlab::shared::seams::StoreIo;
 use promlab::write::StoreFile;
