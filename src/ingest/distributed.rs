@@ -16,9 +16,10 @@
 //! as min or max (as across lanes).
 
 use super::bins::{Bins, PaneBins};
+use super::group_key::write_group_key;
 use super::groups::{Budget, GroupTable};
 use super::plan::Aggregation;
-use super::window::{write_group_key, Accumulator, Capacity, WindowBins};
+use super::window::{Accumulator, Capacity, WindowBins};
 use crate::shared::seams::SketchUpdate;
 use std::collections::BTreeMap;
 

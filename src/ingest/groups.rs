@@ -21,8 +21,9 @@
 //! sixteenth of the groups held can go, or the groups are at three quarters
 //! of their limit), at a window's close, with every lane stopped.
 
+use super::group_key::{group_key_values, unescape_group_value};
 use super::plan::Aggregation;
-use super::window::{group_key_values, unescape_group_value, Capacity, Held};
+use super::window::{Capacity, Held};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Bytes a group is counted against `group_bytes` beyond twice its key (held
@@ -165,7 +166,7 @@ impl Budget {
 /// One group of an aggregation.
 #[derive(Debug)]
 pub struct Group {
-    /// Its key ([`write_group_key`](super::window::write_group_key)'s): what
+    /// Its key ([`write_group_key`](super::group_key::write_group_key)'s): what
     /// the aggregation finds it by, and what its labels are read from. One
     /// allocation per group: a million groups held four each (the map's key,
     /// a vector of labels, a name and a value): interning and dropping them
@@ -465,8 +466,8 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingest::group_key::{parse_group_key, write_group_key};
     use crate::ingest::plan::Plan;
-    use crate::ingest::window::{parse_group_key, write_group_key};
 
     /// A group's labels, read from its key, are its key's values (unescaped,
     /// empty ones left out) under the group-by names; groups are found by

@@ -12,6 +12,7 @@ pub mod bins;
 pub mod bulk_sketch;
 pub mod distributed;
 pub mod feed;
+pub mod group_key;
 pub mod groups;
 pub mod lanes;
 pub mod pipeline;

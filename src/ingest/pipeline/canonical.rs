@@ -7,9 +7,9 @@
 use super::series_cache::SeriesCache;
 use super::{invalid, IngestError, Ingester};
 use crate::format::text::{write_escaped, Escape};
+use crate::ingest::group_key::write_group_key;
 use crate::ingest::groups::OVERFLOW;
 use crate::ingest::plan::Plan;
-use crate::ingest::window::write_group_key;
 use crate::ingest::wire::{self, Batch};
 use crate::shared::seams::Canonicalize;
 use std::collections::{BTreeMap, HashMap};
