@@ -3,11 +3,12 @@
 //! request sequences against the one ingester: `tests/ingest_equivalence.rs`,
 //! `laned_ingester_agrees_with_one*`.)
 
+use promlab::ingest::budget::Capacity;
 use promlab::ingest::feed::FeedWorkload;
 use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::pipeline::{Ingester, Limits};
 use promlab::ingest::plan::{Aggregation, Plan};
-use promlab::ingest::window::{Capacity, Stats};
+use promlab::ingest::window::Stats;
 use promlab::ingest::wire::{self, WriteRequest};
 use promlab::shared::strategy::StrategySet;
 use prost::Message;

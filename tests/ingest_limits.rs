@@ -3,10 +3,11 @@
 //! windows, groups, pane slots and bins stay bounded with every drop counted,
 //! and on input within the limits the result is the unbounded one, bit for bit.
 
+use promlab::ingest::budget::Capacity;
 use promlab::ingest::lanes::LanedIngester;
 use promlab::ingest::pipeline::{Ingester, Limits};
 use promlab::ingest::plan::Plan;
-use promlab::ingest::window::{Capacity, Stats};
+use promlab::ingest::window::Stats;
 use promlab::shared::strategy::{Stage, StrategySet};
 #[path = "common/remote_write.rs"]
 mod remote_write;

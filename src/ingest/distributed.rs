@@ -16,10 +16,11 @@
 //! as min or max (as across lanes).
 
 use super::bins::{Bins, PaneBins};
+use super::budget::{Budget, Capacity};
 use super::group_key::write_group_key;
-use super::groups::{Budget, GroupTable};
+use super::groups::GroupTable;
 use super::plan::Aggregation;
-use super::window::{Accumulator, Capacity, WindowBins};
+use super::window::{Accumulator, WindowBins};
 use crate::shared::seams::SketchUpdate;
 use std::collections::BTreeMap;
 

@@ -1,16 +1,9 @@
 //! What the lanes of one ingester share: the [`Budget`] every limit counts
-//! against, and the [`GroupTable`] (each aggregation's groups, their ids and
+//! against ([`super::budget`]), and the [`GroupTable`] (each aggregation's groups, their ids and
 //! destination ids). A lone [`Ingester`](super::pipeline::Ingester) has both
 //! to itself; a [laned](super::lanes) one hands every lane the same, so the
 //! limits are the receiver's, not a lane's, and a group has one id in every
 //! lane (a window's panes from several lanes merge by id).
-//!
-//! **The budget** is four counters (groups, group-key bytes, pane slots,
-//! bins) taken and given back atomically: a lane takes what it needs before
-//! it holds it (the bins a value needs before it is added), so what every
-//! lane holds together never passes the limits, whatever the lanes do at
-//! once. Pane bins may reach twice their limit — only for panes that already
-//! exist (a flood of new groups cannot starve the groups already there).
 //!
 //! **Groups** are reclaimed when no window holds a pane of theirs any more —
 //! neither an open window of any lane nor a kept closed one — so a group that
@@ -21,10 +14,10 @@
 //! sixteenth of the groups held can go, or the groups are at three quarters
 //! of their limit), at a window's close, with every lane stopped.
 
+use super::budget::{Budget, Capacity};
 use super::group_key::{group_key_values, unescape_group_value};
 use super::plan::Aggregation;
-use super::window::{Capacity, Held};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 /// Bytes a group is counted against `group_bytes` beyond twice its key (held
 /// once, and as its labels in the answers' JSON heads): its entry in the map
@@ -39,129 +32,6 @@ fn group_bytes(key: &[u8]) -> usize {
 /// The group id of an aggregation's overflow group: every new group past the
 /// group limit gets it, and its samples are counted and dropped.
 pub const OVERFLOW: u32 = u32::MAX;
-
-/// The limits and what is held of them, shared by the lanes (see the module doc).
-#[derive(Debug)]
-pub struct Budget {
-    pub capacity: Capacity,
-    groups: AtomicUsize,
-    group_bytes: AtomicUsize,
-    pane_slots: AtomicUsize,
-    bins: AtomicUsize,
-    /// Groups reclaimed since start.
-    reclaimed: AtomicU64,
-}
-
-/// Takes `n` from `counter` if that keeps it at most `limit`.
-fn try_take(counter: &AtomicUsize, n: usize, limit: usize) -> bool {
-    counter
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-            held.checked_add(n).filter(|&after| after <= limit)
-        })
-        .is_ok()
-}
-
-/// Gives `n` back to `counter`. Nothing to give writes nothing: the lanes
-/// share these counters, and a write (even of the same value) takes the cache
-/// line from the other cores — every (group, request) add gives back what its
-/// pane did not grow, usually 0.
-fn give(counter: &AtomicUsize, n: usize) {
-    if n == 0 {
-        return;
-    }
-    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-        Some(held.saturating_sub(n))
-    });
-}
-
-impl Budget {
-    pub fn new(capacity: Capacity) -> Self {
-        Budget {
-            capacity,
-            groups: AtomicUsize::new(0),
-            group_bytes: AtomicUsize::new(0),
-            pane_slots: AtomicUsize::new(0),
-            bins: AtomicUsize::new(0),
-            reclaimed: AtomicU64::new(0),
-        }
-    }
-
-    /// What is held now, over every lane.
-    pub fn held(&self) -> Held {
-        Held {
-            groups: self.groups.load(Ordering::Acquire),
-            group_bytes: self.group_bytes.load(Ordering::Acquire),
-            pane_slots: self.pane_slots.load(Ordering::Acquire),
-            bins: self.bins.load(Ordering::Acquire),
-        }
-    }
-
-    /// Groups reclaimed since start.
-    pub fn reclaimed(&self) -> u64 {
-        self.reclaimed.load(Ordering::Relaxed)
-    }
-
-    /// One more group of `bytes` key bytes, if both fit.
-    fn try_take_group(&self, bytes: usize) -> bool {
-        if !try_take(&self.groups, 1, self.capacity.groups) {
-            return false;
-        }
-        if !try_take(&self.group_bytes, bytes, self.capacity.group_bytes) {
-            give(&self.groups, 1);
-            return false;
-        }
-        true
-    }
-
-    fn give_group(&self, bytes: usize) {
-        give(&self.groups, 1);
-        give(&self.group_bytes, bytes);
-    }
-
-    /// `n` more pane slots, if they fit.
-    pub fn try_take_slots(&self, n: usize) -> bool {
-        try_take(&self.pane_slots, n, self.capacity.pane_slots)
-    }
-
-    /// `n` more pane slots, whatever the limit (a closing window's, paid for by the open one).
-    pub fn take_slots(&self, n: usize) {
-        self.pane_slots.fetch_add(n, Ordering::AcqRel);
-    }
-
-    pub fn give_slots(&self, n: usize) {
-        give(&self.pane_slots, n);
-    }
-
-    /// Pane slots held (every lane).
-    pub fn slots(&self) -> usize {
-        self.pane_slots.load(Ordering::Acquire)
-    }
-
-    /// `n` more bins, if that keeps them at most `limit`.
-    pub fn try_take_bins(&self, n: usize, limit: usize) -> bool {
-        try_take(&self.bins, n, limit)
-    }
-
-    /// `n` more bins, whatever the limit (a closing window's, paid for by the open one).
-    pub fn take_bins(&self, n: usize) {
-        self.bins.fetch_add(n, Ordering::AcqRel);
-    }
-
-    pub fn give_bins(&self, n: usize) {
-        give(&self.bins, n);
-    }
-
-    /// Bins held (every lane).
-    pub fn bins(&self) -> usize {
-        self.bins.load(Ordering::Acquire)
-    }
-
-    /// Sets the pane slots and bins held to what is recounted (after a plan change).
-    pub fn set_panes(&self, held: Held) {
-        self.pane_slots.store(held.pane_slots, Ordering::Release);
-        self.bins.store(held.bins, Ordering::Release);
-    }
-}
 
 /// One group of an aggregation.
 #[derive(Debug)]

@@ -37,10 +37,11 @@
 //! (only the home holds closed windows, which go first under pressure: a
 //! lane that had to refuse asks the home to drop them before the next request).
 
+use super::budget::Held;
 use super::groups::Shared;
 use super::pipeline::{CacheStats, ClosedBins, IngestError, Ingester, Limits};
 use super::plan::Plan;
-use super::window::{Held, PaneReport, QueryResult, Stats, WindowBins};
+use super::window::{PaneReport, QueryResult, Stats, WindowBins};
 use crate::shared::strategy::StrategySet;
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;

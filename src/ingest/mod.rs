@@ -9,6 +9,7 @@
 //! variants, and the one combined variant (and why).
 
 pub mod bins;
+pub mod budget;
 pub mod bulk_sketch;
 pub mod distributed;
 pub mod feed;

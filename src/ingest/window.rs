@@ -19,7 +19,8 @@
 //! against, are the ingester's ([`super::groups`]), shared by its lanes.
 
 use super::bins::PaneBins;
-use super::groups::{AggGroups, Budget, OVERFLOW};
+use super::budget::{Budget, Held};
+use super::groups::{AggGroups, OVERFLOW};
 use super::plan::Aggregation;
 use super::sketch::{PaneSketch, PANE_BINS};
 use crate::shared::seams::SketchUpdate;
@@ -94,54 +95,6 @@ impl Stats {
 
 /// The stale marker Prometheus writes when a series disappears.
 pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
-
-/// How much of each bounded resource an ingester may hold, across its
-/// aggregations and, for a [laned](super::lanes) one, across its lanes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capacity {
-    /// Groups (distinct group-by value tuples), over all aggregations.
-    pub groups: usize,
-    /// Bytes of the groups: each key twice (as key and as labels in the answers) and
-    /// [`GROUP_BYTES`](super::groups::GROUP_BYTES) for the group itself.
-    pub group_bytes: usize,
-    /// Pane slots: per open window and lane, one per group id up to the
-    /// highest that has a pane there; per closed window, one per pane.
-    pub pane_slots: usize,
-    /// Sketch bins (8 bytes each), over every pane, each pane's own structure
-    /// counted too ([`PANE_BINS`](super::sketch::PANE_BINS) open,
-    /// [`CLOSED_PANE_BINS`](super::bins::CLOSED_PANE_BINS) closed). Past this,
-    /// no new pane is made, but panes that exist still take samples, up to
-    /// twice this: a flood of new groups cannot starve the groups already
-    /// there. A value whose bins would pass the limit that applies is refused.
-    pub bins: usize,
-}
-
-impl Capacity {
-    pub const UNBOUNDED: Capacity = Capacity {
-        groups: usize::MAX,
-        group_bytes: usize::MAX,
-        pane_slots: usize::MAX,
-        bins: usize::MAX,
-    };
-}
-
-/// What an ingester holds of what [`Capacity`] bounds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Held {
-    pub groups: usize,
-    pub group_bytes: usize,
-    pub pane_slots: usize,
-    pub bins: usize,
-}
-
-impl Held {
-    pub fn merge(&mut self, o: &Held) {
-        self.groups += o.groups;
-        self.group_bytes += o.group_bytes;
-        self.pane_slots += o.pane_slots;
-        self.bins += o.bins;
-    }
-}
 
 /// One aggregation's windows, in one lane (the home lane also keeps the closed ones).
 pub struct Accumulator {
@@ -1190,6 +1143,7 @@ impl Serialize for Quantiles {
 
 #[cfg(test)]
 mod tests {
+    use super::super::budget::Capacity;
     use super::super::groups::GroupTable;
     use super::super::plan::Plan;
     use super::*;

@@ -38,9 +38,10 @@ use route::RouteScratch;
 use series_cache::SeriesCache;
 
 use super::bins::PaneBins;
-use super::groups::{Budget, Shared};
+use super::budget::{Budget, Capacity, Held};
+use super::groups::Shared;
 use super::plan::{Plan, PlanGeneration};
-use super::window::{Accumulator, Capacity, Held, PaneReport, QueryResult, Stats};
+use super::window::{Accumulator, PaneReport, QueryResult, Stats};
 use super::wire::{self, Batch, WireError, WriteRequest};
 use crate::shared::seams::{IngestSeams, Route, Seams};
 use crate::shared::strategy::StrategySet;

@@ -5,7 +5,7 @@
 
 use super::canonical::{group_key_of, parse_series_key, Resolved};
 use super::Ingester;
-use crate::ingest::groups::Budget;
+use crate::ingest::budget::Budget;
 use crate::ingest::sketch::PaneSketch;
 use crate::ingest::window::{Accumulator, Stats, STALE_NAN_BITS};
 use crate::ingest::wire::{Batch, Sample};
