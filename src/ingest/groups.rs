@@ -16,6 +16,7 @@
 
 use super::budget::{Budget, Capacity};
 use super::group_key::{group_key_values, unescape_group_value};
+use super::hashing::network_hasher;
 use super::plan::Aggregation;
 use std::sync::atomic::Ordering;
 
@@ -68,7 +69,7 @@ impl AggGroups {
         AggGroups {
             group_by: agg.group_by.clone(),
             ids: hashbrown::HashTable::new(),
-            hasher: super::pipeline::network_hasher(),
+            hasher: network_hasher(),
             groups: Vec::new(),
             free: Vec::new(),
             overflow_dest: None,

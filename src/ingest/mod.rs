@@ -15,6 +15,7 @@ pub mod distributed;
 pub mod feed;
 pub mod group_key;
 pub mod groups;
+mod hashing;
 pub mod lanes;
 pub mod pipeline;
 pub mod plan;

@@ -30,7 +30,6 @@
 mod canonical;
 mod route;
 mod series_cache;
-pub(crate) use series_cache::network_hasher;
 
 pub use canonical::BaselineSeries;
 use canonical::Resolved;
