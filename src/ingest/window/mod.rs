@@ -18,13 +18,20 @@
 //! bin limit). The groups themselves, and the budget every limit counts
 //! against, are the ingester's ([`super::groups`]), shared by its lanes.
 
-use super::bins::PaneBins;
+mod answer;
+mod close;
+
+pub use answer::{GroupResult, PaneReport, Quantiles, QueryResult};
+pub use close::WindowBins;
+
+use answer::{json_string, query_order_now, QueryOrder, View, ANSWER_PREFETCH_AHEAD};
+use close::{windows_as_bins, ClosedWindow};
+
 use super::budget::{Budget, Held};
 use super::groups::{AggGroups, OVERFLOW};
 use super::plan::Aggregation;
 use super::sketch::{PaneSketch, PANE_BINS};
 use crate::shared::seams::SketchUpdate;
-use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use sketches_ddsketch::Config;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -159,178 +166,6 @@ impl OpenWindow {
 
 /// How many pane slots ahead of its conversion a closing pane is prefetched.
 const CLOSE_PREFETCH_AHEAD: usize = 8;
-
-/// How many groups ahead of its answer a queried pane's bins are prefetched.
-const ANSWER_PREFETCH_AHEAD: usize = 4;
-
-/// One window's panes as bins, by group id (ascending), and the samples
-/// refused for groups with no pane there: what a closed window keeps, what
-/// merging lanes (or receivers) adds up.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WindowBins {
-    pub start: i64,
-    pub panes: Vec<(u32, PaneBins)>,
-    pub dropped: u64,
-}
-
-impl WindowBins {
-    /// Group `gid`'s pane.
-    pub fn pane(&self, gid: u32) -> Option<&PaneBins> {
-        // Ids are distinct and ascending, so group `gid` is at most at index
-        // `gid`, and there when every lower id has a pane too (a window every
-        // group reported to): an answer visits the groups in label order, and
-        // a binary search over all the panes for each was a dozen or more
-        // cache misses per group at a million.
-        if let Some((g, pane)) = self.panes.get(gid as usize) {
-            if *g == gid {
-                return Some(pane);
-            }
-        }
-        let below = self.panes.len().min(gid as usize + 1);
-        let i = self.panes[..below]
-            .binary_search_by_key(&gid, |(g, _)| *g)
-            .ok()?;
-        Some(&self.panes[i].1)
-    }
-
-    /// Bins held.
-    pub fn cost(&self) -> usize {
-        self.panes.iter().map(|(_, p)| p.cost()).sum()
-    }
-
-    /// Adds `other`'s panes (group by group, exactly) and dropped samples.
-    pub fn merge(&mut self, other: WindowBins) {
-        self.dropped += other.dropped;
-        if other.panes.is_empty() {
-            return;
-        }
-        if self.panes.is_empty() {
-            self.panes = other.panes;
-            return;
-        }
-        let mut merged = Vec::with_capacity(self.panes.len().max(other.panes.len()));
-        let mut theirs = other.panes.into_iter().peekable();
-        for (gid, mut pane) in self.panes.drain(..) {
-            while let Some((g, p)) = theirs.next_if(|(g, _)| *g < gid) {
-                merged.push((g, p));
-            }
-            if let Some((_, p)) = theirs.next_if(|(g, _)| *g == gid) {
-                pane.merge(&p);
-            }
-            merged.push((gid, pane));
-        }
-        merged.extend(theirs);
-        self.panes = merged;
-    }
-}
-
-/// Every group in the order a query answers them (by their labels as a map),
-/// each with the start of its JSON object up to its count; rebuilt when the
-/// groups changed since.
-#[derive(Default)]
-struct QueryOrder {
-    /// The groups' version this was built at (`None`: never built).
-    version: Option<u64>,
-    /// Group ids in answer order.
-    sorted: Vec<u32>,
-    /// Per group id, back to back: `{"labels":{…},"count":`.
-    heads: Vec<u8>,
-    /// Where each group id's head ends in `heads`.
-    head_ends: Vec<usize>,
-}
-
-impl QueryOrder {
-    /// Group `gid`'s `{"labels":{…},"count":`.
-    fn head(&self, gid: u32) -> &[u8] {
-        let gid = gid as usize;
-        let start = if gid == 0 { 0 } else { self.head_ends[gid - 1] };
-        &self.heads[start..self.head_ends[gid]]
-    }
-}
-
-/// A closed window: its panes never change again, so its query answer is
-/// encoded once, on the first query, and kept.
-struct ClosedWindow {
-    bins: WindowBins,
-    answer: OnceLock<Arc<[u8]>>,
-}
-
-/// A window as a query reads it.
-#[derive(Clone, Copy)]
-enum View<'a> {
-    /// One lane's open window.
-    Open(&'a OpenWindow),
-    /// A closed window, or lanes' open windows merged.
-    Bins(&'a WindowBins),
-}
-
-/// A pane as a query reads it.
-enum PaneRef<'a> {
-    /// An open pane and its refused samples.
-    Sketch(&'a PaneSketch, u64),
-    Bins(&'a PaneBins),
-}
-
-impl PaneRef<'_> {
-    fn count(&self) -> u64 {
-        match self {
-            PaneRef::Sketch(p, _) => p.count(),
-            PaneRef::Bins(b) => b.count(),
-        }
-    }
-
-    fn dropped(&self) -> u64 {
-        match self {
-            PaneRef::Sketch(_, d) => *d,
-            PaneRef::Bins(b) => b.dropped,
-        }
-    }
-
-    fn quantiles_into(&self, config: &Config, qs: &[f64], out: &mut Vec<f64>) {
-        match self {
-            PaneRef::Sketch(p, _) => p.quantiles_into(qs, out),
-            PaneRef::Bins(b) => b.quantiles_into(config, qs, out),
-        }
-    }
-}
-
-impl<'a> View<'a> {
-    fn dropped(self) -> u64 {
-        match self {
-            View::Open(w) => w.dropped,
-            View::Bins(w) => w.dropped,
-        }
-    }
-
-    fn pane(self, gid: u32) -> Option<PaneRef<'a>> {
-        match self {
-            View::Open(w) => {
-                let pane = w.panes.get(gid as usize)?.as_ref()?;
-                Some(PaneRef::Sketch(
-                    pane,
-                    w.group_dropped.get(&gid).copied().unwrap_or(0),
-                ))
-            }
-            View::Bins(w) => w.pane(gid).map(PaneRef::Bins),
-        }
-    }
-
-    /// Every pane with its group id, ascending (nothing collected: the
-    /// query floor's scan walks them).
-    fn panes(self) -> impl Iterator<Item = (u32, PaneRef<'a>)> + 'a {
-        let (open, bins) = match self {
-            View::Open(w) => (Some(w), None),
-            View::Bins(w) => (None, Some(w)),
-        };
-        let open = open.into_iter().flat_map(|w| {
-            (0..w.panes.len() as u32).filter_map(move |gid| Some((gid, View::Open(w).pane(gid)?)))
-        });
-        let bins = bins
-            .into_iter()
-            .flat_map(|w| w.panes.iter().map(|(gid, p)| (*gid, PaneRef::Bins(p))));
-        open.chain(bins)
-    }
-}
 
 impl Accumulator {
     pub fn new(agg: Aggregation, keep: usize, sketch: SketchUpdate) -> Self {
@@ -898,65 +733,6 @@ impl Accumulator {
     }
 }
 
-/// Every group's answer order and JSON head, computed afresh: every group's
-/// label pairs sorted by name in one buffer (a map per group and a head
-/// allocated per group took 1.3 s at a million groups), their values read
-/// from the groups' keys into one buffer too.
-fn query_order_now(groups: &AggGroups) -> QueryOrder {
-    let bound = groups.id_bound();
-    // (name, where the value is in `values`).
-    let mut spans: Vec<(&str, std::ops::Range<usize>)> = Vec::new();
-    let mut values = String::new();
-    let mut pair_ends: Vec<usize> = Vec::with_capacity(bound);
-    for gid in 0..bound as u32 {
-        let start = spans.len();
-        groups.for_each_label(gid, |name, value| {
-            let at = values.len();
-            // (Lossy as a group's labels always were; validated labels are UTF-8.)
-            values.push_str(&String::from_utf8_lossy(value));
-            spans.push((name, at..values.len()));
-        });
-        // By name, as a map of them orders them (names are distinct).
-        spans[start..].sort_unstable_by(|a, b| a.0.cmp(b.0));
-        pair_ends.push(spans.len());
-    }
-    let pairs: Vec<(&str, &str)> = spans
-        .iter()
-        .map(|(name, range)| (*name, &values[range.clone()]))
-        .collect();
-    let labels = |gid: u32| {
-        let gid = gid as usize;
-        let start = if gid == 0 { 0 } else { pair_ends[gid - 1] };
-        &pairs[start..pair_ends[gid]]
-    };
-    let mut sorted: Vec<u32> = (0..bound as u32)
-        .filter(|&gid| groups.get(gid).is_some())
-        .collect();
-    // Stable, as `query`'s sort of the present groups in id order; slices of
-    // name-sorted pairs compare as the maps of them do.
-    sorted.sort_by(|&a, &b| labels(a).cmp(labels(b)));
-    let (mut heads, mut head_ends) = (Vec::new(), Vec::with_capacity(bound));
-    for gid in 0..bound as u32 {
-        heads.extend_from_slice(b"{\"labels\":{");
-        for (j, (k, v)) in labels(gid).iter().enumerate() {
-            if j > 0 {
-                heads.push(b',');
-            }
-            json_string(&mut heads, k);
-            heads.push(b':');
-            json_string(&mut heads, v);
-        }
-        heads.extend_from_slice(b"},\"count\":");
-        head_ends.push(heads.len());
-    }
-    QueryOrder {
-        version: Some(groups.version),
-        sorted,
-        heads,
-        head_ends,
-    }
-}
-
 /// Samples of window `start` refused for a group without a pane there
 /// (remembered when the window exists: a window is never made for them).
 fn refused_without_pane(open: &mut BTreeMap<i64, OpenWindow>, start: i64, n: u64) {
@@ -1001,52 +777,6 @@ fn take_open(
     Some(window)
 }
 
-/// The panes lanes' windows must hold between them before closing them
-/// takes a thread per lane: a thread costs tens of microseconds, a pane
-/// about one. (At 1,024, the quick lanes ladder's 1,000 panes closed on one
-/// thread, about 1 ms of a 40 ms run during which the other core idled.)
-const PANES_PER_CLOSING_THREAD: usize = 256;
-
-/// Lanes' windows `start` as bins, in order, each converted and dropped on a
-/// thread of its own (the first on this one) when they hold enough panes.
-/// A close holds every lane, so on one thread the other lanes' senders
-/// waited out every lane's conversion: 2 lanes on 2 cores measured 1.64–1.80×
-/// one lane (the quick lanes ladder). Where a thread cannot be had, its
-/// window is converted here.
-fn windows_as_bins(start: i64, windows: Vec<OpenWindow>) -> Vec<WindowBins> {
-    let panes: usize = windows.iter().map(|w| w.panes.len()).sum();
-    if windows.len() < 2 || panes < PANES_PER_CLOSING_THREAD {
-        return windows.iter().map(|w| w.to_bins(start)).collect();
-    }
-    let mut windows = windows.into_iter();
-    let first = windows.next().expect("two windows at least");
-    std::thread::scope(|scope| {
-        // Shared until the thread is had: its copy is then the last, and
-        // the window is freed there too.
-        let spawned: Vec<_> = windows
-            .map(|window| {
-                let window = std::sync::Arc::new(window);
-                let theirs = std::sync::Arc::clone(&window);
-                std::thread::Builder::new()
-                    .name("promlab-close".into())
-                    .spawn_scoped(scope, move || theirs.to_bins(start))
-                    .map_err(|_| window)
-            })
-            .collect();
-        let mut bins = vec![first.to_bins(start)];
-        drop(first);
-        for thread in spawned {
-            bins.push(match thread {
-                Ok(thread) => thread
-                    .join()
-                    .unwrap_or_else(|e| std::panic::resume_unwind(e)),
-                Err(window) => window.to_bins(start),
-            });
-        }
-        bins
-    })
-}
-
 /// Drops the oldest closed window, giving its slots and bins back to the
 /// budget; false when there is none. Past `keep`, or when the budget runs out:
 /// under memory pressure, history goes before new samples.
@@ -1073,125 +803,12 @@ fn afford_slots(closed: &mut VecDeque<ClosedWindow>, budget: &Budget, grow: usiz
     }
 }
 
-/// `s` as a JSON string, as `serde_json` writes it. Most label names and
-/// values need no escape (`serde_json` escapes `"`, `\` and bytes below
-/// 0x20, nothing else): those are quoted as they are, without its writer.
-fn json_string(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-        return;
-    }
-    serde_json::to_writer(out, s).expect("a string serializes into a Vec");
-}
-
-/// One pane's outcome, exactly (quantiles as bits).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct PaneReport {
-    pub aggregation: String,
-    pub group: Vec<(String, String)>,
-    pub window_start_ms: i64,
-    pub closed: bool,
-    pub count: u64,
-    /// Samples of the group refused past a limit while it had this pane.
-    pub dropped: u64,
-    pub quantile_bits: Vec<Option<u64>>,
-}
-
-/// The answer to `/api/v1/quantiles`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct QueryResult {
-    pub aggregation: String,
-    pub window_start_ms: Option<i64>,
-    pub groups: Vec<GroupResult>,
-    /// Samples of this window refused past a limit for groups not listed
-    /// (they got no pane); in the JSON only when not 0.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub dropped: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct GroupResult {
-    pub labels: BTreeMap<String, String>,
-    /// Values in the group's pane.
-    pub count: u64,
-    /// The group's samples of this window refused past a limit (not in
-    /// `count`, nor in the quantiles); in the JSON only when not 0.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub dropped: u64,
-    pub quantiles: Quantiles,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-/// Quantile → value, serialized as a JSON object in plan order (`{"0.5": …}`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Quantiles(pub Vec<(f64, f64)>);
-
-impl Serialize for Quantiles {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (q, v) in &self.0 {
-            map.serialize_entry(&q.to_string(), v)?;
-        }
-        map.end()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::budget::Capacity;
     use super::super::groups::GroupTable;
     use super::super::plan::Plan;
     use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// A string quoted as it is, or escaped, is what `serde_json` writes.
-        #[test]
-        fn json_strings_are_serde_jsons(chars in proptest::collection::vec(prop_oneof![
-            Just('"'), Just('\\'), Just('\n'), Just('\u{1}'), Just('\u{1f}'), Just('\u{7f}'),
-            Just('é'), any::<char>()], 0..40)) {
-            let s: String = chars.into_iter().collect();
-            let mut ours = Vec::new();
-            json_string(&mut ours, &s);
-            prop_assert_eq!(ours, serde_json::to_vec(&s).unwrap());
-        }
-    }
-
-    /// A closed window's pane is found by its group id, whichever ids have one.
-    #[test]
-    fn panes_are_found_by_group_id() {
-        for gids in [
-            vec![],
-            vec![0, 1, 2, 3],
-            vec![0, 1, 2, 5, 9, 10],
-            vec![3, 4, 7],
-        ] {
-            let panes: Vec<(u32, PaneBins)> = gids
-                .iter()
-                .map(|&g| {
-                    let pane = PaneBins {
-                        zero_count: u64::from(g) + 1,
-                        ..PaneBins::default()
-                    };
-                    (g, pane)
-                })
-                .collect();
-            let bins = WindowBins {
-                start: 0,
-                panes,
-                dropped: 0,
-            };
-            for gid in 0..12 {
-                let expected = bins.panes.iter().find(|(g, _)| *g == gid).map(|(_, p)| p);
-                assert_eq!(bins.pane(gid), expected, "{gids:?}, {gid}");
-            }
-        }
-    }
 
     #[test]
     fn windows_close_and_late_samples_drop() {
