@@ -4,14 +4,16 @@
 use super::{OpenWindow, WindowBins};
 use crate::ingest::bins::PaneBins;
 use crate::ingest::groups::AggGroups;
+use crate::ingest::plan::Aggregation;
 use crate::ingest::sketch::PaneSketch;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use sketches_ddsketch::Config;
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 /// How many groups ahead of its answer a queried pane's bins are prefetched.
-pub(super) const ANSWER_PREFETCH_AHEAD: usize = 4;
+const ANSWER_PREFETCH_AHEAD: usize = 4;
 
 /// Every group in the order a query answers them (by their labels as a map),
 /// each with the start of its JSON object up to its count; rebuilt when the
@@ -19,9 +21,9 @@ pub(super) const ANSWER_PREFETCH_AHEAD: usize = 4;
 #[derive(Default)]
 pub(super) struct QueryOrder {
     /// The groups' version this was built at (`None`: never built).
-    pub(super) version: Option<u64>,
+    version: Option<u64>,
     /// Group ids in answer order.
-    pub(super) sorted: Vec<u32>,
+    sorted: Vec<u32>,
     /// Per group id, back to back: `{"labels":{…},"count":`.
     heads: Vec<u8>,
     /// Where each group id's head ends in `heads`.
@@ -30,7 +32,7 @@ pub(super) struct QueryOrder {
 
 impl QueryOrder {
     /// Group `gid`'s `{"labels":{…},"count":`.
-    pub(super) fn head(&self, gid: u32) -> &[u8] {
+    fn head(&self, gid: u32) -> &[u8] {
         let gid = gid as usize;
         let start = if gid == 0 { 0 } else { self.head_ends[gid - 1] };
         &self.heads[start..self.head_ends[gid]]
@@ -114,11 +116,164 @@ impl<'a> View<'a> {
     }
 }
 
+/// How an accumulator's answers are made: from its aggregation (id and
+/// quantiles), its panes' sketch configuration, and its groups' answer order.
+pub(super) struct Answers<'a> {
+    pub(super) agg: &'a Aggregation,
+    pub(super) config: &'a Config,
+    pub(super) order: &'a Mutex<QueryOrder>,
+}
+
+impl Answers<'_> {
+    /// The query's JSON (no `QueryResult`, no owned labels, the quantiles in
+    /// one scan per pane; the group order and each group's labels as JSON
+    /// are kept across queries), appended to `out`.
+    pub(super) fn encode(
+        &self,
+        start: Option<i64>,
+        view: Option<View<'_>>,
+        groups: &AggGroups,
+        out: &mut Vec<u8>,
+    ) {
+        out.extend_from_slice(b"{\"aggregation\":");
+        json_string(out, &self.agg.id);
+        out.extend_from_slice(b",\"window_start_ms\":");
+        match start {
+            Some(s) => out.extend_from_slice(itoa::Buffer::new().format(s).as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"groups\":[");
+        let mut ints = itoa::Buffer::new();
+        if let Some(view) = view {
+            let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+            if order.version != Some(groups.version) {
+                *order = query_order_now(groups);
+            }
+            // Each quantile's key, as `Quantiles` writes it, once, with what
+            // comes before its value (the object's opening before the first,
+            // a comma before the others, a colon after each): a group's
+            // answer is then its head, its count and a piece per quantile.
+            const OPENING: &[u8] = b",\"quantiles\":{";
+            let keys: Vec<Vec<u8>> = self
+                .agg
+                .quantiles
+                .iter()
+                .enumerate()
+                .map(|(j, q)| {
+                    let mut key = if j == 0 { OPENING.to_vec() } else { vec![b','] };
+                    json_string(&mut key, &q.to_string());
+                    key.push(b':');
+                    key
+                })
+                .collect();
+            let mut values = Vec::with_capacity(keys.len());
+            let mut first = true;
+            for (i, &gid) in order.sorted.iter().enumerate() {
+                // A closed window's bins a few groups on are asked for now,
+                // so that their cache misses overlap the answers before them.
+                if let View::Bins(w) = view {
+                    if let Some(pane) = order
+                        .sorted
+                        .get(i + ANSWER_PREFETCH_AHEAD)
+                        .and_then(|&ahead| w.pane(ahead))
+                    {
+                        pane.prefetch();
+                    }
+                }
+                let Some(pane) = view.pane(gid) else {
+                    continue;
+                };
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                out.extend_from_slice(order.head(gid));
+                out.extend_from_slice(ints.format(pane.count()).as_bytes());
+                if pane.dropped() > 0 {
+                    out.extend_from_slice(b",\"dropped\":");
+                    out.extend_from_slice(ints.format(pane.dropped()).as_bytes());
+                }
+                if keys.is_empty() {
+                    out.extend_from_slice(OPENING);
+                }
+                values.clear();
+                pane.quantiles_into(self.config, &self.agg.quantiles, &mut values);
+                for (key, v) in keys.iter().zip(&values) {
+                    out.extend_from_slice(key);
+                    // serde_json's own float form (`null` when not finite).
+                    serde_json::to_writer(&mut *out, v).expect("a float serializes into a Vec");
+                }
+                out.extend_from_slice(b"}}");
+            }
+        }
+        out.push(b']');
+        if let Some(dropped) = view.map(View::dropped).filter(|&d| d > 0) {
+            out.extend_from_slice(b",\"dropped\":");
+            out.extend_from_slice(ints.format(dropped).as_bytes());
+        }
+        out.push(b'}');
+    }
+
+    /// The [`QueryResult`] of a window (`view`) starting at `start`.
+    pub(super) fn result(
+        &self,
+        start: Option<i64>,
+        view: Option<View<'_>>,
+        groups: &AggGroups,
+    ) -> QueryResult {
+        let mut results = Vec::new();
+        for (gid, pane) in view.into_iter().flat_map(View::panes) {
+            let mut values = Vec::new();
+            pane.quantiles_into(self.config, &self.agg.quantiles, &mut values);
+            results.push(GroupResult {
+                labels: groups.labels(gid).into_iter().collect(),
+                count: pane.count(),
+                dropped: pane.dropped(),
+                quantiles: Quantiles(self.agg.quantiles.iter().copied().zip(values).collect()),
+            });
+        }
+        results.sort_by(|a, b| a.labels.cmp(&b.labels));
+        QueryResult {
+            aggregation: self.agg.id.clone(),
+            window_start_ms: start,
+            groups: results,
+            dropped: view.map_or(0, View::dropped),
+        }
+    }
+
+    /// Each pane's [`PaneReport`] of a window (`view`) starting at `start`, onto `out`.
+    pub(super) fn reports(
+        &self,
+        view: View<'_>,
+        start: i64,
+        closed: bool,
+        groups: &AggGroups,
+        out: &mut Vec<PaneReport>,
+    ) {
+        for (gid, pane) in view.panes() {
+            let mut values = Vec::new();
+            pane.quantiles_into(self.config, &self.agg.quantiles, &mut values);
+            out.push(PaneReport {
+                aggregation: self.agg.id.clone(),
+                group: groups.labels(gid),
+                window_start_ms: start,
+                closed,
+                count: pane.count(),
+                dropped: pane.dropped(),
+                quantile_bits: values
+                    .iter()
+                    .map(|v| (!v.is_nan()).then_some(v.to_bits()))
+                    .collect(),
+            });
+        }
+    }
+}
+
 /// Every group's answer order and JSON head, computed afresh: every group's
 /// label pairs sorted by name in one buffer (a map per group and a head
 /// allocated per group took 1.3 s at a million groups), their values read
 /// from the groups' keys into one buffer too.
-pub(super) fn query_order_now(groups: &AggGroups) -> QueryOrder {
+fn query_order_now(groups: &AggGroups) -> QueryOrder {
     let bound = groups.id_bound();
     // (name, where the value is in `values`).
     let mut spans: Vec<(&str, std::ops::Range<usize>)> = Vec::new();
@@ -176,7 +331,7 @@ pub(super) fn query_order_now(groups: &AggGroups) -> QueryOrder {
 /// `s` as a JSON string, as `serde_json` writes it. Most label names and
 /// values need no escape (`serde_json` escapes `"`, `\` and bytes below
 /// 0x20, nothing else): those are quoted as they are, without its writer.
-pub(super) fn json_string(out: &mut Vec<u8>, s: &str) {
+fn json_string(out: &mut Vec<u8>, s: &str) {
     if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());

@@ -24,7 +24,7 @@ mod close;
 pub use answer::{GroupResult, PaneReport, Quantiles, QueryResult};
 pub use close::WindowBins;
 
-use answer::{json_string, query_order_now, QueryOrder, View, ANSWER_PREFETCH_AHEAD};
+use answer::{Answers, QueryOrder, View};
 use close::{windows_as_bins, ClosedWindow};
 
 use super::budget::{Budget, Held};
@@ -503,7 +503,8 @@ impl Accumulator {
                 let mut encoded = false;
                 let answer = closed.answer.get_or_init(|| {
                     let at = out.len();
-                    self.encode_view(start, Some(View::Bins(&closed.bins)), groups, out);
+                    self.answers()
+                        .encode(start, Some(View::Bins(&closed.bins)), groups, out);
                     encoded = true;
                     Arc::from(&out[at..])
                 });
@@ -518,101 +519,14 @@ impl Accumulator {
     /// [`Accumulator::query`]'s JSON, encoded afresh, appended to `out`.
     pub fn encode_query(&self, window: Option<i64>, groups: &AggGroups, out: &mut Vec<u8>) {
         let start = self.query_start(window);
-        self.encode_view(start, start.and_then(|s| self.view(s)), groups, out);
+        self.answers()
+            .encode(start, start.and_then(|s| self.view(s)), groups, out);
     }
 
     /// The answer for lanes' open windows merged (`bins`; `None`: no lane has the window).
     pub fn encode_bins(&self, bins: Option<&WindowBins>, groups: &AggGroups, out: &mut Vec<u8>) {
-        self.encode_view(bins.map(|b| b.start), bins.map(View::Bins), groups, out);
-    }
-
-    /// The query's JSON (no `QueryResult`, no owned labels, the quantiles in
-    /// one scan per pane; the group order and each group's labels as JSON
-    /// are kept across queries), appended to `out`.
-    fn encode_view(
-        &self,
-        start: Option<i64>,
-        view: Option<View<'_>>,
-        groups: &AggGroups,
-        out: &mut Vec<u8>,
-    ) {
-        out.extend_from_slice(b"{\"aggregation\":");
-        json_string(out, &self.agg.id);
-        out.extend_from_slice(b",\"window_start_ms\":");
-        match start {
-            Some(s) => out.extend_from_slice(itoa::Buffer::new().format(s).as_bytes()),
-            None => out.extend_from_slice(b"null"),
-        }
-        out.extend_from_slice(b",\"groups\":[");
-        let mut ints = itoa::Buffer::new();
-        if let Some(view) = view {
-            let mut order = self.query_order.lock().unwrap_or_else(|p| p.into_inner());
-            if order.version != Some(groups.version) {
-                *order = query_order_now(groups);
-            }
-            // Each quantile's key, as `Quantiles` writes it, once, with what
-            // comes before its value (the object's opening before the first,
-            // a comma before the others, a colon after each): a group's
-            // answer is then its head, its count and a piece per quantile.
-            const OPENING: &[u8] = b",\"quantiles\":{";
-            let keys: Vec<Vec<u8>> = self
-                .agg
-                .quantiles
-                .iter()
-                .enumerate()
-                .map(|(j, q)| {
-                    let mut key = if j == 0 { OPENING.to_vec() } else { vec![b','] };
-                    json_string(&mut key, &q.to_string());
-                    key.push(b':');
-                    key
-                })
-                .collect();
-            let mut values = Vec::with_capacity(keys.len());
-            let mut first = true;
-            for (i, &gid) in order.sorted.iter().enumerate() {
-                // A closed window's bins a few groups on are asked for now,
-                // so that their cache misses overlap the answers before them.
-                if let View::Bins(w) = view {
-                    if let Some(pane) = order
-                        .sorted
-                        .get(i + ANSWER_PREFETCH_AHEAD)
-                        .and_then(|&ahead| w.pane(ahead))
-                    {
-                        pane.prefetch();
-                    }
-                }
-                let Some(pane) = view.pane(gid) else {
-                    continue;
-                };
-                if !first {
-                    out.push(b',');
-                }
-                first = false;
-                out.extend_from_slice(order.head(gid));
-                out.extend_from_slice(ints.format(pane.count()).as_bytes());
-                if pane.dropped() > 0 {
-                    out.extend_from_slice(b",\"dropped\":");
-                    out.extend_from_slice(ints.format(pane.dropped()).as_bytes());
-                }
-                if keys.is_empty() {
-                    out.extend_from_slice(OPENING);
-                }
-                values.clear();
-                pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
-                for (key, v) in keys.iter().zip(&values) {
-                    out.extend_from_slice(key);
-                    // serde_json's own float form (`null` when not finite).
-                    serde_json::to_writer(&mut *out, v).expect("a float serializes into a Vec");
-                }
-                out.extend_from_slice(b"}}");
-            }
-        }
-        out.push(b']');
-        if let Some(dropped) = view.map(View::dropped).filter(|&d| d > 0) {
-            out.extend_from_slice(b",\"dropped\":");
-            out.extend_from_slice(ints.format(dropped).as_bytes());
-        }
-        out.push(b'}');
+        self.answers()
+            .encode(bins.map(|b| b.start), bins.map(View::Bins), groups, out);
     }
 
     /// The quantile scan alone (what the query's floor scans): every present
@@ -638,48 +552,26 @@ impl Accumulator {
     /// Without such a window the result has no start and no groups.
     pub fn query(&self, window: Option<i64>, groups: &AggGroups) -> QueryResult {
         let start = self.query_start(window);
-        self.result_of(start, start.and_then(|s| self.view(s)), groups)
+        self.answers()
+            .result(start, start.and_then(|s| self.view(s)), groups)
     }
 
     /// [`Accumulator::query`] for lanes' open windows merged.
     pub fn query_bins(&self, bins: Option<&WindowBins>, groups: &AggGroups) -> QueryResult {
-        self.result_of(bins.map(|b| b.start), bins.map(View::Bins), groups)
-    }
-
-    fn result_of(
-        &self,
-        start: Option<i64>,
-        view: Option<View<'_>>,
-        groups: &AggGroups,
-    ) -> QueryResult {
-        let mut results = Vec::new();
-        for (gid, pane) in view.into_iter().flat_map(View::panes) {
-            let mut values = Vec::new();
-            pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
-            results.push(GroupResult {
-                labels: groups.labels(gid).into_iter().collect(),
-                count: pane.count(),
-                dropped: pane.dropped(),
-                quantiles: Quantiles(self.agg.quantiles.iter().copied().zip(values).collect()),
-            });
-        }
-        results.sort_by(|a, b| a.labels.cmp(&b.labels));
-        QueryResult {
-            aggregation: self.agg.id.clone(),
-            window_start_ms: start,
-            groups: results,
-            dropped: view.map_or(0, View::dropped),
-        }
+        self.answers()
+            .result(bins.map(|b| b.start), bins.map(View::Bins), groups)
     }
 
     /// Every pane, open and closed, for equivalence checks.
     pub fn panes(&self, groups: &AggGroups) -> Vec<PaneReport> {
         let mut out = Vec::new();
         for w in &self.closed {
-            self.reports(View::Bins(&w.bins), w.bins.start, true, groups, &mut out);
+            self.answers()
+                .reports(View::Bins(&w.bins), w.bins.start, true, groups, &mut out);
         }
         for (&start, w) in &self.open {
-            self.reports(View::Open(w), start, false, groups, &mut out);
+            self.answers()
+                .reports(View::Open(w), start, false, groups, &mut out);
         }
         out
     }
@@ -687,33 +579,17 @@ impl Accumulator {
     /// The panes of lanes' open windows merged.
     pub fn bins_panes(&self, bins: &WindowBins, groups: &AggGroups) -> Vec<PaneReport> {
         let mut out = Vec::new();
-        self.reports(View::Bins(bins), bins.start, false, groups, &mut out);
+        self.answers()
+            .reports(View::Bins(bins), bins.start, false, groups, &mut out);
         out
     }
 
-    fn reports(
-        &self,
-        view: View<'_>,
-        start: i64,
-        closed: bool,
-        groups: &AggGroups,
-        out: &mut Vec<PaneReport>,
-    ) {
-        for (gid, pane) in view.panes() {
-            let mut values = Vec::new();
-            pane.quantiles_into(&self.config, &self.agg.quantiles, &mut values);
-            out.push(PaneReport {
-                aggregation: self.agg.id.clone(),
-                group: groups.labels(gid),
-                window_start_ms: start,
-                closed,
-                count: pane.count(),
-                dropped: pane.dropped(),
-                quantile_bits: values
-                    .iter()
-                    .map(|v| (!v.is_nan()).then_some(v.to_bits()))
-                    .collect(),
-            });
+    /// What this accumulator's answers are made from.
+    fn answers(&self) -> Answers<'_> {
+        Answers {
+            agg: &self.agg,
+            config: &self.config,
+            order: &self.query_order,
         }
     }
 
