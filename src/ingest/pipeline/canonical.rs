@@ -5,20 +5,36 @@
 //! hands the routers a [`Resolved`].
 
 use super::series_cache::SeriesCache;
-use super::{invalid, IngestError, Ingester};
+use super::{intern, invalid, IngestError};
 use crate::format::text::{write_escaped, Escape};
 use crate::ingest::group_key::write_group_key;
-use crate::ingest::groups::OVERFLOW;
-use crate::ingest::plan::Plan;
+use crate::ingest::groups::{Shared, OVERFLOW};
+use crate::ingest::plan::{Plan, PlanGeneration};
 use crate::ingest::wire::{self, Batch};
 use crate::shared::seams::Canonicalize;
 use std::collections::{BTreeMap, HashMap};
 
-impl Ingester {
+/// What a request's series are canonicalized by and into: the ingester's
+/// seam, plan, series cache and buffers kept between requests, borrowed for
+/// one request.
+pub(super) struct Canonicalizer<'a> {
+    pub(super) seam: Canonicalize,
+    pub(super) plan: &'a PlanGeneration,
+    pub(super) cache: &'a mut SeriesCache,
+    /// The entry ids of the last request's series, for this one's.
+    pub(super) spare_ids: &'a mut Vec<u32>,
+    pub(super) spare_new_series: &'a mut NewSeriesBuffers,
+    /// The ingester's copy of the group table's destinations (see [`intern`]).
+    pub(super) dests: &'a mut Vec<(u16, u32)>,
+    /// The group table and the budget.
+    pub(super) shared: &'a Shared,
+}
+
+impl Canonicalizer<'_> {
     /// Canonicalize seam: every series of the request, validated, before anything is applied.
     #[inline(never)] // one call per request; kept apart so profiles show the seam
     pub(super) fn resolve(&mut self, batch: &Batch<'_>) -> Result<Resolved, IngestError> {
-        if self.seams.canonicalize == Canonicalize::PerRequest {
+        if self.seam == Canonicalize::PerRequest {
             let series = batch
                 .series
                 .iter()
@@ -27,9 +43,9 @@ impl Ingester {
             return Ok(Resolved::PerRequest(series));
         }
         self.cache.check_generation(self.plan.generation);
-        let mut ids = std::mem::take(&mut self.spare_ids);
+        let mut ids = std::mem::take(self.spare_ids);
         ids.clear();
-        let mut new = std::mem::take(&mut self.spare_new_series);
+        let mut new = std::mem::take(self.spare_new_series);
         let mut key = Vec::new();
         let mut deferred = Vec::new();
         for span in &batch.series {
@@ -65,7 +81,7 @@ impl Ingester {
                         let dest = match new.last_group.dest(agg, group_key) {
                             Some(dest) => dest,
                             None => {
-                                let (gid, dest) = self.intern(agg, group_key);
+                                let (gid, dest) = intern(self.shared, self.dests, agg, group_key);
                                 if gid != OVERFLOW {
                                     new.last_group.set(agg, group_key, dest);
                                 }
@@ -85,7 +101,7 @@ impl Ingester {
             };
             ids.push(id);
         }
-        self.spare_new_series = new;
+        *self.spare_new_series = new;
         Ok(Resolved::Cached(ids))
     }
 }

@@ -16,11 +16,12 @@
 //! the ingester's [`Limits`], single samples are counted and dropped.
 //!
 //! Here: the ingester (construction, a request's way through the seams,
-//! windows, queries) and its limits. Its seams' code, one file each:
-//! - `canonical.rs`: the canonicalize seam, both canonicalizers (per request,
-//!   upstream's [`BaselineSeries`]; through the series cache) and what they
-//!   hand the routers;
-//! - `route.rs`: the route seam, both routers (per sample; batched);
+//! windows, queries) and its limits. Its seams' code, one file each, borrows
+//! what it needs of the ingester for one request:
+//! - `canonical.rs`: the canonicalize seam, `Canonicalizer` (per request,
+//!   upstream's [`BaselineSeries`]; through the series cache) and what it
+//!   hands the routers;
+//! - `route.rs`: the route seam, `Router` (per sample; batched);
 //! - `series_cache.rs`: the map of series the `series-cache` canonicalizer
 //!   keeps across requests.
 //!
@@ -32,8 +33,8 @@ mod route;
 mod series_cache;
 
 pub use canonical::BaselineSeries;
-use canonical::Resolved;
-use route::RouteScratch;
+use canonical::{Canonicalizer, Resolved};
+use route::{RouteScratch, Router};
 use series_cache::SeriesCache;
 
 use super::bins::PaneBins;
@@ -413,10 +414,7 @@ impl Ingester {
             (Some(now), Some(ahead)) => now.saturating_add(ahead),
             _ => i64::MAX,
         };
-        let newest = match self.seams.route {
-            Route::Batched => self.route_batched(batch, &resolved, latest, &mut stats),
-            Route::PerSample => self.route_per_sample(batch, &resolved, latest, &mut stats),
-        };
+        let newest = self.route(batch, &resolved, latest, &mut stats);
         if let Resolved::Cached(ids) = resolved {
             self.spare_ids = ids;
             self.cache.evict_if_full();
@@ -431,6 +429,46 @@ impl Ingester {
         };
         self.totals.merge(&stats);
         Ok((stats, watermark))
+    }
+
+    /// The canonicalize seam: every series of the request, validated, before
+    /// anything is applied (see [`Canonicalizer::resolve`]).
+    fn resolve(&mut self, batch: &Batch<'_>) -> Result<Resolved, IngestError> {
+        Canonicalizer {
+            seam: self.seams.canonicalize,
+            plan: &self.plan,
+            cache: &mut self.cache,
+            spare_ids: &mut self.spare_ids,
+            spare_new_series: &mut self.spare_new_series,
+            dests: &mut self.dests,
+            shared: &self.shared,
+        }
+        .resolve(batch)
+    }
+
+    /// The route seam: the request's samples to their destinations' windows
+    /// (see [`Router`]); the newest sample routed.
+    fn route(
+        &mut self,
+        batch: &Batch<'_>,
+        resolved: &Resolved,
+        latest: i64,
+        stats: &mut Stats,
+    ) -> Option<i64> {
+        let mut router = Router {
+            plan: &self.plan.plan,
+            cache: &self.cache,
+            dests: &mut self.dests,
+            shared: &self.shared,
+            accumulators: &mut self.accumulators,
+            watermark: self.watermark,
+        };
+        match self.seams.route {
+            Route::Batched => {
+                router.route_batched(&mut self.scratch, batch, resolved, latest, stats)
+            }
+            Route::PerSample => router.route_per_sample(batch, resolved, latest, stats),
+        }
     }
 
     /// Moves the watermark to `watermark` if that is later, closing the windows it passes.
@@ -671,20 +709,17 @@ impl Ingester {
         self.dests.clear();
         self.spare_new_series.forget_groups();
     }
+}
 
-    /// The (group id, destination id) of a group key, from the shared group
-    /// table (a new group if the budget has room, else the overflow group).
-    fn intern(&mut self, agg: u16, group_key: &[u8]) -> (u32, u32) {
-        let (gid, dest) = self
-            .shared
-            .groups
-            .lock()
-            .intern(agg, group_key, &self.shared.budget);
-        let d = dest as usize;
-        if self.dests.len() <= d {
-            self.dests.resize(d + 1, (u16::MAX, 0));
-        }
-        self.dests[d] = (agg, gid);
-        (gid, dest)
+/// The (group id, destination id) of a group key, from the shared group
+/// table (a new group if the budget has room, else the overflow group),
+/// recorded in an ingester's copy of the destinations (`dests`).
+fn intern(shared: &Shared, dests: &mut Vec<(u16, u32)>, agg: u16, group_key: &[u8]) -> (u32, u32) {
+    let (gid, dest) = shared.groups.lock().intern(agg, group_key, &shared.budget);
+    let d = dest as usize;
+    if dests.len() <= d {
+        dests.resize(d + 1, (u16::MAX, 0));
     }
+    dests[d] = (agg, gid);
+    (gid, dest)
 }

@@ -4,14 +4,31 @@
 //! sort. Both read the canonicalize seam's [`Resolved`].
 
 use super::canonical::{group_key_of, parse_series_key, Resolved};
-use super::Ingester;
+use super::intern;
+use super::series_cache::SeriesCache;
 use crate::ingest::budget::Budget;
+use crate::ingest::groups::Shared;
+use crate::ingest::plan::Plan;
 use crate::ingest::sketch::PaneSketch;
 use crate::ingest::window::{Accumulator, Stats, STALE_NAN_BITS};
 use crate::ingest::wire::{Batch, Sample};
 use std::collections::hash_map::{Entry, HashMap};
 
-impl Ingester {
+/// What a request's samples are routed by and added to: the ingester's
+/// plan, series cache, destinations and accumulators, borrowed for one
+/// request, and its watermark.
+pub(super) struct Router<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) cache: &'a SeriesCache,
+    /// The ingester's copy of the group table's destinations (see [`intern`]).
+    pub(super) dests: &'a mut Vec<(u16, u32)>,
+    /// The group table and the budget.
+    pub(super) shared: &'a Shared,
+    pub(super) accumulators: &'a mut [Accumulator],
+    pub(super) watermark: i64,
+}
+
+impl Router<'_> {
     /// Reference route: per sample and aggregation, string keys into a `HashMap`
     /// of per-destination vectors; then each vector goes to the sketch seam.
     #[inline(never)] // one call per request; kept apart so profiles show the seam
@@ -34,26 +51,21 @@ impl Ingester {
                     continue;
                 }
                 let mut matched = false;
-                resolved.for_each_routed_key(
-                    i,
-                    &self.plan.plan,
-                    &self.cache,
-                    |agg, group, series| {
-                        matched = true;
-                        let sample = RoutedSample {
-                            series,
-                            timestamp: sample.timestamp,
-                            value: sample.value,
-                        };
-                        match routed.entry((agg, group)) {
-                            Entry::Occupied(samples) => samples.into_mut().push(sample),
-                            Entry::Vacant(new) => {
-                                first_seen.push(new.key().clone());
-                                new.insert(vec![sample]);
-                            }
+                resolved.for_each_routed_key(i, self.plan, self.cache, |agg, group, series| {
+                    matched = true;
+                    let sample = RoutedSample {
+                        series,
+                        timestamp: sample.timestamp,
+                        value: sample.value,
+                    };
+                    match routed.entry((agg, group)) {
+                        Entry::Occupied(samples) => samples.into_mut().push(sample),
+                        Entry::Vacant(new) => {
+                            first_seen.push(new.key().clone());
+                            new.insert(vec![sample]);
                         }
-                    },
-                );
+                    }
+                });
                 if matched {
                     newest = newest.max(Some(sample.timestamp));
                 } else {
@@ -66,7 +78,7 @@ impl Ingester {
         for key in first_seen {
             let samples = routed.remove(&key).expect("every key first seen is routed");
             let (agg, group) = key;
-            let (gid, _) = self.intern(agg, group.as_bytes());
+            let (gid, _) = intern(self.shared, self.dests, agg, group.as_bytes());
             ts.clear();
             values.clear();
             for s in &samples {
@@ -94,12 +106,12 @@ impl Ingester {
     #[inline(never)] // one call per request; kept apart so profiles show the seam
     pub(super) fn route_batched(
         &mut self,
+        sc: &mut RouteScratch,
         batch: &Batch<'_>,
         resolved: &Resolved,
         latest: i64,
         stats: &mut Stats,
     ) -> Option<i64> {
-        let mut sc = std::mem::take(&mut self.scratch);
         // Per series its range of destination ids in `dest_ids`: a slice of the
         // series cache, or (without it) ids re-derived once per series here.
         let mut derived = std::mem::take(&mut sc.series_dests);
@@ -112,9 +124,13 @@ impl Ingester {
                     if !s.aggs.is_empty() {
                         let labels = parse_series_key(&s.series_key);
                         for &agg in &s.aggs {
-                            let group_by = &self.plan.plan.aggregations[agg as usize].group_by;
-                            let (_, dest) =
-                                self.intern(agg, group_key_of(&labels, group_by).as_bytes());
+                            let group_by = &self.plan.aggregations[agg as usize].group_by;
+                            let (_, dest) = intern(
+                                self.shared,
+                                self.dests,
+                                agg,
+                                group_key_of(&labels, group_by).as_bytes(),
+                            );
                             derived.push(dest);
                         }
                     }
@@ -165,11 +181,11 @@ impl Ingester {
                 match *dests {
                     [d] if d == run.dest => run.n += valid,
                     [d] => {
-                        run.count_into(&mut sc);
+                        run.count_into(sc);
                         run = SingleDestRun { dest: d, n: valid };
                     }
                     _ => {
-                        run.count_into(&mut sc);
+                        run.count_into(sc);
                         run = SingleDestRun::NONE;
                         for &d in dests {
                             sc.count(d, valid);
@@ -182,15 +198,15 @@ impl Ingester {
                 });
             }
         }
-        run.count_into(&mut sc);
+        run.count_into(sc);
         let watermark = self.watermark;
         sc.scatter_and_add(
             batch,
             dest_ids,
             latest,
             Groups {
-                dests: &self.dests,
-                accumulators: &mut self.accumulators,
+                dests: self.dests,
+                accumulators: self.accumulators,
                 budget: &self.shared.budget,
             },
             watermark,
@@ -198,7 +214,6 @@ impl Ingester {
         );
         sc.reset();
         sc.series_dests = derived;
-        self.scratch = sc;
         newest
     }
 }
