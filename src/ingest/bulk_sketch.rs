@@ -151,29 +151,7 @@ impl BulkSketch {
             )
         })
     }
-}
 
-/// Adds `key` to `store`; a key outside its bins asks `afford` first.
-#[inline(always)]
-fn add_key(store: &mut BulkStore, key: i32, afford: &mut impl FnMut(usize) -> bool) -> bool {
-    let idx = key.wrapping_sub(store.lo) as u32 as usize;
-    if idx < store.bins.len() {
-        store.bins[idx] += 1;
-        store.count += 1;
-        return true;
-    }
-    if store.covers(key) {
-        store.add_n(key, 1);
-        return true;
-    }
-    if !afford(store.growth_for(key)) {
-        return false;
-    }
-    store.add_outside(key, 1);
-    true
-}
-
-impl BulkSketch {
     /// [`BulkSketch::quantile`] of each of `qs` (NaN where `None`), onto `out`:
     /// the same rank and the same bin, found by one scan that resumes where
     /// the previous quantile stopped (ascending `qs` walk the bins once) and
@@ -205,6 +183,26 @@ impl BulkSketch {
             out.push(value);
         }
     }
+}
+
+/// Adds `key` to `store`; a key outside its bins asks `afford` first.
+#[inline(always)]
+fn add_key(store: &mut BulkStore, key: i32, afford: &mut impl FnMut(usize) -> bool) -> bool {
+    let idx = key.wrapping_sub(store.lo) as u32 as usize;
+    if idx < store.bins.len() {
+        store.bins[idx] += 1;
+        store.count += 1;
+        return true;
+    }
+    if store.covers(key) {
+        store.add_n(key, 1);
+        return true;
+    }
+    if !afford(store.growth_for(key)) {
+        return false;
+    }
+    store.add_outside(key, 1);
+    true
 }
 
 /// Dense bins over `[lo, lo + bins.len())`, collapsing the lowest keys beyond
