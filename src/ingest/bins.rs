@@ -90,8 +90,9 @@ pub fn bin_value(config: &Config, key: i32) -> f64 {
     config.value(key).min(f64::MAX)
 }
 
-/// The most keys a store holds as pairs before it turns dense (also what
-/// [`Bins::from_pairs`](super::bins::Bins::from_pairs) lays out on the stack).
+/// The most keys a store ([`BulkSketch`](super::bulk_sketch::BulkSketch)'s)
+/// holds as pairs before it turns dense, and so the most pairs
+/// [`Bins::from_pairs`] lays out on the stack.
 pub(super) const FEW_KEYS: usize = 8;
 
 /// The longest store whose runs are found from a mask of its non-zero
@@ -105,8 +106,7 @@ const MASKED_COUNTS: usize = 4096;
 /// Found from a mask of the non-zero counts, single zeros between two of
 /// them filled in: each run is then a stretch of ones, found with a bit
 /// scan at each end. Walked count by count ([`for_each_dense_run_by_count`]),
-/// every change from zeros to counts and back was a mispredicted branch: a
-/// pane of 50 values over 150 keys makes a dozen runs.
+/// every change from zeros to counts and back is a mispredicted branch.
 #[cfg(test)]
 fn for_each_dense_run(counts: &[u64], run: impl FnMut(std::ops::Range<usize>)) {
     if counts.len() > MASKED_COUNTS {
@@ -253,21 +253,12 @@ impl Bins {
 
     /// The bins of a dense store: `counts[i]` at key `lo + i` (zeros skipped),
     /// as [`Bins::from_sorted`] makes them, each vector allocated once at its
-    /// size: closing a million groups' panes, growing them push by push was a
-    /// tenth of the ingest.
+    /// size (a window's close converts every pane it holds).
     ///
     /// A run's counts are a stretch of the dense counts as they stand (single
-    /// zeros kept), so each is copied whole. Pushed key by key, through an
-    /// iterator walked once to size the vectors and once to fill them, this
-    /// was 2,900 instructions a store at 100k groups of 10 series, 7.7 % of
-    /// `all`'s ingest there. The vector is sized from the runs' mask (a count
-    /// per set bit, a head per run), and the total summed in one pass: with
-    /// the runs noted on the stack as they were found to size it (a 512-byte
-    /// array zeroed per store) and the counts summed run by run, it took
-    /// 3,900 instructions a store against 3,300 now, at 10k groups × 10
-    /// series × 5 samples (callgrind, `floor_probe ingest all 1 10000 10 5`),
-    /// and that window closed in 9.0–11.0 ms against 8.4–9.5
-    /// (`examples/ingest_phases`, alternated three times).
+    /// zeros kept), so each is copied whole. The vector is sized from the
+    /// runs' mask (a count per set bit, a head per run), and the total summed
+    /// in one pass.
     pub fn from_dense(lo: i32, counts: &[u64]) -> Bins {
         if counts.len() > MASKED_COUNTS {
             return Bins::from_dense_by_count(lo, counts);
@@ -313,12 +304,10 @@ impl Bins {
     /// skipped), each vector allocated once at its size.
     ///
     /// A few pairs (a store's, closing: at most [`FEW_KEYS`], what a store
-    /// holds as pairs before it turns dense) are laid out
-    /// as [`Bins::push`] would lay them, on the stack, and copied once into a
-    /// vector of their size. Through [`Bins::from_ascending`] (a walk to size
-    /// the vector, then a push a pair) a pane of about 5 pairs took 656
-    /// instructions, 44 % of closing 100k one-series groups (callgrind,
-    /// `floor_probe ingest all 1 100000 1 5`, the flush alone).
+    /// holds as pairs before it turns dense) are laid out as [`Bins::push`]
+    /// would lay them, on the stack, and copied once into a vector of their
+    /// size, without [`Bins::from_ascending`]'s walk to size the vector: the
+    /// close of one-series groups converts a small pane per group.
     pub fn from_pairs(pairs: &[(i32, u64)]) -> Bins {
         if pairs.len() > FEW_KEYS {
             return Bins::from_ascending(pairs.iter().copied());
@@ -470,8 +459,8 @@ impl Bins {
     /// [`Bins::key_at_rank`], walking from `cursor` when `rank` is not below
     /// the values before the run it holds (else from the first run), and
     /// leaving it at the run found: a pane's quantiles, ranks ascending, take
-    /// one walk of its runs, not one from the start each (p50, p90 and p99
-    /// were about 2.4 walks; `bulk-sketch`'s open panes already answered so).
+    /// one walk of its runs, not one from the start each (as `bulk-sketch`'s
+    /// open panes answer).
     fn key_at_rank_from(&self, rank: u64, cursor: &mut RankCursor) -> i32 {
         if cursor.below > rank {
             *cursor = RankCursor::default();

@@ -209,9 +209,9 @@ fn add_key(store: &mut BulkStore, key: i32, afford: &mut impl FnMut(usize) -> bo
 /// `limit`; until it holds more than [`FEW_KEYS`] keys, the keys alone.
 ///
 /// Why the few keys: a pane of a handful of values spread over a few hundred
-/// keys (one series per group: a million groups, five values each) held a
-/// dense vector of those hundreds of bins, grown a value at a time, and its
-/// close read them all to find the five. As pairs it is the five. The store
+/// keys (one series per group, five values each) would hold a dense vector
+/// of those hundreds of bins, grown a value at a time, and its close would
+/// read them all to find the five. As pairs it is the five. The store
 /// is the same either way: its span (`lo..=hi`, what the budget counts), its
 /// keys and counts, its collapses (a key that would pass the limit makes it
 /// dense first, then collapses as a dense store does).

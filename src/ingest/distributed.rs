@@ -146,9 +146,9 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
-        /// Issue 25, item 4: any split of a group's samples over N receivers,
-        /// each part written as rows and the rows merged as the cluster's SQL
-        /// merges them, is the single pane's bins — counts, zero count, every
+        /// Any split of a group's samples over N receivers, each part
+        /// written as rows and the rows merged as the cluster's SQL merges
+        /// them, is the single pane's bins — counts, zero count, every
         /// quantile bit for bit (the extremes by value: of `0.0` and `-0.0`
         /// either may be kept), for both sketch seams, over the whole f64 range.
         #[test]

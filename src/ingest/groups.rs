@@ -39,9 +39,8 @@ pub const OVERFLOW: u32 = u32::MAX;
 pub struct Group {
     /// Its key ([`write_group_key`](super::group_key::write_group_key)'s): what
     /// the aggregation finds it by, and what its labels are read from. One
-    /// allocation per group: a million groups held four each (the map's key,
-    /// a vector of labels, a name and a value): interning and dropping them
-    /// were a quarter of `all`'s ingest.
+    /// allocation per group, not four (a map key, a vector of labels, a name
+    /// and a value): a table may hold a million groups.
     key: Box<[u8]>,
     /// Its destination id (what the series cache and the routers carry).
     pub dest: u32,

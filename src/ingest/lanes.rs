@@ -125,13 +125,11 @@ impl LanedIngester {
     /// from a rotating start), else that one (waiting). Staying on one lane
     /// keeps a lane's memory with one thread: with glibc's malloc, growing a
     /// sketch's bins on another thread than the one that allocated them waits
-    /// for that thread's arena (requests on 2 lanes and 2 cores went 1.1×
-    /// where 2 processes went 1.95×); and a sender's series stay learned in
-    /// one lane's series cache. While a close holds the lanes, a thread waits
-    /// for its own: the closer releases them one by one, and a thread that
-    /// took the first one released, another's, made both lanes learn each
-    /// other's senders again (a new series costs several known ones: at every
-    /// window close, 2 lanes went 1.74× one lane where their steady state is 2×).
+    /// for that thread's arena; and a sender's series stay learned in one
+    /// lane's series cache. While a close holds the lanes, a thread waits for
+    /// its own: the closer releases them one by one, and a thread that took
+    /// the first one released, another's, would make both lanes learn each
+    /// other's senders again (a new series costs several known ones).
     fn free_lane(&self) -> (usize, MutexGuard<'_, Ingester>) {
         let n = self.lanes.len();
         let start = match LAST_LANE.get() {

@@ -291,8 +291,8 @@ mod tests {
     }
 
     /// Every field out of range, or a name that is not one, is an error naming
-    /// the field and the value (issue 12, item 4: `window_secs = 2^61` passed,
-    /// then every write divided by zero).
+    /// the field and the value (a `window_secs = 2^61` let through would make
+    /// every write divide by zero).
     #[test]
     fn rejects_every_field_out_of_range() {
         let agg = |extra: &str| format!("[[aggregation]]\nid = 'a'\nmetric = 'm'\n{extra}\n");

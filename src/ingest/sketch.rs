@@ -180,9 +180,8 @@ impl PaneSketch {
     /// Asks the CPU for the bins an add of `values` values to this pane will
     /// touch, once its structure is in cache (see [`PaneSketch::prefetch`]):
     /// every line of its positive store's bins (where positive values go),
-    /// if the values are enough to touch a good part of them. (At 100k
-    /// groups of one series, one value a pane, every line asked for cost
-    /// more than the one miss it saved.)
+    /// if the values are enough to touch a good part of them (for a value or
+    /// two, asking for every line costs more than the misses it saves).
     #[inline]
     pub fn prefetch_bins(&self, values: usize) {
         if let PaneSketch::Bulk(s) = self {

@@ -150,7 +150,7 @@ impl Router<'_> {
         // series together) are counted as one run: the destination's count
         // is read and written once a run, not once a series. Its first touch
         // is still the run's first series, so destinations are added in the
-        // order they were first touched, as before.
+        // order they were first touched.
         let mut run = SingleDestRun::NONE;
         for (i, span) in batch.series.iter().enumerate() {
             let (d0, d1) = match cached {
@@ -385,9 +385,7 @@ impl RouteScratch {
         for (k, &d) in self.touched.iter().enumerate() {
             // The pane a few destinations on is asked for now (its structure,
             // then its bins), so that its cache misses overlap the adds
-            // before it: at 10k groups of 10 series, `all` went from 1.24×
-            // its floor to 1.11–1.12× (quick ingest ladder, twice, the
-            // binaries side by side).
+            // before it.
             if let Some(pane) = self
                 .touched
                 .get(k + PREFETCH_AHEAD)

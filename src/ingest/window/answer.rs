@@ -270,9 +270,9 @@ impl Answers<'_> {
 }
 
 /// Every group's answer order and JSON head, computed afresh: every group's
-/// label pairs sorted by name in one buffer (a map per group and a head
-/// allocated per group took 1.3 s at a million groups), their values read
-/// from the groups' keys into one buffer too.
+/// label pairs sorted by name in one buffer (no map or head allocated per
+/// group: an answer may hold a million groups), their values read from the
+/// groups' keys into one buffer too.
 fn query_order_now(groups: &AggGroups) -> QueryOrder {
     let bound = groups.id_bound();
     // (name, where the value is in `values`).

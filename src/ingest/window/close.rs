@@ -21,8 +21,8 @@ impl WindowBins {
         // Ids are distinct and ascending, so group `gid` is at most at index
         // `gid`, and there when every lower id has a pane too (a window every
         // group reported to): an answer visits the groups in label order, and
-        // a binary search over all the panes for each was a dozen or more
-        // cache misses per group at a million.
+        // a binary search over all the panes for each would miss the cache a
+        // dozen times or more per group at a million groups.
         if let Some((g, pane)) = self.panes.get(gid as usize) {
             if *g == gid {
                 return Some(pane);
@@ -75,15 +75,13 @@ pub(super) struct ClosedWindow {
 
 /// The panes lanes' windows must hold between them before closing them
 /// takes a thread per lane: a thread costs tens of microseconds, a pane
-/// about one. (At 1,024, the quick lanes ladder's 1,000 panes closed on one
-/// thread, about 1 ms of a 40 ms run during which the other core idled.)
+/// about one.
 const PANES_PER_CLOSING_THREAD: usize = 256;
 
 /// Lanes' windows `start` as bins, in order, each converted and dropped on a
 /// thread of its own (the first on this one) when they hold enough panes.
 /// A close holds every lane, so on one thread the other lanes' senders
-/// waited out every lane's conversion: 2 lanes on 2 cores measured 1.64–1.80×
-/// one lane (the quick lanes ladder). Where a thread cannot be had, its
+/// would wait out every lane's conversion. Where a thread cannot be had, its
 /// window is converted here.
 pub(super) fn windows_as_bins(start: i64, windows: Vec<OpenWindow>) -> Vec<WindowBins> {
     let panes: usize = windows.iter().map(|w| w.panes.len()).sum();

@@ -138,8 +138,7 @@ impl OpenWindow {
 
     /// The window as bins (what closing keeps, or a merged view of lanes).
     fn to_bins(&self, start: i64) -> WindowBins {
-        // Sized first: grown as it was filled, the vector's copies were a
-        // fifth of closing a window of 100k one-series groups.
+        // Sized first, so that filling it copies nothing.
         let mut panes = Vec::with_capacity(self.panes.iter().flatten().count());
         let ahead = |gid: usize| self.panes.get(gid).and_then(Option::as_ref);
         panes.extend(self.panes.iter().enumerate().filter_map(|(gid, pane)| {
@@ -227,9 +226,9 @@ impl Accumulator {
 
     /// Group `gid`'s pane in the newest open window, if `ts` falls in that
     /// window (where nearly every sample goes), for a prefetch ahead of an
-    /// add (see [`PaneSketch::prefetch`]): found without dividing, as a hint
-    /// needs nothing more (the division was a seventh of routing at 100k
-    /// groups of one series).
+    /// add (see [`PaneSketch::prefetch`]): found without the division of
+    /// `window_start`, as a hint needs nothing more (it runs once per
+    /// destination of a request).
     #[inline]
     pub fn newest_open_pane(&self, gid: u32, ts: i64) -> Option<&PaneSketch> {
         let (&start, window) = self.open.last_key_value()?;
@@ -497,9 +496,8 @@ impl Accumulator {
         match start.and_then(|s| self.closed.iter().find(|w| w.bins.start == s)) {
             Some(closed) => {
                 // The first query encodes into `out` and keeps a copy: one
-                // copy of the answer, where encoding into a vector of its own
-                // (grown as it went), making that an `Arc` and copying it
-                // into `out` were three, a fifth of a 100k-group answer.
+                // copy of the answer, not three (a vector of its own, grown
+                // as it went, an `Arc` of it, then `out`).
                 let mut encoded = false;
                 let answer = closed.answer.get_or_init(|| {
                     let at = out.len();

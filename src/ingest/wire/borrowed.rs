@@ -175,7 +175,7 @@ pub fn parse_label_fields<'a>(
 /// Labels as senders write them — each label a field of one-byte length
 /// holding its name field and then its value field, both of one-byte
 /// length — read by their lengths alone (a series cache miss reads every
-/// new series' labels; the full walk cost ~370 instructions a label).
+/// new series' labels).
 /// `false` for any other shape, which [`parse_label_fields_fully`] reads.
 #[inline]
 fn parse_labels_as_sent<'a>(raw_labels: &'a [u8], out: &mut Vec<(&'a [u8], &'a [u8])>) -> bool {

@@ -403,7 +403,7 @@ mod tests {
         decompress(&body, 1000, &mut out).unwrap();
         assert_eq!(out, vec![7u8; 1000]);
         // A header claiming 4 GiB is refused without allocating it; so is one
-        // past snappy's own maximum (2^32 and more: issue 12, item 9, gave 400).
+        // past snappy's own maximum (2^32 and more: too large, not malformed).
         let bogus = [0xff, 0xff, 0xff, 0xff, 0x0f, 0x00];
         assert!(matches!(
             decompress(&bogus, 1 << 20, &mut out),
