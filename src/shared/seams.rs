@@ -73,10 +73,10 @@
 //!
 //! | seam | strategy | baseline (the upstream per-sample shape) | with the strategy | where |
 //! |---|---|---|---|---|
-//! | [`WireDecode`] | `borrowed-decode` | `Owned`: prost into owned structs | `Borrowed`: walk the buffer, labels as slices | `ingest/wire.rs` |
+//! | [`WireDecode`] | `borrowed-decode` | `Owned`: prost into owned structs | `Borrowed`: walk the buffer, labels as slices | `ingest/wire/` |
 //! | [`Canonicalize`] | `series-cache` | `PerRequest`: per series per request, validate, `HashMap<String,String>`, sort, `format!` series key, fingerprint, JSON population key | `Cached`: all of it once per series, keyed by its raw label bytes | `ingest/pipeline/canonical.rs` |
 //! | [`Route`] | `batch-routing` | `PerSample`: per sample and aggregation, re-parse the series key, group key `String`, push into a `HashMap` of vectors | `Batched`: destinations once per series, a counting sort into one contiguous batch per destination | `ingest/pipeline/route.rs` |
-//! | [`SketchUpdate`] | `bulk-sketch` | `PerSample`: per sample, find the pane, `DDSketch::add` | `Runs`: one pane lookup and one `BulkSketch::add_slice` per run of samples in one window | `ingest/window.rs`, `ingest/sketch.rs` |
+//! | [`SketchUpdate`] | `bulk-sketch` | `PerSample`: per sample, find the pane, `DDSketch::add` | `Runs`: one pane lookup and one `BulkSketch::add_slice` per run of samples in one window | `ingest/window/`, `ingest/sketch.rs`, `ingest/bulk_sketch.rs` |
 //!
 //! Combined variants, and why they exist:
 //! - `WireDecode::BorrowedDeferred` (`borrowed-decode` × `series-cache`): the
