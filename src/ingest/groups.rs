@@ -1,6 +1,6 @@
 //! What the lanes of one ingester share: the [`Budget`] every limit counts
-//! against ([`super::budget`]), and the [`GroupTable`] (each aggregation's groups, their ids and
-//! destination ids). A lone [`Ingester`](super::pipeline::Ingester) has both
+//! against ([`super::budget`]), and the [`GroupTable`] (each aggregation's
+//! groups, their ids and destination ids). A lone [`Ingester`](super::pipeline::Ingester) has both
 //! to itself; a [laned](super::lanes) one hands every lane the same, so the
 //! limits are the receiver's, not a lane's, and a group has one id in every
 //! lane (a window's panes from several lanes merge by id).

@@ -17,6 +17,10 @@
 //! window (samples of groups that got no pane there, past the group, pane or
 //! bin limit). The groups themselves, and the budget every limit counts
 //! against, are the ingester's ([`super::groups`]), shared by its lanes.
+//!
+//! Here: the [`Accumulator`] (adding, closing, answering). What closing
+//! makes of a window, [`WindowBins`], is in `close.rs`; how an answer is
+//! encoded, and its types, in `answer.rs`.
 
 mod answer;
 mod close;

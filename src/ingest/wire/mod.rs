@@ -4,12 +4,12 @@
 //! Two decoders fill the same [`Batch`] (label byte slices, samples, series
 //! spans), so everything downstream is shared:
 //! - [`decode_owned`]: the reference, `prost` into owned structs (`String`s);
-//! - [`decode_borrowed`]: the `borrowed-decode` strategy, a walk over the
-//!   decompressed buffer that hands labels on as slices of it. It accepts and
-//!   rejects exactly what prost does (same wire rules, same recursion limit,
-//!   last occurrence of a scalar field wins); UTF-8 of label names and values is
-//!   checked later, at canonicalization, where the series cache can skip it for
-//!   bytes it has already validated.
+//! - [`decode_borrowed`] (`borrowed.rs`): the `borrowed-decode` strategy, a
+//!   walk over the decompressed buffer that hands labels on as slices of it.
+//!   It accepts and rejects exactly what prost does (same wire rules, same
+//!   recursion limit, last occurrence of a scalar field wins); UTF-8 of label
+//!   names and values is checked later, at canonicalization, where the series
+//!   cache can skip it for bytes it has already validated.
 
 mod borrowed;
 pub use borrowed::{
