@@ -396,7 +396,7 @@ impl Ingester {
                 limit: self.limits.max_samples_per_request,
             });
         }
-        let resolved = self.resolve(batch)?;
+        let resolved = self.canonicalizer().resolve(batch)?;
         let mut stats = Stats {
             requests: 1,
             series: batch.series.len() as u64,
@@ -413,7 +413,14 @@ impl Ingester {
             (Some(now), Some(ahead)) => now.saturating_add(ahead),
             _ => i64::MAX,
         };
-        let newest = self.route(batch, &resolved, latest, &mut stats);
+        let newest = match self.seams.route {
+            Route::Batched => self
+                .router()
+                .route_batched(batch, &resolved, latest, &mut stats),
+            Route::PerSample => self
+                .router()
+                .route_per_sample(batch, &resolved, latest, &mut stats),
+        };
         if let Resolved::Cached(ids) = resolved {
             self.spare_ids = ids;
             self.cache.evict_if_full();
@@ -430,9 +437,8 @@ impl Ingester {
         Ok((stats, watermark))
     }
 
-    /// The canonicalize seam: every series of the request, validated, before
-    /// anything is applied (see [`Canonicalizer::resolve`]).
-    fn resolve(&mut self, batch: &Batch<'_>) -> Result<Resolved, IngestError> {
+    /// The canonicalize seam, borrowing what it needs of this ingester.
+    fn canonicalizer(&mut self) -> Canonicalizer<'_> {
         Canonicalizer {
             seam: self.seams.canonicalize,
             plan: &self.plan,
@@ -442,31 +448,18 @@ impl Ingester {
             dests: &mut self.dests,
             shared: &self.shared,
         }
-        .resolve(batch)
     }
 
-    /// The route seam: the request's samples to their destinations' windows
-    /// (see [`Router`]); the newest sample routed.
-    fn route(
-        &mut self,
-        batch: &Batch<'_>,
-        resolved: &Resolved,
-        latest: i64,
-        stats: &mut Stats,
-    ) -> Option<i64> {
-        let mut router = Router {
+    /// The route seam, borrowing what it needs of this ingester.
+    fn router(&mut self) -> Router<'_> {
+        Router {
             plan: &self.plan.plan,
             cache: &self.cache,
             dests: &mut self.dests,
             shared: &self.shared,
             accumulators: &mut self.accumulators,
             watermark: self.watermark,
-        };
-        match self.seams.route {
-            Route::Batched => {
-                router.route_batched(&mut self.scratch, batch, resolved, latest, stats)
-            }
-            Route::PerSample => router.route_per_sample(batch, resolved, latest, stats),
+            scratch: &mut self.scratch,
         }
     }
 

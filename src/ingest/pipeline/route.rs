@@ -26,6 +26,8 @@ pub(super) struct Router<'a> {
     pub(super) shared: &'a Shared,
     pub(super) accumulators: &'a mut [Accumulator],
     pub(super) watermark: i64,
+    /// The batched router's scratch space, reused across requests.
+    pub(super) scratch: &'a mut RouteScratch,
 }
 
 impl Router<'_> {
@@ -106,12 +108,12 @@ impl Router<'_> {
     #[inline(never)] // one call per request; kept apart so profiles show the seam
     pub(super) fn route_batched(
         &mut self,
-        sc: &mut RouteScratch,
         batch: &Batch<'_>,
         resolved: &Resolved,
         latest: i64,
         stats: &mut Stats,
     ) -> Option<i64> {
+        let sc = &mut *self.scratch;
         // Per series its range of destination ids in `dest_ids`: a slice of the
         // series cache, or (without it) ids re-derived once per series here.
         let mut derived = std::mem::take(&mut sc.series_dests);
