@@ -35,7 +35,7 @@
 //! max, and `dropped`: the group's samples of that window the receiver refused
 //! past a limit (they are in no bin; an answer with `dropped > 0` says so).
 //! Both sketch seams (the crate's `DDSketch` and `bulk-sketch`'s
-//! [`BulkSketch`](super::sketch::BulkSketch)) hand out the same `PaneBins`
+//! [`BulkSketch`](super::bulk_sketch::BulkSketch)) hand out the same `PaneBins`
 //! for the same values, in any order (property-tested), and
 //! [`PaneBins::quantile`] answers what either sketch answers, bit for bit.
 //!

@@ -10,7 +10,8 @@
 //!
 //! An open window holds a pane ([`PaneSketch`]) per group id that has
 //! samples there, in one lane; a closed window holds each group's
-//! [`PaneBins`] (every lane's pane of it merged, exactly: [`super::bins`]).
+//! [`PaneBins`](super::bins::PaneBins) (every lane's pane of it merged,
+//! exactly: [`super::bins`]).
 //! Samples refused past a limit are counted per request (`Stats`), per
 //! group and per window, and an answer that misses some says so: `"dropped"`
 //! on the group (its samples refused while it had a pane there) and on the
@@ -114,7 +115,7 @@ pub struct Accumulator {
     config: Config,
     keep: usize,
     /// The sketch-update seam: per sample into `DDSketch`es, or (`bulk-sketch`)
-    /// per run into [`super::sketch::BulkSketch`]es.
+    /// per run into [`super::bulk_sketch::BulkSketch`]es.
     sketch: SketchUpdate,
     /// Open windows by start.
     open: BTreeMap<i64, OpenWindow>,
