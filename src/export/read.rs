@@ -3,6 +3,7 @@
 //! bounded share of it.
 
 use super::*;
+use crate::format::storefile;
 
 /// How long a scrape first waits for one file's `flock`. Writers hold it for
 /// one operation (microseconds); a file still locked after this is set aside
@@ -687,61 +688,34 @@ pub(super) fn open_failure(err: std::io::Error) -> FileFailure {
     FileFailure::new(reason, err)
 }
 
-/// Opens a store file without blocking (a FIFO's `open` would wait for a
-/// writer), and only if it is a regular file. Symlinks are followed, as
-/// client_ruby's `File.open` follows them; what they point to must be a
-/// regular file.
+/// Opens a store file ([`storefile::open_regular`]): a missing file vanished,
+/// anything but a regular file is `NotRegular`.
 pub(super) fn open_regular(path: &Path) -> FileResult<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(open_failure)?;
-    let meta = file
-        .metadata()
-        .map_err(|e| FileFailure::new(FileSkip::Unreadable, e))?;
-    if !meta.is_file() {
-        return Err(FileFailure::new(
+    match storefile::open_regular(path) {
+        Ok(Some(file)) => Ok(file),
+        Ok(None) => Err(FileFailure::new(
             FileSkip::NotRegular,
             anyhow!("not a regular file"),
-        ));
+        )),
+        Err(err) => Err(open_failure(err)),
     }
-    Ok(file)
 }
 
 /// Takes `fd`'s exclusive `flock`, waiting until the clock's lock deadline at
 /// most (one try if it has passed), and adds the time it waited to the clock.
 pub(super) fn lock_until(fd: std::os::fd::RawFd, clock: &mut ReadClock) -> FileResult<()> {
-    let mut pause = Duration::from_micros(50);
-    let mut since: Option<Instant> = None;
-    let result = loop {
-        match flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => {
-                probe!("export.file_locked");
-                break Ok(());
-            }
-            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
-                let now = Instant::now();
-                let lock_deadline = clock
-                    .deadline
-                    .min(*since.get_or_insert(now) + clock.lock_wait);
-                if now >= lock_deadline {
-                    break Err(FileFailure::new(
-                        FileSkip::Locked,
-                        anyhow!("flock still held after waiting"),
-                    ));
-                }
-                std::thread::sleep(pause.min(lock_deadline - now));
-                pause = (pause * 2).min(Duration::from_millis(5));
-            }
-            Err(err) => break Err(FileFailure::new(FileSkip::Unreadable, err)),
-        }
-    };
-    if let Some(since) = since {
-        clock.lock_waited += since.elapsed();
+    let (deadline, lock_wait) = (clock.deadline, clock.lock_wait);
+    let wait = storefile::lock_exclusive_until(fd, |now| deadline.min(now + lock_wait))
+        .map_err(|err| FileFailure::new(FileSkip::Unreadable, err))?;
+    clock.lock_waited += wait.waited;
+    if !wait.locked {
+        return Err(FileFailure::new(
+            FileSkip::Locked,
+            anyhow!("flock still held after waiting"),
+        ));
     }
-    result
+    probe!("export.file_locked");
+    Ok(())
 }
 
 /// Opens `path` and runs `read` on it under `flock`.

@@ -80,36 +80,18 @@ pub(super) fn os(bytes: &[u8]) -> &std::ffi::OsStr {
     std::ffi::OsStr::from_bytes(bytes)
 }
 
-/// Opens a listed store file without blocking; `None` if it is gone or not
-/// a regular file.
+/// Opens a listed store file ([`storefile::open_regular`]); `None` if it is
+/// gone or not a regular file.
 pub(super) fn open_regular(path: &Path) -> Result<Option<File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    Ok(file.metadata()?.is_file().then_some(file))
+    match storefile::open_regular(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        opened => Ok(opened?),
+    }
 }
 
 /// `flock(LOCK_EX)`, waiting until `deadline` at most.
 pub(super) fn lock_until(file: &File, deadline: Instant) -> Result<bool> {
-    loop {
-        match flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => return Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Ok(false);
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    Ok(storefile::lock_exclusive_until(file.as_raw_fd(), |_| deadline)?.locked)
 }
 
 /// The file's used region: empty when it is shorter than a header or its
