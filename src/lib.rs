@@ -23,9 +23,11 @@
 
 pub mod export;
 pub mod format;
+#[cfg(feature = "reference")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ingest;
+#[cfg(any(test, feature = "reference"))]
 pub mod reference;
 pub mod render;
 pub mod scenarios;
