@@ -16,7 +16,7 @@
 //! table of seams, and why two are combined, is in [`crate::shared::seams`]);
 //! nothing below it asks which strategies are on.
 //!
-//! Bad input never fails a scrape (issue #12): a file that vanished, is not
+//! Bad input never fails a scrape: a file that vanished, is not
 //! a regular file, stays locked, is corrupt, shrinks while mapped (see
 //! [`mapguard`]) or cannot be read is left out whole, an entry whose key
 //! does not decode or would not be a valid Prometheus label set is left out
@@ -24,7 +24,7 @@
 //! loses to any number, so the result does not depend on file order (Ruby's
 //! `Array#max` raises on it).
 //!
-//! No file costs a scrape more than a bounded share of it (issue #22): each
+//! No file costs a scrape more than a bounded share of it: each
 //! file's entries are staged as they are walked and folded into the scrape
 //! only once the whole file was read, so a file that fails halfway counts for
 //! nothing without reading any other file again; a locked file is waited for

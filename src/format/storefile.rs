@@ -181,13 +181,15 @@ pub fn lock_exclusive_until(
         match flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
             Ok(()) => {
                 let waited = since.map_or(Duration::ZERO, |(since, _)| since.elapsed());
-                return Ok(LockWait { locked: true, waited });
+                return Ok(LockWait {
+                    locked: true,
+                    waited,
+                });
             }
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
                 let now = Instant::now();
-                let (first, until) = *since.get_or_insert_with(|| {
-                    (now, (deadline.take().expect("asked once"))(now))
-                });
+                let (first, until) = *since
+                    .get_or_insert_with(|| (now, (deadline.take().expect("asked once"))(now)));
                 if now >= until {
                     return Ok(LockWait {
                         locked: false,

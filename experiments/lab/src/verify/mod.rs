@@ -39,7 +39,7 @@
 //!   ([`promlab::reference::ingest`]), every quantile within α of the exact
 //!   one ([`promlab::reference::quantile::check`]), and every set's panes must
 //!   be bit-identical to the baseline's;
-//! - **split and merge** (issue 25's cluster): the same requests, their
+//! - **split and merge**: the same requests, their
 //!   series spread over three ingesters by Prometheus's `hashmod`, every
 //!   window closed and each receiver's panes merged as the cluster's SQL merges
 //!   their rows, must give every closed window of the single ingester: the
@@ -467,7 +467,7 @@ fn split_by_hashmod(requests: &[WriteRequest], receivers: usize) -> Vec<Vec<Vec<
     out
 }
 
-/// The split-and-merge path (issue 25): the input's series spread over
+/// The split-and-merge path: the input's series spread over
 /// [`RECEIVERS`] ingesters of the ingest subset `i`, every window closed,
 /// each receiver's panes written as rows and merged as the cluster's SQL
 /// merges them, must be the single ingester's closed windows: the same
