@@ -532,7 +532,7 @@ impl Exporter {
     /// [`Exporter::last_report`].
     pub fn export_into(&mut self, out: &mut Vec<u8>) -> Result<()> {
         // A watched store's removal shows as its lost watch (and its listing
-        // fails); the `stat` was 5 % of a folded store's scrape.
+        // fails), so a watched store's scrape skips the `stat`.
         if !self.files.watching() && !self.dir.is_dir() {
             bail!("store directory {} does not exist", self.dir.display());
         }

@@ -113,8 +113,8 @@ pub(super) struct FileReader {
 }
 
 /// The coarse monotonic clock (the kernel's last tick, a few ms old):
-/// checked before each file, where the fine clock's read (~30 ns here) was
-/// 15 % of a folded store's scrape, which reads one small file per metric.
+/// checked before each file, where the fine clock's read would be a large
+/// share of a folded store's scrape, which reads one small file per metric.
 pub(super) fn coarse_now() -> Duration {
     crate::write::clock_reading(libc::CLOCK_MONOTONIC_COARSE)
 }

@@ -261,10 +261,9 @@ pub(super) fn metric_values<'t>(
     }
 }
 
-/// The vectors [`metric_values`] builds in, kept empty between metrics: a
-/// vector allocated and freed per metric was a sixth of a scrape of many
-/// small metrics (200 one-series metrics: two `malloc`s and two `free`s of
-/// some 1,800 instructions a metric).
+/// The vectors [`metric_values`] builds in, kept empty between metrics, so a
+/// scrape of many small metrics does not allocate and free two vectors a
+/// metric.
 #[derive(Default)]
 pub(super) struct ValuesBuffers {
     pub(super) scalar: Vec<(&'static Group, f64)>,
