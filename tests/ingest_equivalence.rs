@@ -492,7 +492,7 @@ proptest! {
     // Each case replays up to seven requests through 2 × 4 laned ingesters.
     #![proptest_config(ProptestConfig::with_cases(32))]
 
-    /// Issue 23, item 1: the DDSketch guarantee over the whole range the
+    /// The DDSketch guarantee over the whole range the
     /// receiver accepts, with outliers, each group's samples split over 1–4
     /// lanes (requests take turns), both sketch seams: every pane holds the
     /// samples the window rules say, and every quantile is within α of the

@@ -1,4 +1,4 @@
-//! The laned ingester (issue 15, item 3) on the 27 real Prometheus requests,
+//! The laned ingester on the 27 real Prometheus requests,
 //! fed from several threads at once, and under the receiver's limits. (Random
 //! request sequences against the one ingester: `tests/ingest_equivalence.rs`,
 //! `laned_ingester_agrees_with_one*`.)
@@ -119,8 +119,8 @@ fn limits(capacity: Capacity) -> Limits {
     }
 }
 
-/// With limits: the lanes together hold no more than them (issue 23: each
-/// lane used to hold up to them), every (sample, aggregation) pair is
+/// With limits: the lanes together hold no more than them (not each
+/// lane up to them), every (sample, aggregation) pair is
 /// accepted, late or counted as dropped, once, and one lane is the one
 /// ingester exactly, drops included.
 #[test]
@@ -299,7 +299,7 @@ fn assert_accounted(t: &Stats, what: &str) {
     assert_eq!(fates, t.samples, "{what}: {t:?}");
 }
 
-/// Issue 23, finding 2: `--max-groups 1000 --ingest-threads 4` held 3,950
+/// `--max-groups 1000 --ingest-threads 4` held 3,950
 /// groups after 5,000 new ones from 8 connections, and the counters did not
 /// add up. Eight threads at once, each sending new groups (and outliers that
 /// need many bins): at every moment the lanes together hold no more than the

@@ -1,4 +1,4 @@
-//! The ingester's limits (issue 12, items 4, 5 and 11) under every combination
+//! The ingester's limits under every combination
 //! of the ingest strategies: far-future samples are counted and cannot close
 //! windows, groups, pane slots and bins stay bounded with every drop counted,
 //! and on input within the limits the result is the unbounded one, bit for bit.
@@ -198,7 +198,7 @@ fn too_many_samples_in_a_request_is_refused_whole() {
     assert_eq!(ingester.totals(), Stats::default());
 }
 
-/// Issue 12, item 4: a plan built in code skips validation; its window
+/// A plan built in code skips validation; its window
 /// arithmetic must not panic whatever the lengths.
 #[test]
 fn absurd_window_lengths_do_not_panic() {
@@ -254,7 +254,7 @@ fn within_the_limits_nothing_changes() {
     }
 }
 
-/// Issue 23, finding 3: after a flood of new groups, none was ever admitted
+/// After a flood of new groups, none was ever admitted
 /// again. A group is reclaimed once no window holds a pane of it (its last
 /// window aged out of the `keep_windows` closed ones), so new groups come
 /// back — on one lane and on two, every combination.
@@ -313,7 +313,7 @@ fn groups_come_back_after_a_flood() {
 }
 
 /// A new series of the group the new series before it resolved to skips the
-/// group table (issue 26); once groups are reclaimed, their destination ids
+/// group table; once groups are reclaimed, their destination ids
 /// may be another group's, so that memory is forgotten with them. Here `x`
 /// is reclaimed while `a` is the group remembered, and new series of `a`
 /// keep coming, on one lane and on two, every combination.
@@ -356,7 +356,7 @@ fn the_group_remembered_is_forgotten_when_groups_are_reclaimed() {
     }
 }
 
-/// Issue 23, item 1: where a sample is refused past a limit, the answer says
+/// Where a sample is refused past a limit, the answer says
 /// so — `"dropped"` on the group whose pane missed it, and on the window for
 /// groups that got no pane — and the quantiles of what was taken stay within
 /// α: 1..100 plus one 1e300 that the bins cannot afford.
@@ -408,7 +408,7 @@ fn refused_samples_are_flagged_in_the_answer() {
     }
 }
 
-/// Issue 23, finding 1: one sample of 1e20 among 1..100 answered p50 = p90 =
+/// One sample of 1e20 among 1..100 answered p50 = p90 =
 /// p99 = 165.7; with 1e300, 1.65e282. Within the default limits every
 /// combination answers within α and nothing is dropped.
 #[test]
@@ -438,7 +438,7 @@ fn one_outlier_leaves_the_other_quantiles_within_alpha() {
     }
 }
 
-/// Issue 23, finding 6: `--max-ahead-secs 0` and one sample at now + 1 h
+/// `--max-ahead-secs 0` and one sample at now + 1 h
 /// made every later real-time sample late. Without the drop, the watermark
 /// still never passes the clock minus the lateness: the sample ahead is kept
 /// in its window, and the real-time samples after it are on time.

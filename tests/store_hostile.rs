@@ -1,8 +1,7 @@
 //! Hostile store files, through every export combination and the reference
 //! exporter: what is left out, what is counted, and that every good series is
-//! still served the same way by all of them (issue #12, items 1, 6, 7, 8, 10,
-//! 13; issue #22, items 3 and 4: keys Prometheus would refuse, zero-length
-//! keys, sparse files, deadlines inside a walk, files locked for a while).
+//! still served the same way by all of them (keys Prometheus would refuse,
+//! zero-length keys, sparse files, deadlines inside a walk, files locked for a while).
 //! The binary-level cases (truncation under a live sidecar, FIFOs, file
 //! churn, thousands of files under a low descriptor limit, stuck locks, a
 //! real Prometheus) are in `experiments/lab/tests/store_sidecar.rs` and
@@ -301,7 +300,7 @@ fn a_second_writer_on_one_file_is_refused() {
     assert!(String::from_utf8_lossy(&out).contains("c{a=\"x\"} 2.0"));
 }
 
-/// Issue #22, item 4: keys whose decoded labels Prometheus would refuse (a
+/// Keys whose decoded labels Prometheus would refuse (a
 /// value that is not UTF-8, `__name__`, another `__` name) and a key padded
 /// past what client_ruby writes are left out and counted by reason, through
 /// every combination and the reference; UTF-8 that is valid (`é`) and an
@@ -347,7 +346,7 @@ fn labels_prometheus_would_refuse_are_skipped_and_counted() {
     assert_eq!(count(EntrySkip::InvalidLabelName), 0);
 }
 
-/// Issue #22, item 4: client_ruby pads every key with at least one space, so
+/// Client_ruby pads every key with at least one space, so
 /// an empty label set is stored as four spaces (an unlabeled series) and a
 /// stored key length of 0 is bytes no writer wrote: its file is refused as
 /// corrupt (client_ruby would read it as the empty label set).
@@ -377,7 +376,7 @@ fn a_zero_length_key_is_refused_and_an_empty_label_set_is_served() {
     );
 }
 
-/// Issue #22, item 3: a sparse file whose `used` claims 2 GiB (what a crash
+/// A sparse file whose `used` claims 2 GiB (what a crash
 /// or a hostile writer leaves: zeros where entries would be) is refused at
 /// its first entry, not walked as 107 M empty entries; the good file beside
 /// it is served. Generous bound: the point is not seconds of work.
@@ -411,7 +410,7 @@ fn store_without(dir: &Path, skipped: &[std::path::PathBuf]) -> tempfile::TempDi
     copy
 }
 
-/// Issue #22, item 3: the deadline is checked inside a file's walk, and a
+/// The deadline is checked inside a file's walk, and a
 /// file cut by it counts for nothing: whatever the budget, every combination
 /// prints exactly the reference's exposition of the store without the files
 /// it reports skipped (so no file is ever half in), and a budget that has
@@ -457,7 +456,7 @@ fn a_file_cut_by_the_deadline_counts_for_nothing() {
     assert!(cut >= 2, "the big file was never cut");
 }
 
-/// Issue #22, item 3: a file locked when first reached is set aside, the
+/// A file locked when first reached is set aside, the
 /// metric's other files are read, and it is tried again: released within
 /// the retry's wait, it is folded in its own place in file order (the sum
 /// below depends on the order), so the exposition is the reference's.

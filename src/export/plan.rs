@@ -95,9 +95,8 @@ struct PlannedEntry {
 }
 
 /// Where a printed value comes from, packed in a word: the scrape's write
-/// loop reads one per line, and the enum it was (a kind, an optional
-/// aggregate and a flag: 12 bytes, two tests a line) was a tenth of a
-/// folded seed-repro scrape's instructions beyond the export floor's.
+/// loop reads one per line, and a word is one load and one test where an
+/// enum of a kind, an optional aggregate and a flag took 12 bytes and two.
 ///
 /// Bits 31–30 the kind, bit 29 whether the value starts a group (a
 /// histogram's running total starts at 0), bits 28–0 an index into

@@ -21,6 +21,7 @@
 use anyhow::{bail, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// client_ruby's initial file size.
 pub const INITIAL_FILE_SIZE: u64 = 1024 * 1024;
@@ -149,6 +150,67 @@ pub fn check_used(header: [u8; 4], file_len: u64) -> Result<usize> {
         bail!("bad used = {used} (file is {file_len} bytes)");
     }
     Ok(used as usize)
+}
+
+/// Opens a store file for reading without blocking (a FIFO's `open` would
+/// wait for a writer). Symlinks are followed, as client_ruby's `File.open`
+/// follows them; `Ok(None)` if what the name leads to is not a regular file.
+/// A missing file is the `NotFound` error, for the caller to name.
+pub fn open_regular(path: &Path) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    Ok(file.metadata()?.is_file().then_some(file))
+}
+
+/// Takes `fd`'s exclusive `flock`, trying again with a growing pause (50 µs,
+/// doubling up to 5 ms) while another process holds it. `deadline` is asked
+/// for only once the lock is found held, with the time of that first try, so
+/// an uncontended lock reads no clock. `Ok(None)`: still held at the
+/// deadline; otherwise how long it waited (zero if it did not).
+pub fn lock_exclusive_until(
+    fd: std::os::fd::RawFd,
+    deadline: impl FnOnce(Instant) -> Instant,
+) -> std::io::Result<LockWait> {
+    let mut pause = Duration::from_micros(50);
+    let mut since: Option<(Instant, Instant)> = None;
+    let mut deadline = Some(deadline);
+    loop {
+        match flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => {
+                let waited = since.map_or(Duration::ZERO, |(since, _)| since.elapsed());
+                return Ok(LockWait {
+                    locked: true,
+                    waited,
+                });
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                let now = Instant::now();
+                let (first, until) = *since
+                    .get_or_insert_with(|| (now, (deadline.take().expect("asked once"))(now)));
+                if now >= until {
+                    return Ok(LockWait {
+                        locked: false,
+                        waited: now - first,
+                    });
+                }
+                std::thread::sleep(pause.min(until - now));
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// What [`lock_exclusive_until`] got.
+#[derive(Clone, Copy, Debug)]
+pub struct LockWait {
+    /// Whether the lock is held now.
+    pub locked: bool,
+    /// How long it waited for it.
+    pub waited: Duration,
 }
 
 /// `flock(2)`, retried when a signal interrupts it.

@@ -184,7 +184,7 @@ pub fn decode_body(body: &[u8]) -> anyhow::Result<Vec<Series>> {
 /// quantiles — those of a `sketches_ddsketch::DDSketch` (the crate, not the
 /// pipeline's sketches) fed the pane's values as they arrived, with the
 /// aggregation's α, room for every key of the normal f64 range (so it never
-/// collapses its lowest bins: the receiver's promise, issue 23) and a zero
+/// collapses its lowest bins: the receiver's promise) and a zero
 /// bucket of `±0` and the subnormals. Groups are ordered by their labels as a
 /// sorted map.
 pub fn answer(outcome: &Outcome, plan: &Plan, agg: usize, flushed: bool) -> serde_json::Value {

@@ -144,8 +144,8 @@ fn with_labels<'o>(
 /// One line of a group, up to its value: the prefix copied if the group's
 /// lines were rendered ([`rendered_lines`]: `line` is its index there),
 /// else `name<suffix>{labels[,le]} ` encoded now ([`encoded_sample`]).
-/// Always inlined, the encoding kept out of line: called as a function, its
-/// prologue and epilogue were a sixth of a prerendered line's instructions.
+/// Always inlined, the encoding kept out of line: a call's prologue and
+/// epilogue would cost a prerendered line more than its copy does.
 #[inline(always)]
 fn sample<'f>(
     family: &'f mut FamilyEncoder<'_>,

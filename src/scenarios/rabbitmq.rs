@@ -9,6 +9,7 @@
 //! names that made RabbitMQ put escaping back.
 
 use crate::format::registry::MetricType;
+#[cfg(any(test, feature = "reference"))]
 use crate::reference::live as live_reference;
 use crate::render::live::{FamilyId, LiveRegistry};
 use crate::shared::strategy::StrategySet;
@@ -314,6 +315,7 @@ impl RabbitMqNode {
 /// one more): computed from the scenario's definition (its groups, names and
 /// motions) without a registry, as the input of the reference renderer
 /// ([`crate::reference::live`]).
+#[cfg(any(test, feature = "reference"))]
 pub fn contents(
     queues: usize,
     awkward_names: bool,

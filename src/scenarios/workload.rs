@@ -9,7 +9,7 @@
 //! - [`long_label`]: the write-path report — one histogram observe and one
 //!   counter increment with a 195-character label value.
 //! - [`many_metrics`]: hundreds of counters × ~100 processes, one entry per
-//!   file (issue #22's probe: 400 × 100 = 40,000 files).
+//!   file (the probe: 400 × 100 = 40,000 files).
 
 use crate::format::formenc::Dialect;
 use crate::format::registry::Registry;

@@ -96,8 +96,8 @@ impl Guard {
         // Relaxed, then a compiler fence: a fault in the region is raised on
         // the thread touching it, and a thread the guard's owner hands the
         // region to gets these stores with the hand-over (a lock, a spawn).
-        // Sequentially consistent stores (a locked instruction each) were 8 %
-        // of a folded store's scrape, which registers a region per file.
+        // Sequentially consistent stores would cost a locked instruction
+        // each, and a folded store's scrape registers a region per file.
         slot.faulted.store(false, Ordering::Relaxed);
         slot.writable
             .store(access == Access::Write, Ordering::Relaxed);

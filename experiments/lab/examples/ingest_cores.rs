@@ -1,4 +1,4 @@
-//! Ingest throughput at saturation on 1 vs 2 cores (issue 15, item 3), in process.
+//! Ingest throughput at saturation on 1 vs 2 cores, in process.
 //!
 //! Request bodies are encoded before the clock starts (the feeder's workload:
 //! 1,000 groups × 100 series, `ROWS` rows a request, `TICKS` ticks of 1e5

@@ -1,4 +1,4 @@
-//! Issue 25 on a real cluster: three `clickhouse-server` processes (one shard
+//! N receivers answering as one, on a real cluster: three `clickhouse-server` processes (one shard
 //! each, loopback ports picked at run time), receivers writing to them with
 //! `serve --clickhouse`, the feed sharded over them by hashmod, and `promlab
 //! query --clickhouse` compared, byte for byte, with one receiver fed the
@@ -43,7 +43,7 @@ struct Env {
 fn env(database: &str) -> Option<Env> {
     if local::server_command().is_none() {
         common::skip(
-            "clickhouse-server (issue 25's cluster tests)",
+            "clickhouse-server (the cluster tests)",
             "apt-get install clickhouse-server",
         );
         return None;
@@ -243,7 +243,7 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Issue 25, item 4: three receivers over three nodes answer every closed
+/// Three receivers over three nodes answer every closed
 /// window with the bytes of one receiver fed the whole stream, under every
 /// one of the 16 ingest strategy sets; and the windows still open when the
 /// three stop cleanly (written as they stop) answer as the one's open windows do.
@@ -310,7 +310,7 @@ fn three_receivers_answer_as_one_for_every_ingest_strategy_set() {
     }
 }
 
-/// Issue 25, item 1: a retried or repeated insert never changes an answer,
+/// A retried or repeated insert never changes an answer,
 /// wherever the repeat lands. Every row the receivers wrote is inserted
 /// again into its own node and into another shard's; the answers stay the
 /// single receiver's, before and after the engine merges its parts.
@@ -391,7 +391,7 @@ fn a_repeated_insert_never_changes_an_answer() {
     check("after the engine merged its parts");
 }
 
-/// Issue 25, item 5: a node down fails the query and names the shard — never a
+/// A node down fails the query and names the shard — never a
 /// silently partial quantile; back up, the answer is whole again.
 #[test]
 fn a_node_down_fails_the_query_naming_its_shard() {
@@ -426,7 +426,7 @@ fn a_node_down_fails_the_query_naming_its_shard() {
     assert_eq!(text(&again), text(&whole));
 }
 
-/// Issue 25, item 5: ClickHouse stopped and restarted under a running feed.
+/// ClickHouse stopped and restarted under a running feed.
 /// Within the queue's bound nothing is lost: the receivers retry, and every
 /// window answers as the single receiver's. Past the bound, the windows
 /// dropped are counted in `/metrics` and flagged in the answer with the
@@ -560,7 +560,7 @@ fn clickhouse_stopped_under_a_running_feed_loses_nothing_within_the_bound() {
     assert_eq!(lost as f64, samples_dropped);
 }
 
-/// Issue 25, item 5: a receiver SIGKILLed and restarted (same id). Windows it
+/// A receiver SIGKILLed and restarted (same id). Windows it
 /// had written answer as before (nothing counted twice); the window it had
 /// open is lost, flagged, and lacks exactly the samples it held; the window
 /// its new life began in is flagged too (the cluster cannot tell whether the

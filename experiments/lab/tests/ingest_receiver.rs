@@ -198,7 +198,7 @@ fn sample_at(timestamp: i64, value: f64) -> Vec<u8> {
     promlab::ingest::wire::compress(&req.encode_to_vec())
 }
 
-/// Issue 15, item 4: the last closed window's answer is kept outside the
+/// The last closed window's answer is kept outside the
 /// ingester's lock and served while it stands — never past a window closing
 /// or a reload dropping the aggregation.
 #[test]

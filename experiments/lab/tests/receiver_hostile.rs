@@ -1,4 +1,4 @@
-//! The remote-write receiver against hostile clients (issue 12): timestamps far
+//! The remote-write receiver against hostile clients: timestamps far
 //! ahead of the clock, a cardinality attack, slow clients, SIGTERM with
 //! half-open clients. Loopback only; every wait bounded.
 
@@ -74,7 +74,7 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-/// Issue 12, item 5: one sample stamped in 2100 (or in ns sent as ms) moved the
+/// One sample stamped in 2100 (or in ns sent as ms) moved the
 /// watermark, and every real-time sample after it was late. Now it is counted
 /// `too_far_ahead` and dropped, the rest of its request counts, and a sample
 /// ahead but within the bound does not close the current window either.
@@ -114,7 +114,7 @@ fn future_timestamps_cannot_close_windows() {
     assert!(body.contains("\"window_start_ms\":null"), "{body}");
 }
 
-/// Issue 12, item 11: 2M distinct `label_0` values took RSS to 3.6 GB. With
+/// 2M distinct `label_0` values took RSS to 3.6 GB. With
 /// the default limits, a million new groups, then the groups spread over many
 /// windows with values over the whole range, stay under 1 GiB, and the drops
 /// are counted. Run with `--nocapture` for the figures.
@@ -308,7 +308,7 @@ fn timed(requests: usize, mut request: impl FnMut() -> u16) -> (Vec<u16>, f64, f
 const SLOW_CLIENTS_MEDIAN: f64 = 5.0;
 const SLOW_CLIENTS_WORST: f64 = 15.0;
 
-/// Issue 23, finding 4 (and issue 12, item 12): 1,000 connections trickling
+/// 1,000 connections trickling
 /// header bytes (reconnecting when dropped), more than the connection cap
 /// (512 under `ulimit -n 1024`), kept a normal `GET /metrics` waiting up to
 /// 5.1 s. At the cap the slowest sender is closed for the next connection, so
@@ -338,7 +338,7 @@ fn slow_headers_do_not_hold_a_request_back() {
     assert!(server.metric("promlab_http_connections_evicted_total{phase=\"headers\"}") > 0.0);
 }
 
-/// Issue 23, finding 4: 600 connections that finished their headers and sent
+/// 600 connections that finished their headers and sent
 /// the body a byte at a time could not be closed, and a normal write waited
 /// 58 s. Slow bodies are closed at the cap like slow headers, and a body not
 /// complete within `--body-timeout-secs` is answered 408.
@@ -429,7 +429,7 @@ fn slow_clients_do_not_hold_a_sidecar_scrape_back() {
     );
 }
 
-/// Issue 12, item 12: SIGTERM waited for half-open clients. Now open
+/// SIGTERM waited for half-open clients. Now open
 /// connections get the shutdown deadline, then are closed.
 #[test]
 fn sigterm_with_half_open_clients_exits_within_the_deadline() {
@@ -460,7 +460,7 @@ fn sigterm_with_half_open_clients_exits_within_the_deadline() {
     drop(clients);
 }
 
-/// Issue 12, item 9: a 4 GiB snappy header is 413 (the docs said so; it was
+/// A 4 GiB snappy header is 413 (the docs said so; it was
 /// 400), and the content type is matched exactly, 2.0 named in the answer.
 #[test]
 fn content_type_and_oversized_header() {
@@ -519,7 +519,7 @@ fn listen_takes_a_host_name() {
     );
 }
 
-/// Issue 12, item 13: `--queues 100000000` climbed without limit; now a clear error.
+/// `--queues 100000000` climbed without limit; now a clear error.
 #[test]
 fn scenario_size_is_bounded() {
     let out = Command::new(env!("CARGO_BIN_EXE_promlab"))
@@ -585,7 +585,7 @@ fn minutes_ago(minutes: i64) -> i64 {
     (now_ms() / 60_000 - minutes) * 60_000
 }
 
-/// Issue 23, finding 1: a window of 1..100 and one sample of 1e20 answered
+/// A window of 1..100 and one sample of 1e20 answered
 /// p50 = p90 = p99 = 165.7 (exact 51, 91, 100); with 1e300, 1.65e282.
 /// Reproduced as reported: one POST of 101 series in an old window, one
 /// sample now to close it, the window's quantiles — within α, nothing dropped.
@@ -643,7 +643,7 @@ fn one_outlier_does_not_corrupt_the_answer() {
     }
 }
 
-/// Issue 23, finding 2: with `--max-groups 1000 --ingest-threads 4`, 5,000
+/// With `--max-groups 1000 --ingest-threads 4`, 5,000
 /// new groups from 8 connections left 3,950 held, and accepted + dropped did
 /// not add up to the samples ingested. The limit is the receiver's.
 #[test]
@@ -690,7 +690,7 @@ fn limits_are_the_receivers_across_lanes() {
     }
 }
 
-/// Issue 26: the series cache's bound is its bytes, `--max-series-cache-mib`
+/// The series cache's bound is its bytes, `--max-series-cache-mib`
 /// (its entry cap, 262,144 until then, sat below the series of a large
 /// sender): 10,000 series overflow 1 MiB and the cache is dropped; under the
 /// default 128 MiB it keeps them all.
@@ -712,7 +712,7 @@ fn the_series_cache_is_bounded_by_its_mib() {
     }
 }
 
-/// Issue 23, finding 3: after a group flood no new group was ever admitted
+/// After a group flood no new group was ever admitted
 /// again — not after windows closed, not after `POST /-/reload`. Groups no
 /// window holds any more are reclaimed; the newcomer gets in.
 #[test]
@@ -768,7 +768,7 @@ fn groups_come_back_after_a_flood() {
     assert!(answer.contains("\"newcomer\""), "{answer}");
 }
 
-/// Issue 23, finding 5: the plan file replaced by a FIFO, then `POST
+/// The plan file replaced by a FIFO, then `POST
 /// /-/reload`, hung the whole receiver; replaced by `/dev/zero`, it was read
 /// until allocation failed. Now each is refused with the reason, quickly, the
 /// old plan keeps running and writes and `/metrics` are answered.
@@ -819,7 +819,7 @@ fn a_reload_of_a_fifo_or_a_device_is_refused_and_the_old_plan_stays() {
     assert_eq!(server.metric("promlab_plan_generation"), 2.0);
 }
 
-/// Issue 23, finding 5: a FIFO as `--registry` hung `serve --store` at
+/// A FIFO as `--registry` hung `serve --store` at
 /// start-up (and a FIFO as `--plan` the receiver): now an error naming it.
 #[test]
 fn a_fifo_as_registry_or_plan_is_an_error_at_start() {
@@ -870,7 +870,7 @@ fn a_fifo_as_registry_or_plan_is_an_error_at_start() {
     }
 }
 
-/// Issue 23, finding 6: `--max-ahead-secs 0` and one sample at now + 1 h
+/// `--max-ahead-secs 0` and one sample at now + 1 h
 /// made every later real-time sample late. 0 turns the drop off only: the
 /// watermark still never passes the clock minus the lateness.
 #[test]

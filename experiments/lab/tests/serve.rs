@@ -344,7 +344,7 @@ fn real_prometheus_scrapes_both_modes() {
     assert!(queues.contains(&"perf-test-49"));
 }
 
-/// Issue #22, item 4 (the probe: a key that decodes to `path=%FF%FE` or
+/// (A probe found that a key that decodes to `path=%FF%FE` or
 /// names `__name__` was served as is, and a real Prometheus 2.42 refused the
 /// whole target, 5 of 132 series ingested; a zero-length key was served as
 /// an unlabeled series): such entries are left out and counted, so what the

@@ -2,7 +2,7 @@
 //! directories, as real processes on loopback, each bounded in time (issue
 //! #12): a file truncated while mapped (SIGBUS), a FIFO named like a store
 //! file, files deleted and grown during scrapes, and more files than a low
-//! descriptor limit allows to keep open; and issue #22's probe findings:
+//! descriptor limit allows to keep open; and the probe findings:
 //! files a stuck process keeps locked, a sparse file claiming 2 GiB, keys
 //! whose labels Prometheus would refuse. The sidecar must stay up, answer
 //! every scrape with every good series, count what it skipped at
@@ -413,7 +413,7 @@ fn good_files(store: &Path, metric: &str, n: usize, files: u32) -> Vec<String> {
     lines
 }
 
-/// Issue #22, item 3 (the probe: 4 files a stuck process keeps locked cost
+/// (A probe found that 4 files a stuck process keeps locked cost
 /// every scrape 8 s and 116 of 127 good lines): each stuck file now costs a
 /// bounded wait, and every good line is served, scrape after scrape, by the
 /// sidecar and by the one-shot export. What is asserted is what holds on a
@@ -507,7 +507,7 @@ fn export_with_peak_rss(args: &[&str]) -> (Option<i32>, String, String, i64) {
     (code, out, err_reader.join().unwrap(), usage.ru_maxrss)
 }
 
-/// Issue #22, item 3 (the probe: a sparse file with `used = 2^31-1` walked
+/// (A probe found that a sparse file with `used = 2^31-1` walked
 /// 107 M empty entries, 9.4 s and 3.7 GiB of RSS): the file is refused at its
 /// first entry (a zero key length is bytes no writer wrote) and counted as
 /// corrupt; the good file beside it is served; memory stays small.

@@ -1,4 +1,4 @@
-//! A store file truncated under a writing process (issue 24, item 2): the
+//! A store file truncated under a writing process: the
 //! writer — a real child process, `promlab replay-one -` fed ops on its
 //! stdin — survives, repairs the file in place and makes the write that met
 //! the cut again (`promlab::write::StoreFile`'s doc), under the baseline's

@@ -1,5 +1,5 @@
 //! Past one machine: closed windows' bins in a ClickHouse cluster, and N
-//! receivers answering exactly as one (issue 25; the operators' page is
+//! receivers answering exactly as one (the operators' page is
 //! `experiments/cluster/README.md`).
 //!
 //! - [`rowbinary`]: the `RowBinary` format, both ways (floats as bits);

@@ -763,7 +763,7 @@ mod tests {
         assert!(spare[0].decoded.is_empty() && spare[0].decoded.capacity() >= 1000);
     }
 
-    /// Issue 12, item 9: the content type was matched by prefix.
+    /// The content type was matched by prefix.
     #[test]
     fn content_type_is_matched_exactly() {
         for ok in [

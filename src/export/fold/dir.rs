@@ -1,0 +1,437 @@
+//! The fold's directory: lock, journals, commit and recovery.
+
+use super::*;
+
+// ---------------------------------------------------------------------------
+// The fold's directory: lock, journals, commit and recovery.
+
+/// A batch as its journal records it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(super) struct Journal {
+    /// The fold file's name in the store.
+    pub(super) name: String,
+    /// The inode of the new fold file (the commit renames it to `name`);
+    /// 0 when the batch only removes files.
+    pub(super) new_ino: u64,
+    /// Whether `name` held a fold file before, kept as `<metric>.prev`.
+    pub(super) had_prev: bool,
+    /// The files folded, with the inodes read.
+    pub(super) sources: Vec<JournalSource>,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(super) struct JournalSource {
+    pub(super) name: String,
+    pub(super) ino: u64,
+}
+
+/// `<store>/.fold/`.
+pub(super) struct FoldDir {
+    pub(super) store: PathBuf,
+    pub(super) path: PathBuf,
+    pub(super) durable: bool,
+}
+
+impl FoldDir {
+    pub(super) fn create(store: &Path, durable: bool) -> Result<FoldDir> {
+        let path = store.join(FOLD_DIR);
+        std::fs::create_dir_all(path.join(TRASH_DIR))
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(FoldDir {
+            store: store.to_path_buf(),
+            path,
+            durable,
+        })
+    }
+
+    pub(super) fn open(store: &Path) -> Result<Option<FoldDir>> {
+        let path = store.join(FOLD_DIR);
+        if !path.is_dir() {
+            return Ok(None);
+        }
+        FoldDir::create(store, true).map(Some)
+    }
+
+    /// `fsync` of a directory, when durable.
+    pub(super) fn sync(&self, dir: &Path) -> Result<()> {
+        if self.durable {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// The fold lock, taken exclusively.
+    pub(super) fn lock(&self) -> Result<File> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(self.path.join(LOCK_FILE))?;
+        flock(file.as_raw_fd(), libc::LOCK_EX)?;
+        Ok(file)
+    }
+
+    pub(super) fn journal_path(&self, metric: &str) -> PathBuf {
+        self.path.join(format!("{metric}.journal"))
+    }
+
+    pub(super) fn new_path(&self, metric: &str) -> PathBuf {
+        self.path.join(format!("{metric}.new"))
+    }
+
+    pub(super) fn prev_path(&self, metric: &str) -> PathBuf {
+        self.path.join(format!("{metric}.prev"))
+    }
+
+    pub(super) fn trash_path(&self, name: &str) -> PathBuf {
+        self.path.join(TRASH_DIR).join(name)
+    }
+
+    /// Runs one batch; `Ok(false)` when it was given up (nothing changed).
+    pub(super) fn commit(
+        &self,
+        metric: &str,
+        files: &[FileSnapshot],
+        batch: &Batch,
+        config: &FoldConfig,
+        kill_at: &mut Option<FoldStep>,
+    ) -> Result<bool> {
+        let step = |reached: FoldStep| {
+            if *kill_at == Some(reached) {
+                // SAFETY: raise has no preconditions; this is the test's crash.
+                unsafe { libc::raise(libc::SIGKILL) };
+            }
+        };
+        let members = &files[batch.members.clone()];
+        let name = String::from_utf8(batch.name.clone()).context("fold file name")?;
+        // 1. Sources reopened, leased and read again: exactly as planned.
+        let mut opened = Vec::with_capacity(members.len());
+        for member in members {
+            let path = self.store.join(os(&member.name));
+            let Some(file) = open_regular(&path)? else {
+                return Ok(false);
+            };
+            if file.metadata()?.ino() != member.ino {
+                return Ok(false);
+            }
+            opened.push(file);
+        }
+        let mut leases = Vec::with_capacity(opened.len());
+        for (file, member) in opened.iter().zip(members) {
+            let Ok(lease) = ReadLease::take(file) else {
+                return Ok(false);
+            };
+            if read_used(file)? != member.bytes {
+                return Ok(false);
+            }
+            leases.push(lease);
+        }
+        // 2. The new fold file, and the one it replaces kept aside.
+        let new_path = self.new_path(metric);
+        let prev_path = self.prev_path(metric);
+        let _ = std::fs::remove_file(&prev_path);
+        // The name holds a fold file already: one of the run's (its first
+        // batch), or the run's own from its batch before.
+        let replaces = self.store.join(&name).exists();
+        let new_ino = match &batch.entries {
+            Some(entries) => {
+                let bytes = storefile::file_bytes_with_timestamps(entries.iter().map(
+                    |&((file, (start, end)), value, timestamp)| {
+                        (&files[file].bytes[start..end], value, timestamp)
+                    },
+                ));
+                write_synced(&new_path, &bytes, self.durable)?
+            }
+            None => 0,
+        };
+        if replaces {
+            std::fs::hard_link(self.store.join(&name), &prev_path)?;
+        }
+        step(FoldStep::NewWritten);
+        // 3. The journal.
+        let journal = Journal {
+            name: name.clone(),
+            new_ino,
+            had_prev: replaces,
+            sources: members
+                .iter()
+                .filter(|m| m.name != batch.name)
+                .map(|m| {
+                    Ok(JournalSource {
+                        name: String::from_utf8(m.name.clone())?,
+                        ino: m.ino,
+                    })
+                })
+                .collect::<Result<_>>()?,
+        };
+        let journal_path = self.journal_path(metric);
+        let tmp = journal_path.with_extension("journal-tmp");
+        write_synced(&tmp, &serde_json::to_vec(&journal)?, self.durable)?;
+        std::fs::rename(&tmp, &journal_path)?;
+        self.sync(&self.path)?;
+        step(FoldStep::JournalWritten);
+        if !leases.iter().all(ReadLease::intact) {
+            self.undo(metric, &journal)?;
+            return Ok(false);
+        }
+        // 4. The commit, then the sources out of the store, under the lock.
+        {
+            let _lock = self.lock()?;
+            if new_ino != 0 {
+                std::fs::rename(&new_path, self.store.join(&name))?;
+            } else if replaces {
+                std::fs::remove_file(self.store.join(&name))?;
+            }
+            self.sync(&self.store)?;
+            step(FoldStep::Committed);
+            for (i, source) in journal.sources.iter().enumerate() {
+                std::fs::rename(self.store.join(&source.name), self.trash_path(&source.name))?;
+                if i == 0 {
+                    step(FoldStep::FirstTrashed);
+                }
+            }
+            self.sync(&self.store)?;
+        }
+        step(FoldStep::Trashed);
+        // 5. A writer on its way into a source's `open` shows up by now.
+        std::thread::sleep(config.grace);
+        let intact = leases.iter().all(ReadLease::intact);
+        if !intact {
+            let _lock = self.lock()?;
+            self.roll_back(metric, &journal)?;
+        }
+        drop(leases);
+        drop(opened);
+        step(FoldStep::Released);
+        if !intact {
+            return Ok(false);
+        }
+        // 6. Clean up; the journal last.
+        for source in &journal.sources {
+            remove_if_there(&self.trash_path(&source.name))?;
+        }
+        remove_if_there(&prev_path)?;
+        step(FoldStep::Cleaned);
+        std::fs::remove_file(&journal_path)?;
+        self.sync(&self.path)?;
+        Ok(true)
+    }
+
+    /// Undoes a batch that did not commit: its new file, `prev` and journal go.
+    pub(super) fn undo(&self, metric: &str, _journal: &Journal) -> Result<()> {
+        remove_if_there(&self.new_path(metric))?;
+        remove_if_there(&self.prev_path(metric))?;
+        remove_if_there(&self.journal_path(metric))?;
+        self.sync(&self.path)
+    }
+
+    /// Undoes a committed batch: sources back from `trash/` (never over a
+    /// file created at their name since), the fold file back to what it was.
+    pub(super) fn roll_back(&self, metric: &str, journal: &Journal) -> Result<()> {
+        for source in &journal.sources {
+            let trashed = self.trash_path(&source.name);
+            if trashed.exists() {
+                rename_no_replace(&trashed, &self.store.join(&source.name))?;
+            }
+        }
+        let target = self.store.join(&journal.name);
+        let prev = self.prev_path(metric);
+        if journal.had_prev && prev.exists() {
+            std::fs::rename(&prev, &target)?;
+        } else if journal.new_ino != 0 && ino_of(&target) == Some(journal.new_ino) {
+            std::fs::remove_file(&target)?;
+        }
+        self.sync(&self.store)?;
+        remove_if_there(&self.new_path(metric))?;
+        remove_if_there(&self.journal_path(metric))?;
+        self.sync(&self.path)
+    }
+
+    /// Finishes or undoes every batch with a journal (see the module doc).
+    pub(super) fn recover(&self) -> Result<u64> {
+        let mut recovered = 0;
+        let _lock = self.lock()?;
+        for entry in std::fs::read_dir(&self.path)? {
+            let path = entry?.path();
+            let Some(file_name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if let Some(metric) = file_name.strip_suffix(".journal-tmp") {
+                // Never renamed into place: the batch never committed.
+                remove_if_there(&self.new_path(metric))?;
+                remove_if_there(&self.prev_path(metric))?;
+                remove_if_there(&path)?;
+                recovered += 1;
+                continue;
+            }
+            let Some(metric) = file_name.strip_suffix(".journal") else {
+                continue;
+            };
+            let journal: Journal = serde_json::from_slice(&std::fs::read(&path)?)
+                .with_context(|| format!("bad fold journal {}", path.display()))?;
+            recovered += 1;
+            if !is_committed(&self.store, &journal) {
+                // Sources move only after the commit: they are all in place.
+                self.undo(metric, &journal)?;
+                continue;
+            }
+            // Committed: each source still in the store must be exited to
+            // be moved out; one with a writer again (its pid reused after the
+            // crash) undoes the whole batch instead.
+            let mut resurrected = false;
+            for source in &journal.sources {
+                let at = self.store.join(&source.name);
+                if ino_of(&at) == Some(source.ino) {
+                    let file = File::open(&at)?;
+                    if liveness::probe(&file) != Writers::None {
+                        resurrected = true;
+                    }
+                }
+            }
+            if resurrected {
+                self.roll_back(metric, &journal)?;
+                continue;
+            }
+            for source in &journal.sources {
+                let at = self.store.join(&source.name);
+                if ino_of(&at) == Some(source.ino) {
+                    std::fs::rename(&at, self.trash_path(&source.name))?;
+                }
+            }
+            self.sync(&self.store)?;
+            for source in &journal.sources {
+                remove_if_there(&self.trash_path(&source.name))?;
+            }
+            remove_if_there(&self.prev_path(metric))?;
+            remove_if_there(&self.new_path(metric))?;
+            std::fs::remove_file(&path)?;
+            self.sync(&self.path)?;
+        }
+        Ok(recovered)
+    }
+}
+
+/// Whether a journal's batch committed: its fold file is in place (or, for a
+/// batch that only removes files, it went past its journal: treated as
+/// committed, since removing files of no entries changes nothing).
+pub(super) fn is_committed(store: &Path, journal: &Journal) -> bool {
+    if journal.new_ino == 0 {
+        return true;
+    }
+    ino_of(&store.join(&journal.name)) == Some(journal.new_ino)
+}
+
+/// For promlab's exporters: the files (name → inode) that a committed but
+/// unfinished batch folded and that are still in the store, to leave out.
+/// Read under the fold lock, shared ([`SharedLock`]).
+pub fn committed_sources(store: &Path) -> HashMap<Vec<u8>, u64> {
+    let mut out = HashMap::new();
+    let Ok(dir) = std::fs::read_dir(store.join(FOLD_DIR)) else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("journal") {
+            continue;
+        }
+        let Some(journal) = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<Journal>(&bytes).ok())
+        else {
+            continue;
+        };
+        if journal.new_ino != 0 && is_committed(store, &journal) {
+            for source in journal.sources {
+                out.insert(source.name.into_bytes(), source.ino);
+            }
+        }
+    }
+    out
+}
+
+/// The fold lock, held shared for a scrape by promlab's exporters, so a
+/// batch never commits in the middle of one. `None` when the store was never
+/// folded (no `.fold/`).
+pub struct SharedLock {
+    pub(super) file: std::sync::Arc<File>,
+}
+
+impl SharedLock {
+    /// Opens the store's fold lock and takes it.
+    pub fn take(store: &Path) -> Option<SharedLock> {
+        SharedLock::hold(std::sync::Arc::new(SharedLock::open(store)?))
+    }
+
+    /// The store's fold lock file, opened (to be held again and again).
+    pub fn open(store: &Path) -> Option<File> {
+        File::open(store.join(FOLD_DIR).join(LOCK_FILE)).ok()
+    }
+
+    /// Takes the lock through a descriptor kept open ([`SharedLock::open`]).
+    pub fn hold(file: std::sync::Arc<File>) -> Option<SharedLock> {
+        flock(file.as_raw_fd(), libc::LOCK_SH).ok()?;
+        Some(SharedLock { file })
+    }
+}
+
+impl Drop for SharedLock {
+    /// Released explicitly: a kept descriptor outlives the lock.
+    fn drop(&mut self) {
+        let _ = flock(self.file.as_raw_fd(), libc::LOCK_UN);
+    }
+}
+
+pub(super) fn ino_of(path: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+}
+
+pub(super) fn remove_if_there(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// Writes `bytes` to a new file at `path` (replacing one there), synced if
+/// `durable`; returns its inode.
+pub(super) fn write_synced(path: &Path, bytes: &[u8], durable: bool) -> Result<u64> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)?;
+    file.write_all(bytes)?;
+    if durable {
+        file.sync_all()?;
+    }
+    Ok(file.metadata()?.ino())
+}
+
+/// `rename` that fails rather than replace a file at `to`.
+pub(super) fn rename_no_replace(from: &Path, to: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let from_c = std::ffi::CString::new(from.as_os_str().as_bytes())?;
+    let to_c = std::ffi::CString::new(to.as_os_str().as_bytes())?;
+    // SAFETY: two NUL-terminated paths, relative to the working directory
+    // only if relative (they are joined to the store's path).
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from_c.as_ptr(),
+            libc::AT_FDCWD,
+            to_c.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        return Err(anyhow!(err).context(format!(
+            "cannot move {} back to {}",
+            from.display(),
+            to.display()
+        )));
+    }
+    Ok(())
+}
