@@ -3,6 +3,7 @@
 //! measured. Each dossier keeps a block between `<!-- ablation:begin -->` and
 //! `<!-- ablation:end -->`; `strategies/README.md` gets the ranking.
 
+use super::format::per_unit;
 use super::report::{self, ResultRow};
 use anyhow::{bail, Context, Result};
 use promlab::shared::strategy::{Stage, Strategy};
@@ -244,14 +245,6 @@ fn is_strategy_arm(arm: &str) -> bool {
         || arm == "all"
         || strategy(arm)
         || arm.strip_prefix("all-").is_some_and(strategy)
-}
-
-pub(super) fn per_unit(ns: f64) -> String {
-    if ns >= 100.0 {
-        format!("{ns:.0}")
-    } else {
-        format!("{ns:.1}")
-    }
 }
 
 fn replace_block(text: &str, block: &str) -> Option<String> {

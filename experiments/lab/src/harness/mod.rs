@@ -19,6 +19,7 @@ pub mod clones;
 pub mod dossier;
 mod expected;
 pub mod floor;
+mod format;
 pub mod peers;
 pub mod profiles;
 pub mod query;

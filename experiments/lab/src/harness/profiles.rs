@@ -15,7 +15,7 @@
 //! (`<scenario>/<a>-vs-<b>.on-<a>.svg` and `.on-<b>.svg`, on each profile's
 //! frames, and the differential folded stacks beside them, `<a>-vs-<b>.folded`).
 
-use super::dossier::per_unit;
+use super::format::per_unit;
 use super::{digest, load_scenario, workloads, Output, Scenario};
 use crate::profile::{self, draw, ArmProfile, Folded, Profiler, Sampler, SamplerKind};
 use anyhow::{bail, Context, Result};
