@@ -18,6 +18,31 @@ use promlab::shared::strategy::StrategySet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// How `promlab flamegraph` and `promlab profiles` sample.
+#[derive(clap::Args, Debug)]
+pub struct SamplingArgs {
+    /// Samples per second of CPU time.
+    #[arg(long, default_value_t = 997)]
+    pub frequency: u32,
+    /// The sampler: perf events where allowed, else pprof's timer (`auto`); or force one.
+    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
+    pub sampler: SamplerChoice,
+}
+
+impl SamplingArgs {
+    fn sampler(&self) -> Result<profile::Sampler> {
+        profile::choose(self.sampler, self.frequency)
+    }
+}
+
+/// `--seconds` of CPU to profile, checked: positive, at most a day.
+fn cpu_seconds(seconds: f64) -> Result<Duration> {
+    if !(seconds.is_finite() && seconds > 0.0 && seconds <= 86_400.0) {
+        bail!("--seconds must be a positive number of seconds (at most a day), not {seconds}");
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 /// `promlab flamegraph`: profile a scenario's runs and write an SVG flamegraph.
 #[derive(clap::Args, Debug)]
 pub struct FlamegraphArgs {
@@ -37,25 +62,16 @@ pub struct FlamegraphArgs {
     /// machine the wall time is longer, the sample count the same.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
-    /// Samples per second of CPU time.
-    #[arg(long, default_value_t = 997)]
-    pub frequency: u32,
-    /// The sampler: perf events where allowed, else pprof's timer (`auto`); or force one.
-    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
-    pub sampler: SamplerChoice,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Where the SVG goes; the folded stacks go beside it (`.folded`).
     #[arg(long)]
     pub out: PathBuf,
 }
 
 pub fn flamegraph(args: FlamegraphArgs) -> Result<()> {
-    if !(args.seconds.is_finite() && args.seconds > 0.0 && args.seconds <= 86_400.0) {
-        bail!(
-            "--seconds must be a positive number of seconds (at most a day), not {}",
-            args.seconds
-        );
-    }
-    let sampler = profile::choose(args.sampler, args.frequency)?;
+    let cpu = cpu_seconds(args.seconds)?;
+    let sampler = args.sampling.sampler()?;
     let scenario = crate::harness::load_scenario(&args.scenario)?;
     let stage = scenario.stage();
     let asked: Vec<StrategySet> = args.diff.clone().unwrap_or(vec![args.strategies]);
@@ -96,14 +112,8 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<()> {
         },
         sampler.describe()
     );
-    let result = profiles::record(
-        &scenario,
-        args.quick,
-        &arms,
-        Duration::from_secs_f64(args.seconds),
-        sampler,
-    )
-    .and_then(|recorded| write(&recorded, &scenario.name, args.quick, &outputs));
+    let result = profiles::record(&scenario, args.quick, &arms, cpu, sampler)
+        .and_then(|recorded| write(&recorded, &scenario.name, args.quick, &outputs));
     match result {
         Ok(summary) => {
             println!("{summary}");
@@ -299,12 +309,8 @@ pub struct ProfilesArgs {
     /// slowest arms may run longer).
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
-    /// Samples per second of CPU time.
-    #[arg(long, default_value_t = 997)]
-    pub frequency: u32,
-    /// The sampler: perf events where allowed, else pprof's timer (`auto`); or force one.
-    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
-    pub sampler: SamplerChoice,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// The results directory whose `profiles/` to write (default: a new
     /// experiments/results/<date>T<time>Z-<host>-<revision>).
     #[arg(long)]
@@ -312,17 +318,12 @@ pub struct ProfilesArgs {
 }
 
 pub fn profiles(args: ProfilesArgs) -> Result<()> {
-    if !(args.seconds.is_finite() && args.seconds > 0.0 && args.seconds <= 86_400.0) {
-        bail!(
-            "--seconds must be a positive number of seconds (at most a day), not {}",
-            args.seconds
-        );
-    }
+    let cpu = cpu_seconds(args.seconds)?;
     let load_at_start = crate::harness::report::run_started();
     let options = profiles::SetOptions {
         quick: args.quick,
-        cpu: Duration::from_secs_f64(args.seconds),
-        sampler: profile::choose(args.sampler, args.frequency)?,
+        cpu,
+        sampler: args.sampling.sampler()?,
     };
     let out = args
         .out

@@ -28,6 +28,11 @@ impl Output<'_> {
             Output::Units(n) => std::borrow::Cow::Owned(n.to_le_bytes().to_vec()),
         })
     }
+
+    /// [`Output::bytes`], owned.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        Ok(self.bytes()?.into_owned())
+    }
 }
 
 /// A workload ready to run: built once, run many times.

@@ -55,18 +55,9 @@ pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
             let registry = clones::write(case, *processes, dir.path())?;
             return promlab::reference::exposition::export(dir.path(), &registry);
         }
-        Generator::ManyMetrics { metrics, processes } => {
-            promlab::scenarios::workload::many_metrics(*metrics, *processes)
+        Generator::SeedRepro { .. } | Generator::Large { .. } | Generator::ManyMetrics { .. } => {
+            workloads::generated_store(params).expect("a generated store")
         }
-        Generator::SeedRepro {
-            processes,
-            statements,
-        } => promlab::scenarios::workload::seed_repro(*processes, *statements),
-        Generator::Large {
-            processes,
-            statements,
-            max_len,
-        } => promlab::scenarios::workload::large(*processes, *statements, *max_len),
         Generator::LongLabel { steps } => {
             let log = promlab::scenarios::workload::long_label_log(*steps);
             let registry = promlab::scenarios::workload::long_label_registry();
@@ -93,7 +84,12 @@ pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
             series_per_group,
             ticks,
         } => {
-            let bodies = workloads::feeder_bodies(*groups, *series_per_group, *ticks);
+            let bodies = workloads::feeder_bodies(
+                workloads::FEEDER_START_MS,
+                *groups,
+                *series_per_group,
+                *ticks,
+            );
             return reference_ingest_answer(&promlab::ingest::plan::Plan::default(), bodies);
         }
         Generator::AsapChurn {
@@ -116,8 +112,10 @@ pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
             ticks,
         } => {
             let plan = promlab::ingest::plan::Plan::default();
-            let outcome =
-                reference_ingest(&plan, query::bodies(*groups, *series_per_group, *ticks))?;
+            let outcome = reference_ingest(
+                &plan,
+                workloads::feeder_bodies(query::START_MS, *groups, *series_per_group, *ticks),
+            )?;
             let agg = plan
                 .aggregations
                 .iter()
@@ -193,12 +191,7 @@ mod tests {
                 "{name}: the reference's answer"
             );
             let mut workload = workloads::build(&size.params).unwrap();
-            let got = workload
-                .run(StrategySet::NONE)
-                .unwrap()
-                .bytes()
-                .unwrap()
-                .into_owned();
+            let got = workload.run(StrategySet::NONE).unwrap().to_vec().unwrap();
             assert!(
                 got == answer,
                 "{name}: the baseline differs from the reference {}",

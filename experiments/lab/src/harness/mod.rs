@@ -37,7 +37,7 @@ use std::path::PathBuf;
 
 pub use arms::{all_arms, arms, bench_id, configured, run_arm, ArmKind, Output, Workload, FLOOR};
 pub use expected::expected_answer;
-pub use scenario::{load_scenario, Generator, Scenario, Size, BUILT_IN};
+pub use scenario::{load_scenario, load_scenarios, Generator, Scenario, Size, BUILT_IN};
 pub use timing::{measure, process_cpu, quantile, ArmResult, MIN_SAMPLE, WARM_RUN_BELOW};
 
 pub fn digest(bytes: &[u8]) -> String {
@@ -141,7 +141,7 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     );
     let mut baseline_output: Option<Vec<u8>> = None;
     for strategies in &combinations {
-        let output = workload.run(*strategies)?.bytes()?.into_owned();
+        let output = workload.run(*strategies)?.to_vec()?;
         if digest(&output) != expected {
             bail!(mismatch_report(
                 &scenario.name,
@@ -217,15 +217,8 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
 /// Runs the named scenarios (all built-ins when empty) and reports.
 pub fn ablate(names: &[String], options: &AblateOptions) -> Result<Vec<ScenarioResult>> {
     let load_at_start = report::run_started();
-    let names: Vec<String> = if names.is_empty() {
-        BUILT_IN.iter().map(|(n, _)| n.to_string()).collect()
-    } else {
-        names.to_vec()
-    };
-    let scenarios: Vec<Scenario> = names
-        .iter()
-        .map(|n| load_scenario(n))
-        .collect::<Result<_>>()?;
+    let built_in: Vec<&str> = BUILT_IN.iter().map(|(n, _)| *n).collect();
+    let scenarios = scenario::load_scenarios(names, &built_in)?;
     let out_dir = match &options.out {
         Some(dir) => dir.clone(),
         None => report::default_results_dir(),
@@ -285,12 +278,7 @@ mod tests {
         let scenario = load_scenario("prometheus-captures").unwrap();
         let params = Generator::PrometheusCaptures { passes: 1 };
         let mut workload = workloads::build(&params).unwrap();
-        let first = workload
-            .run(StrategySet::NONE)
-            .unwrap()
-            .bytes()
-            .unwrap()
-            .into_owned();
+        let first = workload.run(StrategySet::NONE).unwrap().to_vec().unwrap();
         assert!(first.starts_with(b"[") && first.ends_with(b"\n"));
         let all = StrategySet::all();
         assert_eq!(&*workload.run(all).unwrap().bytes().unwrap(), &first[..]);

@@ -16,7 +16,7 @@
 //! frames, and the differential folded stacks beside them, `<a>-vs-<b>.folded`).
 
 use super::format::per_unit;
-use super::{digest, load_scenario, workloads, Output, Scenario};
+use super::{digest, load_scenarios, workloads, Output, Scenario};
 use crate::profile::{self, draw, ArmProfile, Folded, Profiler, Sampler, SamplerKind};
 use anyhow::{bail, Context, Result};
 use promlab::shared::strategy::{Stage, Strategy, StrategySet};
@@ -224,15 +224,7 @@ pub struct SetOptions {
 /// each strategy alone, all but each, all; `Strategy::ALL`, so a new strategy
 /// is profiled without more code) into `<out>/profiles/`.
 pub fn profile_set(names: &[String], options: &SetOptions, out: &Path) -> Result<PathBuf> {
-    let names: Vec<String> = if names.is_empty() {
-        DEFAULT_SCENARIOS.iter().map(|n| n.to_string()).collect()
-    } else {
-        names.to_vec()
-    };
-    let scenarios: Vec<Scenario> = names
-        .iter()
-        .map(|n| load_scenario(n))
-        .collect::<Result<_>>()?;
+    let scenarios = load_scenarios(names, &DEFAULT_SCENARIOS)?;
     let dir = out.join("profiles");
     let mut rows = Vec::new();
     for scenario in &scenarios {

@@ -22,7 +22,7 @@
 use super::{Output, Workload};
 use crate::http_client::Client;
 use anyhow::{bail, Context, Result};
-use promlab::ingest::feed::{FeedWorkload, Generator};
+use promlab::ingest::feed::Generator;
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::shared::strategy::{Stage, StrategySet};
@@ -33,7 +33,7 @@ use std::time::Duration;
 pub(super) const AGGREGATION: &str = "data";
 
 /// A minute boundary, so `ticks = 66` closes exactly one full 60 s window.
-const START_MS: i64 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000;
+pub(super) const START_MS: i64 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000;
 
 pub struct Query {
     generator: Generator,
@@ -268,29 +268,11 @@ struct Http {
     client: Client,
 }
 
-/// The feeder's workload the query scenario ingests.
-pub(super) fn workload(groups: u64, series_per_group: u64) -> FeedWorkload {
-    FeedWorkload {
-        groups,
-        series_per_group,
-        ..FeedWorkload::seed(START_MS)
-    }
-}
-
-/// Its request bodies, `ticks` seconds of them.
-pub(super) fn bodies(
-    groups: u64,
-    series_per_group: u64,
-    ticks: u64,
-) -> impl Iterator<Item = Vec<u8>> {
-    let generator = workload(groups, series_per_group).generator();
-    (0..ticks).flat_map(move |t| generator.tick_bodies(t))
-}
-
 impl Query {
     pub fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Query> {
         Ok(Query {
-            generator: workload(groups, series_per_group).generator(),
+            generator: super::workloads::feeder_workload(START_MS, groups, series_per_group)
+                .generator(),
             ticks,
             ingesters: HashMap::new(),
             out: Vec::new(),

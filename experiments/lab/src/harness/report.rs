@@ -72,16 +72,7 @@ pub fn default_results_dir() -> PathBuf {
 }
 
 fn human(d: Duration) -> String {
-    let ns = d.as_nanos() as f64;
-    if ns >= 1e9 {
-        format!("{:.2} s", ns / 1e9)
-    } else if ns >= 1e6 {
-        format!("{:.2} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.1} µs", ns / 1e3)
-    } else {
-        format!("{ns:.0} ns")
-    }
+    super::format::duration(d.as_nanos() as f64)
 }
 
 fn baseline(result: &ScenarioResult) -> &ArmResult {
@@ -177,6 +168,59 @@ fn label(arm: &ArmResult) -> String {
     }
 }
 
+/// An arm's `÷ floor` cell in a terminal table: its ratio to the floor it is
+/// held to, marked `!` below [`BELOW_FLOOR`] and `'` when that floor is
+/// another contract's (a floor's own cell, 1.00×, is not marked).
+pub fn floor_cell(arms: &[ArmResult], arm: &ArmResult) -> String {
+    ratio_to_floor(arms, arm).map_or("–".to_string(), |r| {
+        let mark = match arm.kind {
+            ArmKind::Floor => "",
+            _ if r < BELOW_FLOOR => "!",
+            _ if arm.floor != super::FLOOR => "'",
+            _ => "",
+        };
+        format!("{r:.2}×{mark}")
+    })
+}
+
+/// The header of a terminal table's peak-RSS column, when any arm has one.
+pub fn rss_header(arms: &[ArmResult]) -> &'static str {
+    if arms.iter().any(|a| a.peak_rss_bytes.is_some()) {
+        "   peak RSS"
+    } else {
+        ""
+    }
+}
+
+/// An arm's peak-RSS cell in a terminal table (empty when not measured).
+pub fn rss_cell(arm: &ArmResult) -> String {
+    arm.peak_rss_bytes
+        .map_or(String::new(), |b| format!(" {:>12}", super::format::mib(b)))
+}
+
+/// The lines under a terminal table: the other contracts' floors its `'`
+/// marks, and the arms below their floor.
+pub fn table_notes(label: &str, arms: &[ArmResult]) -> Vec<String> {
+    let contract_floors: Vec<&str> = arms
+        .iter()
+        .filter(|a| a.kind == ArmKind::Floor && a.arm != super::FLOOR)
+        .map(|a| a.arm.as_str())
+        .collect();
+    let mut notes = Vec::new();
+    if !contract_floors.is_empty() {
+        notes.push(format!(
+            "(' : ÷ its own contract's floor, {})",
+            contract_floors.join(", ")
+        ));
+    }
+    notes.extend(
+        below_floor_lines(label, arms)
+            .into_iter()
+            .map(|l| format!("! {l}")),
+    );
+    notes
+}
+
 /// The terminal table of one scenario.
 pub fn table(result: &ScenarioResult) -> String {
     let base = baseline(result).median().as_secs_f64();
@@ -194,7 +238,6 @@ pub fn table(result: &ScenarioResult) -> String {
         &result.digest[..12],
         result.arms.first().map_or(0, |arm| arm.samples.len())
     );
-    let rss = result.arms.iter().any(|a| a.peak_rss_bytes.is_some());
     let _ = writeln!(
         out,
         "  {:<34} {:>11} {:>11} {:>11} {:>13} {:>9} {:>9}{}",
@@ -205,7 +248,7 @@ pub fn table(result: &ScenarioResult) -> String {
         &format!("ns/{}", unit.trim_end_matches('s')),
         "speed-up",
         "÷ floor",
-        if rss { "   peak RSS" } else { "" }
+        rss_header(&result.arms)
     );
     for arm in &result.arms {
         let median = arm.median();
@@ -219,37 +262,12 @@ pub fn table(result: &ScenarioResult) -> String {
             human(arm.quantile(1.0)),
             per_unit,
             base / median.as_secs_f64(),
-            ratio_to_floor(&result.arms, arm).map_or("–".to_string(), |r| format!(
-                "{r:.2}×{}",
-                if r < BELOW_FLOOR && arm.kind != ArmKind::Floor {
-                    "!"
-                } else if arm.floor != super::FLOOR && arm.kind != ArmKind::Floor {
-                    "'"
-                } else {
-                    ""
-                }
-            )),
-            arm.peak_rss_bytes.map_or(String::new(), |b| format!(
-                " {:>8.1} MiB",
-                b as f64 / (1 << 20) as f64
-            )),
+            floor_cell(&result.arms, arm),
+            rss_cell(arm),
         );
     }
-    let contract_floors: Vec<&str> = result
-        .arms
-        .iter()
-        .filter(|a| a.kind == ArmKind::Floor && a.arm != super::FLOOR)
-        .map(|a| a.arm.as_str())
-        .collect();
-    if !contract_floors.is_empty() {
-        let _ = writeln!(
-            out,
-            "  (' : ÷ its own contract's floor, {})",
-            contract_floors.join(", ")
-        );
-    }
-    for line in below_floor_lines(&result.scenario, &result.arms) {
-        let _ = writeln!(out, "  ! {line}");
+    for note in table_notes(&result.scenario, &result.arms) {
+        let _ = writeln!(out, "  {note}");
     }
     if !result.peers.is_empty() || !result.peers_skipped.is_empty() {
         let base_per_unit = base * 1e9 / units.max(1) as f64;

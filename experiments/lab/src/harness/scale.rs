@@ -19,6 +19,7 @@
 //! (columns: [`CSV_HEADER`], documented in `experiments/README.md`) and
 //! `<out>/scaling/machine.txt`.
 
+use super::format::duration;
 use super::report::{self, Progress};
 use super::{
     all_arms, digest, expected_answer, measure, rss, workloads, ArmKind, ArmResult, Generator,
@@ -129,16 +130,12 @@ pub const BUILT_IN: [(&str, &str); 7] = [
 /// A built-in axis by name, or an axis file by path; checked: points in
 /// increasing x, every point of one stage.
 pub fn load_axis(name_or_path: &str) -> Result<Axis> {
-    let text = match BUILT_IN.iter().find(|(name, _)| *name == name_or_path) {
-        Some((_, text)) => text.to_string(),
-        None if Path::new(name_or_path).is_file() => std::fs::read_to_string(name_or_path)?,
-        None => bail!(
-            "unknown axis `{name_or_path}` (built in: {}; a stage: export, render, ingest, query; or a .toml file)",
-            BUILT_IN.map(|(n, _)| n).join(", ")
-        ),
-    };
-    let axis: Axis =
-        toml::from_str(&text).with_context(|| format!("axis {name_or_path} does not parse"))?;
+    let axis: Axis = super::scenario::load_definition(
+        name_or_path,
+        &BUILT_IN,
+        "axis",
+        "a stage: export, render, ingest, query; or a .toml file",
+    )?;
     for ladder in [&axis.quick, &axis.full] {
         if ladder.points.is_empty() {
             bail!("axis {}: a size without points", axis.name);
@@ -395,18 +392,6 @@ fn run_point(
     })
 }
 
-fn human_ns(ns: f64) -> String {
-    if ns >= 1e9 {
-        format!("{:.2} s", ns / 1e9)
-    } else if ns >= 1e6 {
-        format!("{:.2} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.1} µs", ns / 1e3)
-    } else {
-        format!("{ns:.0} ns")
-    }
-}
-
 /// The terminal table of one point.
 pub fn point_table(axis: &Axis, point: &PointResult) -> String {
     let (units, unit) = point.units;
@@ -423,7 +408,6 @@ pub fn point_table(axis: &Axis, point: &PointResult) -> String {
         point.arms.first().map_or(0, |a| a.samples.len()),
         point.load.map_or("?".to_string(), |l| format!("{l:.1}")),
     );
-    let rss = point.arms.iter().any(|a| a.peak_rss_bytes.is_some());
     let _ = writeln!(
         out,
         "  {:<16} {:>11} {:>11} {:>13} {:>13} {:>9}{}",
@@ -433,36 +417,25 @@ pub fn point_table(axis: &Axis, point: &PointResult) -> String {
         &format!("ns/{}", unit.trim_end_matches('s')),
         "cpu ns/unit",
         "÷ floor",
-        if rss { "   peak RSS" } else { "" }
+        report::rss_header(&point.arms)
     );
     for arm in &point.arms {
         let per = |ns: f64| ns / units.max(1) as f64;
-        let ratio = report::ratio_to_floor(&point.arms, arm);
         let _ = writeln!(
             out,
             "  {:<16} {:>11} {:>11} {:>13.1} {:>13.1} {:>9}{}",
             arm.arm,
-            human_ns(arm.median().as_nanos() as f64),
-            human_ns(arm.cpu_median().as_nanos() as f64),
+            duration(arm.median().as_nanos() as f64),
+            duration(arm.cpu_median().as_nanos() as f64),
             per(arm.median().as_nanos() as f64),
             per(arm.cpu_median().as_nanos() as f64),
-            ratio.map_or("–".to_string(), |r| format!(
-                "{r:.2}×{}",
-                if r < report::BELOW_FLOOR && arm.kind != ArmKind::Floor {
-                    "!"
-                } else {
-                    ""
-                }
-            )),
-            arm.peak_rss_bytes.map_or(String::new(), |b| format!(
-                " {:>8.1} MiB",
-                b as f64 / (1 << 20) as f64
-            )),
+            report::floor_cell(&point.arms, arm),
+            report::rss_cell(arm),
         );
     }
     let label = format!("{} {}={}", axis.name, axis.x, point.x);
-    for line in report::below_floor_lines(&label, &point.arms) {
-        let _ = writeln!(out, "  ! {line}");
+    for note in report::table_notes(&label, &point.arms) {
+        let _ = writeln!(out, "  {note}");
     }
     out
 }

@@ -97,12 +97,12 @@ impl Generator {
     pub fn stage(&self) -> Stage {
         match self {
             Generator::LongLabel { .. } => Stage::Write,
+            Generator::Rabbitmq { .. } => Stage::Render,
             Generator::SeedRepro { .. }
             | Generator::Large { .. }
             | Generator::RubyStore { .. }
             | Generator::RubyClones { .. }
             | Generator::ManyMetrics { .. } => Stage::Export,
-            Generator::Rabbitmq { .. } => Stage::Render,
             Generator::Asap { .. }
             | Generator::AsapChurn { .. }
             | Generator::AsapLanes { .. }
@@ -169,21 +169,37 @@ pub const BUILT_IN: [(&str, &str); 11] = [
     ),
 ];
 
-/// A built-in scenario by name, or a scenario file by path.
-pub fn load_scenario(name_or_path: &str) -> Result<Scenario> {
-    let text = match BUILT_IN.iter().find(|(name, _)| *name == name_or_path) {
+/// A definition, parsed: a built-in one by name, else the file at that path
+/// (scenarios here, scaling axes in `scale`). `what` names the kind of
+/// definition in errors, `or` the other ways to name one.
+pub(super) fn load_definition<T: serde::de::DeserializeOwned>(
+    name_or_path: &str,
+    built_in: &[(&str, &str)],
+    what: &str,
+    or: &str,
+) -> Result<T> {
+    let text = match built_in.iter().find(|(name, _)| *name == name_or_path) {
         Some((_, text)) => text.to_string(),
-        None if Path::new(name_or_path).exists() => std::fs::read_to_string(name_or_path)?,
+        None if Path::new(name_or_path).is_file() => std::fs::read_to_string(name_or_path)?,
         None => {
-            let names: Vec<&str> = BUILT_IN.iter().map(|(n, _)| *n).collect();
+            let names: Vec<&str> = built_in.iter().map(|(n, _)| *n).collect();
             bail!(
-                "unknown scenario `{name_or_path}` (built in: {}; or a path to a .toml file)",
+                "unknown {what} `{name_or_path}` (built in: {}; {or})",
                 names.join(", ")
             )
         }
     };
-    let scenario: Scenario =
-        toml::from_str(&text).with_context(|| format!("scenario {name_or_path} does not parse"))?;
+    toml::from_str(&text).with_context(|| format!("{what} {name_or_path} does not parse"))
+}
+
+/// A built-in scenario by name, or a scenario file by path.
+pub fn load_scenario(name_or_path: &str) -> Result<Scenario> {
+    let scenario: Scenario = load_definition(
+        name_or_path,
+        &BUILT_IN,
+        "scenario",
+        "or a path to a .toml file",
+    )?;
     if scenario.quick.params.stage() != scenario.full.params.stage() {
         bail!(
             "scenario {name_or_path}: its quick size runs the {} stage but its full size the {}",
@@ -192,6 +208,15 @@ pub fn load_scenario(name_or_path: &str) -> Result<Scenario> {
         );
     }
     Ok(scenario)
+}
+
+/// The scenarios `names` names, or `defaults` when it names none.
+pub fn load_scenarios(names: &[String], defaults: &[&str]) -> Result<Vec<Scenario>> {
+    if names.is_empty() {
+        defaults.iter().map(|n| load_scenario(n)).collect()
+    } else {
+        names.iter().map(|n| load_scenario(n)).collect()
+    }
 }
 
 #[cfg(test)]

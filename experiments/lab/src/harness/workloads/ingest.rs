@@ -29,25 +29,31 @@ pub(in crate::harness) fn captures_bodies(passes: usize) -> impl Iterator<Item =
     (0..passes).flat_map(|_| crate::fixtures::PROMETHEUS_CAPTURES.map(<[u8]>::to_vec))
 }
 
-/// The seed's feeder workload at `groups` × `series_per_group`.
+/// Where the ingest scenarios' feeder starts: its first tick, in ms.
+pub(in crate::harness) const FEEDER_START_MS: i64 = 1_700_000_000_000;
+
+/// The seed's feeder workload at `groups` × `series_per_group`, its first
+/// tick at `start_ms`.
 pub(in crate::harness) fn feeder_workload(
+    start_ms: i64,
     groups: u64,
     series_per_group: u64,
 ) -> promlab::ingest::feed::FeedWorkload {
     promlab::ingest::feed::FeedWorkload {
         groups,
         series_per_group,
-        ..promlab::ingest::feed::FeedWorkload::seed(1_700_000_000_000)
+        ..promlab::ingest::feed::FeedWorkload::seed(start_ms)
     }
 }
 
 /// Its request bodies, `ticks` seconds of them.
 pub(in crate::harness) fn feeder_bodies(
+    start_ms: i64,
     groups: u64,
     series_per_group: u64,
     ticks: u64,
 ) -> impl Iterator<Item = Vec<u8>> {
-    let generator = feeder_workload(groups, series_per_group).generator();
+    let generator = feeder_workload(start_ms, groups, series_per_group).generator();
     (0..ticks).flat_map(move |t| generator.tick_bodies(t))
 }
 
@@ -68,8 +74,8 @@ impl Ingest {
     /// The seed's feeder workload: `groups` × `series_per_group` series, one sample
     /// per series per tick, `ticks` ticks (seconds), in 50,000-row requests.
     pub fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Ingest> {
-        let workload = feeder_workload(groups, series_per_group);
-        let bodies = feeder_bodies(groups, series_per_group, ticks).collect();
+        let workload = feeder_workload(FEEDER_START_MS, groups, series_per_group);
+        let bodies = feeder_bodies(FEEDER_START_MS, groups, series_per_group, ticks).collect();
         let plan = promlab::ingest::plan::Plan::default();
         Ok(Ingest {
             floor: super::floor::IngestFloor::new(&plan)?,

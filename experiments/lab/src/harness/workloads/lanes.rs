@@ -259,7 +259,7 @@ mod tests {
         })
         .unwrap();
         let all = StrategySet::all();
-        let expected = one.run(all).unwrap().bytes().unwrap().into_owned();
+        let expected = one.run(all).unwrap().to_vec().unwrap();
         for lanes in [1, 2, 3] {
             let params = Generator::AsapLanes {
                 groups: 4,
@@ -269,7 +269,7 @@ mod tests {
             };
             let mut laned = build(&params).unwrap();
             for set in [StrategySet::NONE, all] {
-                let got = laned.run(set).unwrap().bytes().unwrap().into_owned();
+                let got = laned.run(set).unwrap().to_vec().unwrap();
                 assert!(got == expected, "{lanes} lanes, {set}");
             }
             // The one-lane arm, run beside the point's lanes, answers alike.
@@ -277,12 +277,7 @@ mod tests {
             let [(name, set)] = extra[..] else {
                 panic!("one extra arm")
             };
-            let got = laned
-                .run_extra(name, set)
-                .unwrap()
-                .bytes()
-                .unwrap()
-                .into_owned();
+            let got = laned.run_extra(name, set).unwrap().to_vec().unwrap();
             assert!(got == expected, "{name} at {lanes} lanes");
             match laned.floor().unwrap() {
                 Output::Units(n) => assert_eq!(n, 4 * 50 * 70),

@@ -6,7 +6,9 @@ mod lanes;
 mod render;
 mod write;
 
-pub(super) use ingest::{captures_bodies, captures_plan, feeder_bodies, write_counters};
+pub(super) use ingest::{
+    captures_bodies, captures_plan, feeder_bodies, feeder_workload, write_counters, FEEDER_START_MS,
+};
 pub use ingest::{churn_bodies, churn_bodies_batched, Ingest};
 pub use lanes::{lane_shard, lanes_bodies, ShardPacing, ONE_LANE};
 
@@ -25,24 +27,13 @@ use write::LongLabel;
 pub fn build(params: &Generator) -> Result<Box<dyn Workload>> {
     Ok(match params {
         Generator::LongLabel { steps } => Box::new(LongLabel::new(*steps)),
-        Generator::SeedRepro {
-            processes,
-            statements,
-        } => Box::new(Export::new(workload::seed_repro(*processes, *statements))?),
-        Generator::Large {
-            processes,
-            statements,
-            max_len,
-        } => Box::new(Export::new(workload::large(
-            *processes,
-            *statements,
-            *max_len,
-        ))?),
+        Generator::SeedRepro { .. } | Generator::Large { .. } | Generator::ManyMetrics { .. } => {
+            Box::new(Export::new(
+                generated_store(params).expect("a generated store"),
+            )?)
+        }
         Generator::RubyStore { case } => Box::new(Export::ruby_fixture(case)?),
         Generator::RubyClones { case, processes } => Box::new(Export::clones(case, *processes)?),
-        Generator::ManyMetrics { metrics, processes } => {
-            Box::new(Export::new(workload::many_metrics(*metrics, *processes))?)
-        }
         Generator::Rabbitmq {
             queues,
             awkward_names,
@@ -84,7 +75,30 @@ pub fn build(params: &Generator) -> Result<Box<dyn Workload>> {
 /// exist) and returns its registry: the directory the export arms scrape,
 /// for the peers and the upstream benchmarks to read too.
 pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::format::registry::Registry> {
-    let generated = match params {
+    if let Some(generated) = generated_store(params) {
+        generated.write(dir, StrategySet::NONE)?;
+        return Ok(generated.registry);
+    }
+    match params {
+        Generator::RubyClones { case, processes } => super::clones::write(case, *processes, dir),
+        Generator::RubyStore { case } => {
+            let tmp = tempfile::tempdir()?;
+            let case_dir = crate::fixtures::unpack_ruby_case(case, tmp.path())?;
+            for entry in std::fs::read_dir(case_dir.join("store"))? {
+                let entry = entry?;
+                std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+            }
+            promlab::format::registry::Registry::load(&case_dir.join("registry.json"))
+        }
+        other => anyhow::bail!("{other:?} is not an export scenario's generator"),
+    }
+}
+
+/// The store promlab's writer writes for a generated export scenario
+/// (`seed-repro`, `large`, `many-metrics`): its registry and one op log per
+/// writer process. `None` for every other generator.
+pub fn generated_store(params: &Generator) -> Option<workload::StoreWorkload> {
+    Some(match params {
         Generator::SeedRepro {
             processes,
             statements,
@@ -97,22 +111,8 @@ pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::format::re
         Generator::ManyMetrics { metrics, processes } => {
             workload::many_metrics(*metrics, *processes)
         }
-        Generator::RubyClones { case, processes } => {
-            return super::clones::write(case, *processes, dir)
-        }
-        Generator::RubyStore { case } => {
-            let tmp = tempfile::tempdir()?;
-            let case_dir = crate::fixtures::unpack_ruby_case(case, tmp.path())?;
-            for entry in std::fs::read_dir(case_dir.join("store"))? {
-                let entry = entry?;
-                std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
-            }
-            return promlab::format::registry::Registry::load(&case_dir.join("registry.json"));
-        }
-        other => anyhow::bail!("{other:?} is not an export scenario's generator"),
-    };
-    generated.write(dir, StrategySet::NONE)?;
-    Ok(generated.registry)
+        _ => return None,
+    })
 }
 
 /// A store directory as comparable bytes: per file, its name, `used`, and its
