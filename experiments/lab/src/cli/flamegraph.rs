@@ -51,6 +51,11 @@ pub struct FlamegraphArgs {
     /// Strategies to run: a comma-separated list, `none`, `all`, or `default`.
     #[arg(long, default_value = "default", conflicts_with = "diff")]
     pub strategies: StrategySet,
+    /// An arm of the scenario's ablation by name instead, for the arms a
+    /// strategy set does not name: `as-written` (every strategy on the store
+    /// as written, what `promlab serve --store` reads), `baseline-folded`.
+    #[arg(long, conflicts_with_all = ["diff", "strategies"])]
+    pub arm: Option<String>,
     /// Profile two strategy sets, interleaved, and draw B's profile coloured by
     /// the difference per unit of work: red where B spends more, blue where less.
     #[arg(long, num_args = 2, value_names = ["A", "B"])]
@@ -91,19 +96,33 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<()> {
     let file = std::fs::File::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     drop(file);
-    let arms: Vec<(String, StrategySet)> = match sets.as_slice() {
-        [a, b] => vec![("A".to_string(), *a), ("B".to_string(), *b)],
-        [set] => vec![(set.to_string(), *set)],
+    let request = |name: &str, set: StrategySet| profiles::ArmRequest {
+        name: name.to_string(),
+        set: Some(set),
+    };
+    let arms: Vec<profiles::ArmRequest> = match (&args.arm, sets.as_slice()) {
+        (Some(arm), _) => vec![profiles::ArmRequest {
+            name: arm.clone(),
+            set: None,
+        }],
+        (None, [a, b]) => vec![request("A", *a), request("B", *b)],
+        (None, [set]) => vec![request(&set.to_string(), *set)],
         _ => unreachable!("one set or two"),
     };
     eprintln!(
-        "profiling {} ({stage}, {}), strategies {}: {:.1} s of CPU{}, {}",
+        "profiling {} ({stage}, {}), {}: {:.1} s of CPU{}, {}",
         scenario.name,
         if args.quick { "quick" } else { "full" },
-        sets.iter()
-            .map(|s| format!("`{s}`"))
-            .collect::<Vec<_>>()
-            .join(" against "),
+        match &args.arm {
+            Some(arm) => format!("arm `{arm}`"),
+            None => format!(
+                "strategies {}",
+                sets.iter()
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+                    .join(" against ")
+            ),
+        },
         args.seconds,
         if sets.len() == 2 {
             " each, interleaved"
@@ -112,7 +131,7 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<()> {
         },
         sampler.describe()
     );
-    let result = profiles::record(&scenario, args.quick, &arms, cpu, sampler)
+    let result = profiles::record(&scenario, args.quick, &arms, false, cpu, sampler)
         .and_then(|recorded| write(&recorded, &scenario.name, args.quick, &outputs));
     match result {
         Ok(summary) => {
@@ -181,10 +200,17 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
     }
     match recorded.arms.as_slice() {
         [arm] => {
-            let title = format!(
-                "promlab {scenario} ({size}), strategies: {}",
-                arm.strategies
-            );
+            let title = if arm.arm == arm.strategies.to_string() {
+                format!(
+                    "promlab {scenario} ({size}), strategies: {}",
+                    arm.strategies
+                )
+            } else {
+                format!(
+                    "promlab {scenario} ({size}), arm {} (strategies: {})",
+                    arm.arm, arm.strategies
+                )
+            };
             let subtitle = format!(
                 "{} samples of {} runs, {} sampler",
                 arm.profile.samples(),

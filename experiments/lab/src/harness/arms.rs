@@ -1,8 +1,10 @@
-//! What an arm is: a workload run under a strategy set, its floor, or another
-//! path to the same answer; and which arms an ablation runs.
+//! What an arm is: a workload run under a strategy set, its floor, another
+//! path to the same answer, or upkeep beside the runs; what each reads; and
+//! which arms an ablation runs.
 
 use super::workloads;
 use anyhow::{bail, Result};
+use promlab::format::registry::Registry;
 use promlab::shared::strategy::{Stage, Strategy, StrategySet};
 use std::path::Path;
 
@@ -17,21 +19,71 @@ pub enum Output<'a> {
     /// A floor's product, which is not the stage's answer: how many units it
     /// handled (checked against [`Workload::units`]).
     Units(u64),
+    /// A store directory the run changed in place (the fold's copy): its
+    /// exposition is the answer, as the reference exporter reads it after
+    /// the timed run.
+    StoreRead(&'a Path, &'a Registry),
 }
 
 impl Output<'_> {
-    /// The comparable bytes: a store directory is read (timestamps zeroed).
+    /// The comparable bytes: a store directory is read (timestamps zeroed),
+    /// a store to read is exported by the reference exporter.
     pub fn bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
         Ok(match self {
             Output::Bytes(bytes) => std::borrow::Cow::Borrowed(bytes),
             Output::Store(dir) => std::borrow::Cow::Owned(workloads::store_bytes(dir)?),
             Output::Units(n) => std::borrow::Cow::Owned(n.to_le_bytes().to_vec()),
+            Output::StoreRead(dir, registry) => {
+                std::borrow::Cow::Owned(promlab::reference::exposition::export(dir, registry)?)
+            }
         })
     }
 
     /// [`Output::bytes`], owned.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         Ok(self.bytes()?.into_owned())
+    }
+}
+
+/// What an arm reads, where its stage has more than one input. An export
+/// scenario's store is read as written (what `promlab serve --store` reads)
+/// or as a copy folded once (what `serve --fold-exited` reads between its
+/// folds); every other stage has one input. Only arms reading the same input
+/// are compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Input {
+    /// The stage's one input.
+    One,
+    /// The store as its writers left it.
+    AsWritten,
+    /// The store with its exited processes' files folded.
+    Folded,
+}
+
+impl Input {
+    /// Its name in the results' `reads` column (empty for [`Input::One`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            Input::One => "",
+            Input::AsWritten => "as-written",
+            Input::Folded => "folded",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Input> {
+        [Input::One, Input::AsWritten, Input::Folded]
+            .into_iter()
+            .find(|i| i.name() == name)
+    }
+
+    /// The input of a strategy arm of an export scenario: the folded copy
+    /// when the set has `fold-exited`, else the store as written.
+    pub fn of_export_set(strategies: StrategySet) -> Input {
+        if strategies.contains(Strategy::FoldExited) {
+            Input::Folded
+        } else {
+            Input::AsWritten
+        }
     }
 }
 
@@ -49,29 +101,42 @@ pub trait Workload {
     /// Called once, before anything runs, when several arms will share this
     /// workload (ablate, scale; not `arm-rss`'s child, which runs one): a
     /// workload whose arms share a process-wide resource settles it here.
-    fn prepare_arms(&mut self) -> Result<()> {
+    /// `all` is the stage's strategy set the ablation runs.
+    fn prepare_arms(&mut self, _all: StrategySet) -> Result<()> {
         Ok(())
     }
-    /// Arms besides the strategy sets and the floor (the query's other paths),
-    /// by name, with the strategy set each runs under.
-    fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
+    /// Arms besides the strategy sets and the stage's floor, by name, with
+    /// the strategy set each runs under and its kind: other paths to the
+    /// answer (the query's), arms that complete an input (export's store as
+    /// written under every strategy, the baseline on the folded copy), floors
+    /// of other contracts or inputs, upkeep (the fold). `all` is the stage's
+    /// strategy set the ablation runs.
+    fn extra_arms(&self, _all: StrategySet) -> Vec<(&'static str, StrategySet, ArmKind)> {
         Vec::new()
     }
     /// One run of an extra arm ([`Workload::extra_arms`]).
     fn run_extra(&mut self, name: &str, _strategies: StrategySet) -> Result<Output<'_>> {
         bail!("no extra arm `{name}` in this workload")
     }
-    /// Extra arms that are floors of another contract some arms keep (run by
-    /// [`Workload::run_extra`]; the query's uncached answer is held to the
-    /// quantile scan with the answer written, its kept answer to a copy).
-    fn extra_floors(&self) -> Vec<&'static str> {
-        Vec::new()
-    }
     /// The floor arm the arm `name` (run under `strategies`) is held to: the
-    /// stage's (`floor`) unless the arm keeps another contract
-    /// ([`Workload::extra_floors`]).
+    /// stage's (`floor`) unless the arm keeps another contract or reads
+    /// another input; empty for none.
     fn floor_of(&self, _arm: &str, _strategies: StrategySet) -> &'static str {
         FLOOR
+    }
+    /// What the arm `name` (run under `strategies`) reads.
+    fn input_of(&self, _arm: &str, _strategies: StrategySet) -> Input {
+        Input::One
+    }
+    /// How much one run of the arm `name` does, where that is not
+    /// [`Workload::units`] (the fold: files folded).
+    fn units_of(&self, _arm: &str) -> (u64, &'static str) {
+        self.units()
+    }
+    /// What an upkeep arm needs before each run and is no part of its cost
+    /// (the fold's fresh copy of the store): done outside the timed region.
+    fn set_up(&mut self, _arm: &str) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -83,14 +148,20 @@ pub const FLOOR: &str = "floor";
 pub enum ArmKind {
     /// The stage under a strategy set ([`Workload::run`]).
     Strategies,
-    /// The stage's floor ([`Workload::floor`]), or a contract's
-    /// ([`Workload::extra_floors`], run by [`Workload::run_extra`]).
+    /// The stage's floor ([`Workload::floor`]), or another contract's or
+    /// input's (run by [`Workload::run_extra`]).
     Floor,
-    /// Another path to the same answer ([`Workload::extra_arms`]).
+    /// Another path to the same answer, or the stage under a strategy set on
+    /// another input ([`Workload::extra_arms`]).
     Extra,
+    /// Work beside the runs (the fold of exited processes' files): each run
+    /// after its set-up ([`Workload::set_up`]), outside the timed region; not
+    /// a run of the stage, so held to no floor and compared with no arm.
+    Upkeep,
 }
 
-/// One run of an arm of any kind.
+/// One run of an arm of any kind (an upkeep arm's set-up is the caller's:
+/// [`run_once`] does it).
 pub fn run_arm<'w>(
     workload: &'w mut dyn Workload,
     kind: ArmKind,
@@ -100,8 +171,22 @@ pub fn run_arm<'w>(
     match kind {
         ArmKind::Strategies => workload.run(strategies),
         ArmKind::Floor if name == FLOOR => workload.floor(),
-        ArmKind::Floor | ArmKind::Extra => workload.run_extra(name, strategies),
+        ArmKind::Floor | ArmKind::Extra | ArmKind::Upkeep => workload.run_extra(name, strategies),
     }
+}
+
+/// One run of an arm outside the timed rounds (a verification, a peak-memory
+/// probe): an upkeep arm's set-up, then [`run_arm`].
+pub fn run_once<'w>(
+    workload: &'w mut dyn Workload,
+    kind: ArmKind,
+    name: &str,
+    strategies: StrategySet,
+) -> Result<Output<'w>> {
+    if kind == ArmKind::Upkeep {
+        workload.set_up(name)?;
+    }
+    run_arm(workload, kind, name, strategies)
 }
 
 /// Every arm `promlab ablate` measures for `workload`: the strategy arms of
@@ -115,13 +200,7 @@ pub fn all_arms(
         .into_iter()
         .map(|(name, s)| (name, s, ArmKind::Strategies))
         .collect();
-    let floors = workload.extra_floors();
-    for (name, s) in workload.extra_arms() {
-        let kind = if floors.contains(&name) {
-            ArmKind::Floor
-        } else {
-            ArmKind::Extra
-        };
+    for (name, s, kind) in workload.extra_arms(set.restrict(stage)) {
         all.push((name.to_string(), s, kind));
     }
     all.push((FLOOR.to_string(), StrategySet::NONE, ArmKind::Floor));

@@ -16,6 +16,7 @@
 
 mod arms;
 pub mod clones;
+mod compare;
 pub mod dossier;
 mod expected;
 pub mod floor;
@@ -27,6 +28,7 @@ pub mod report;
 pub mod rss;
 pub mod scale;
 mod scenario;
+mod summary;
 mod timing;
 pub mod workloads;
 
@@ -35,7 +37,10 @@ use promlab::shared::strategy::{Stage, StrategySet};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
-pub use arms::{all_arms, arms, bench_id, configured, run_arm, ArmKind, Output, Workload, FLOOR};
+pub use arms::{
+    all_arms, arms, bench_id, configured, run_arm, run_once, ArmKind, Input, Output, Workload,
+    FLOOR,
+};
 pub use expected::expected_answer;
 pub use scenario::{load_scenario, load_scenarios, Generator, Scenario, Size, BUILT_IN};
 pub use timing::{measure, process_cpu, quantile, ArmResult, MIN_SAMPLE, WARM_RUN_BELOW};
@@ -105,6 +110,9 @@ pub struct ScenarioResult {
     pub units: (u64, &'static str),
     pub digest: String,
     pub combinations_verified: usize,
+    /// The other arms whose first run was verified too (other inputs, other
+    /// paths to the answer, the fold).
+    pub others_verified: usize,
     pub arms: Vec<ArmResult>,
     /// Peer arms (`--peers`), measured after ours.
     pub peers: Vec<peers::PeerResult>,
@@ -118,7 +126,11 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     let size = scenario.size(options.quick);
     let mut workload = workloads::build(&size.params)
         .with_context(|| format!("cannot build scenario {}", scenario.name))?;
-    workload.prepare_arms()?;
+    let set = options
+        .only
+        .unwrap_or_else(StrategySet::all)
+        .restrict(stage);
+    workload.prepare_arms(set)?;
     let expected = if options.print_digests {
         let answer = digest(&expected_answer(&size.params)?);
         println!(
@@ -158,14 +170,24 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     }
     progress.finish();
     let verified = baseline_output.unwrap_or_default();
-    let arms = all_arms(
-        stage,
-        options
-            .only
-            .unwrap_or_else(StrategySet::all)
-            .restrict(stage),
-        workload.as_ref(),
-    );
+    let arms = all_arms(stage, set, workload.as_ref());
+    // The arms that are not a combination (another input, another path, the
+    // fold): the first run of each, its answer the scenario's too.
+    let mut others_verified = 0;
+    for (name, set, kind) in &arms {
+        if matches!(kind, ArmKind::Extra | ArmKind::Upkeep) {
+            let output = run_once(workload.as_mut(), *kind, name, *set)?.to_vec()?;
+            if digest(&output) != expected {
+                bail!(
+                    "scenario {}: arm `{name}` produced digest {} but {expected} was expected {}",
+                    scenario.name,
+                    digest(&output),
+                    first_difference(&verified, &output, "verified", name)
+                );
+            }
+            others_verified += 1;
+        }
+    }
     let mut result = ScenarioResult {
         scenario: scenario.name.clone(),
         stage,
@@ -173,6 +195,7 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
         units: workload.units(),
         digest: digest(&verified),
         combinations_verified: combinations.len(),
+        others_verified,
         arms: Vec::new(),
         peers: Vec::new(),
         peers_skipped: Vec::new(),

@@ -19,7 +19,7 @@
 //! The extra arms run every ingest strategy. Each strategy set has its own
 //! ingester, fed once when the set first runs (its first query is verified).
 
-use super::{Output, Workload};
+use super::{ArmKind, Output, Workload};
 use crate::http_client::Client;
 use anyhow::{bail, Context, Result};
 use promlab::ingest::feed::Generator;
@@ -371,10 +371,6 @@ impl Workload for Query {
         Ok(Output::Bytes(self.copies.copy(kept)))
     }
 
-    fn extra_floors(&self) -> Vec<&'static str> {
-        vec![FLOOR_UNCACHED]
-    }
-
     /// The answers computed afresh are held to the quantile scan.
     fn floor_of(&self, arm: &str, _strategies: StrategySet) -> &'static str {
         match arm {
@@ -383,13 +379,15 @@ impl Workload for Query {
         }
     }
 
-    fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
+    /// The other paths to the answer, every ingest strategy on, and the
+    /// floor of an answer computed afresh.
+    fn extra_arms(&self, _all: StrategySet) -> Vec<(&'static str, StrategySet, ArmKind)> {
         let all = StrategySet::all().restrict(Stage::Ingest);
         vec![
-            ("all-uncached", all),
-            ("all-serde", all),
-            ("http", all),
-            (FLOOR_UNCACHED, all),
+            ("all-uncached", all, ArmKind::Extra),
+            ("all-serde", all, ArmKind::Extra),
+            ("http", all, ArmKind::Extra),
+            (FLOOR_UNCACHED, all, ArmKind::Floor),
         ]
     }
 

@@ -303,7 +303,7 @@ fn run_point(
     let stage = point.params.stage();
     let expected = expected_answer(&point.params).context("the expected answer")?;
     let mut workload = workloads::build(&point.params)?;
-    workload.prepare_arms()?;
+    workload.prepare_arms(StrategySet::all().restrict(stage))?;
     let setup_secs = started.elapsed().as_secs_f64();
     let all = StrategySet::all().restrict(stage);
     let arms: Vec<(String, StrategySet, ArmKind)> = all_arms(stage, all, workload.as_ref())
@@ -329,7 +329,7 @@ fn run_point(
     let units = workload.units();
     let progress = Progress::new(options.progress, &label, arms.len() as u64, "verify");
     for (name, set, kind) in &arms {
-        let handled = match super::run_arm(workload.as_mut(), *kind, name, *set)? {
+        let handled = match super::run_once(workload.as_mut(), *kind, name, *set)? {
             Output::Units(n) => Some(n),
             output => {
                 let got = output.bytes()?;
@@ -634,8 +634,8 @@ pub struct ScaleRow {
 pub fn rows(result: &AxisResult) -> Result<Vec<ScaleRow>> {
     let mut rows = Vec::new();
     for point in &result.points {
-        let units = point.units.0.max(1) as f64;
         for arm in &point.arms {
+            let units = arm.units.0.max(1) as f64;
             let nanos = |d: std::time::Duration| d.as_nanos() as u64;
             rows.push(ScaleRow {
                 axis: result.axis.clone(),
@@ -656,8 +656,8 @@ pub fn rows(result: &AxisResult) -> Result<Vec<ScaleRow>> {
                 p75_ns: nanos(arm.quantile(0.75)),
                 max_ns: nanos(arm.quantile(1.0)),
                 cpu_median_ns: nanos(arm.cpu_median()),
-                units: point.units.0,
-                unit: point.units.1.to_string(),
+                units: arm.units.0,
+                unit: arm.units.1.to_string(),
                 ns_per_unit: arm.median().as_nanos() as f64 / units,
                 cpu_ns_per_unit: arm.cpu_median().as_nanos() as f64 / units,
                 ratio_to_floor: report::ratio_to_floor(&point.arms, arm),
@@ -752,7 +752,10 @@ mod tests {
                 shrink(&mut params);
                 let workload = workloads::build(&params).unwrap();
                 assert!(
-                    workload.extra_arms().iter().any(|(n, _)| n == arm),
+                    workload
+                        .extra_arms(StrategySet::all().restrict(params.stage()))
+                        .iter()
+                        .any(|(n, _, _)| n == arm),
                     "{name}: {arm}"
                 );
             }

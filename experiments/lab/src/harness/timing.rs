@@ -1,11 +1,14 @@
 //! How arms are timed: interleaved rounds of samples, every run checked.
 
-use super::{digest, first_difference, report, run_arm, ArmKind, Output, StrategySet, Workload};
+use super::{
+    digest, first_difference, report, run_arm, ArmKind, Input, Output, StrategySet, Workload,
+};
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
 
-/// Checks what one run of the arm `name` returned: bytes must be the verified
-/// answer, a floor's units the workload's. A store is compared after the rounds.
+/// Checks what one run of the arm `name` returned: bytes (or a store's
+/// exposition) must be the verified answer, a floor's units the workload's.
+/// A store written is compared after the rounds.
 fn check_output(
     scenario: &str,
     round: usize,
@@ -22,6 +25,16 @@ fn check_output(
         Output::Units(n) if *n != units => bail!(
             "scenario {scenario}: run {round} of `{name}` handled {n} units, not the workload's {units}"
         ),
+        Output::StoreRead(..) => {
+            let bytes = output.bytes()?;
+            if *bytes != *verified {
+                bail!(
+                    "scenario {scenario}: run {round} of `{name}` left a store whose exposition differs from the verified output {}",
+                    first_difference(verified, &bytes, "verified", name)
+                );
+            }
+            Ok(())
+        }
         _ => Ok(()),
     }
 }
@@ -34,10 +47,15 @@ pub struct ArmResult {
     pub kind: ArmKind,
     /// The floor arm this arm is held to ([`Workload::floor_of`]; a floor's own name).
     pub floor: String,
+    /// What it reads ([`Workload::input_of`]).
+    pub input: Input,
+    /// How much one run does ([`Workload::units_of`]).
+    pub units: (u64, &'static str),
     /// Wall time of one run, per sample ([`measure`]: a sample's runs' sum
     /// over their count).
     pub samples: Vec<Duration>,
-    /// CPU time of this process (every thread) of one run, per sample.
+    /// CPU time of this process (every thread) of one run, per sample (an
+    /// upkeep arm's set-up left out).
     pub cpu: Vec<Duration>,
     /// How many back-to-back runs each sample timed ([`MIN_SAMPLE`]).
     pub runs_per_sample: u32,
@@ -218,6 +236,8 @@ pub fn measure(
                 ArmKind::Floor => arm.clone(),
                 _ => workload.floor_of(arm, *s).to_string(),
             },
+            input: workload.input_of(arm, *s),
+            units: workload.units_of(arm),
             samples: Vec::new(),
             cpu: Vec::new(),
             runs_per_sample: 1,
@@ -238,7 +258,11 @@ pub fn measure(
         for &i in &order {
             let (name, set, kind) = &arms[i];
             let sampled = round > 0;
+            let upkeep = *kind == ArmKind::Upkeep;
             if sampled && results[i].warm_run() {
+                if upkeep {
+                    workload.set_up(name)?;
+                }
                 let output = run_arm(workload, *kind, name, *set)?;
                 check_output(label, round, name, verified, units, &output)?;
             }
@@ -248,7 +272,13 @@ pub fn measure(
             // The CPU clock is a syscall (microseconds on a cold cache here):
             // read outside the wall-clock windows, which hold the arm alone.
             let start_cpu = process_cpu();
+            let mut set_up_cpu = Duration::ZERO;
             loop {
+                if upkeep {
+                    let before = process_cpu();
+                    workload.set_up(name)?;
+                    set_up_cpu += process_cpu() - before;
+                }
                 let start = Instant::now();
                 let output = run_arm(workload, *kind, name, *set)?;
                 let run = start.elapsed();
@@ -270,7 +300,7 @@ pub fn measure(
                     break;
                 }
             }
-            let cpu = process_cpu() - start_cpu;
+            let cpu = process_cpu() - start_cpu - set_up_cpu;
             if sampled {
                 results[i].samples.push(elapsed / runs);
                 results[i].cpu.push(cpu / runs);
@@ -340,6 +370,8 @@ mod tests {
             strategies: StrategySet::NONE,
             kind: ArmKind::Strategies,
             floor: floor.to_string(),
+            input: Input::One,
+            units: (1, "lines"),
             samples: Vec::new(),
             cpu: Vec::new(),
             runs_per_sample: runs,

@@ -37,7 +37,6 @@ pub struct ExportFloor {
     /// which a scrape by promlab's plan, one buffer too, did not pay).
     entries: Vec<FloorEntry>,
     distinct: Vec<u8>,
-    exposition: Vec<u8>,
     /// Writes the exposition, each value formatted.
     render: RenderFloor,
     /// The used region of a file read, not mapped.
@@ -81,17 +80,22 @@ struct FloorEntry {
 
 impl ExportFloor {
     /// The store in `dir` and the exposition it must give (already verified).
-    /// The exposition the floor writes.
-    pub fn exposition(&self) -> &[u8] {
-        &self.exposition
+    pub fn new(dir: &Path, exposition: Vec<u8>) -> Result<ExportFloor> {
+        ExportFloor::with_map_budget(dir, exposition, map_budget())
     }
 
-    pub fn new(dir: &Path, exposition: Vec<u8>) -> Result<ExportFloor> {
+    /// [`ExportFloor::new`], keeping at most `max_mapped` files mapped (an
+    /// arm's exporter beside it keeps as many: like with like).
+    pub fn with_map_budget(
+        dir: &Path,
+        exposition: Vec<u8>,
+        max_mapped: usize,
+    ) -> Result<ExportFloor> {
         let mut paths: Vec<_> = std::fs::read_dir(dir)?
             .map(|e| e.map(|e| e.path()))
             .collect::<Result<_, _>>()?;
         paths.sort();
-        let files_to_map = paths.len().min(map_budget());
+        let files_to_map = paths.len().min(max_mapped);
         // The floor's maps come out of the exporters' budget (the process's
         // map table is one), or the arms' kept maps and these together would
         // exhaust it and the next allocation would fail.
@@ -141,7 +145,6 @@ impl ExportFloor {
             entries,
             distinct,
             render: RenderFloor::new(&exposition),
-            exposition,
             read: Vec::new(),
             listing: ListingCheck::new(dir)?,
             _reserved: reserved,

@@ -1,6 +1,6 @@
 //! The lanes workload: the ingest workload across cores.
 
-use super::{churn_bodies_batched, write_counters, Output, Workload};
+use super::{churn_bodies_batched, write_counters, ArmKind, Output, Workload};
 use anyhow::Result;
 use promlab::shared::strategy::{Stage, StrategySet};
 
@@ -200,8 +200,12 @@ impl Workload for Laned {
         (self.samples, "samples")
     }
 
-    fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
-        vec![(ONE_LANE, StrategySet::all().restrict(Stage::Ingest))]
+    fn extra_arms(&self, _all: StrategySet) -> Vec<(&'static str, StrategySet, ArmKind)> {
+        vec![(
+            ONE_LANE,
+            StrategySet::all().restrict(Stage::Ingest),
+            ArmKind::Extra,
+        )]
     }
 
     fn run_extra(&mut self, name: &str, strategies: StrategySet) -> Result<Output<'_>> {
@@ -273,8 +277,8 @@ mod tests {
                 assert!(got == expected, "{lanes} lanes, {set}");
             }
             // The one-lane arm, run beside the point's lanes, answers alike.
-            let extra = laned.extra_arms();
-            let [(name, set)] = extra[..] else {
+            let extra = laned.extra_arms(all);
+            let [(name, set, _)] = extra[..] else {
                 panic!("one extra arm")
             };
             let got = laned.run_extra(name, set).unwrap().to_vec().unwrap();

@@ -13,7 +13,7 @@ pub use ingest::{churn_bodies, churn_bodies_batched, Ingest};
 pub use lanes::{lane_shard, lanes_bodies, ShardPacing, ONE_LANE};
 
 use super::{clones, floor, FLOOR};
-use super::{Generator, Output, Workload};
+use super::{ArmKind, Generator, Input, Output, Workload};
 use anyhow::Result;
 use export::Export;
 use lanes::Laned;
