@@ -123,13 +123,9 @@ pub fn ratio_to_floor(arms: &[ArmResult], arm: &ArmResult) -> Option<f64> {
 
 /// `arm`'s time ÷ `to`'s: round by round (each round runs every arm once, so
 /// a round's two samples met the same state of a shared host), the median of
-/// those ratios. The ratio of the two medians let slow spells that came and
-/// went over a run land in one arm's median and not the other's: the quick
-/// series-per-file ladder's 2,100 point read `all` 1.33× its floor, both
-/// arms' samples split between a fast and a slow mode (p25 33.1 and 30.8 µs,
-/// p75 50.7 and 40.9), each median in another mode (run of 2026-12-05
-/// 14:07). Arms of unequal rounds (none the harness makes) fall back to the
-/// ratio of medians.
+/// those ratios. The ratio of the two medians lets a slow spell that comes
+/// and goes over a run land in one arm's median and not the other's. Arms of
+/// unequal rounds (none the harness makes) fall back to the ratio of medians.
 pub fn paired_ratio(arm: &ArmResult, to: &ArmResult) -> f64 {
     if arm.samples.len() != to.samples.len() || arm.samples.is_empty() {
         return arm.median().as_secs_f64() / to.median().as_secs_f64();
@@ -148,7 +144,7 @@ pub fn paired_ratio(arm: &ArmResult, to: &ArmResult) -> f64 {
 
 /// Below this many times its floor an arm is a finding, not noise: either the
 /// floor is not the least work its contract allows, or the arm skips work the
-/// contract requires (issue 26).
+/// contract requires.
 pub const BELOW_FLOOR: f64 = 0.95;
 
 /// The arms (not floors) that measured below [`BELOW_FLOOR`] × their floor,

@@ -63,7 +63,7 @@ pub struct ArmResult {
     pub writes_store: bool,
     /// The fastest of its warm-up runs (see [`warmed_up`]).
     pub typical: Duration,
-    /// `--peak-rss`: the run's own peak resident memory, in bytes (see [`rss`]).
+    /// `--peak-rss`: the run's own peak resident memory, in bytes (`harness::rss`).
     pub peak_rss_bytes: Option<u64>,
 }
 
@@ -113,36 +113,28 @@ pub fn process_cpu() -> Duration {
 const ROUND_ORDER_SEED: u64 = 0x5eed_0fa7;
 
 /// The least wall time of one [`measure`] sample: 5 ms, thousands of times
-/// the clock's cost. With 1 ms, an arm of 0.8 ms ran 2 runs a sample and its
-/// floor of 1.1 ms one, and on `large-ruby`, whose scrape streams 25 MB
-/// through a shared host's memory, that read 0.75× (2026-12-04; 0.96× at
-/// 5 ms, 1.04–1.10× alternated alone in `examples/cold_scrape`).
+/// the clock's cost, and long enough that an arm and its floor of about a
+/// millisecond each run several times a sample, not one and two.
 pub const MIN_SAMPLE: Duration = Duration::from_millis(5);
 
 /// At most this many runs make one sample (a run of under 5 µs).
 const MAX_RUNS_PER_SAMPLE: u32 = 1000;
 
 /// An arm whose runs take less than this has one untimed run before each
-/// sample: the first run after another arm's starts cold, and at a few
-/// hundred microseconds that cold start was a third of a run or more, so a
-/// sample of 2 runs and one of 4 (an arm and its floor, sized apart) measured
-/// different shares of it (asap-query's answer computed afresh: 0.84× of its
-/// floor, which measured 0.96–0.97× alone). Longer runs are timed from cold:
-/// there the refill is a few percent, and a second run would double the
-/// rounds' time.
+/// sample: the first run after another arm's starts cold, and for a run of a
+/// few hundred microseconds that cold start is a third of it or more, so
+/// samples of different run counts (an arm and its floor, sized apart) would
+/// hold different shares of it. Longer runs are timed from cold: there the
+/// refill is a few percent, and a second run would double the rounds' time.
 pub const WARM_RUN_BELOW: Duration = Duration::from_millis(10);
 
 /// Whether an arm's warm-up (round 0, untimed) has run enough to size its
 /// samples: one run of a store writer (every arm writes as often) or of an
 /// arm that took ten [`MIN_SAMPLE`]s or more; else runs until two have
-/// passed, at least three runs, whose fastest sizes the samples: the first
-/// run after another arm's is cold (asap-query's quantile floor took over
-/// 1 ms for a 0.3 ms run), and on a shared host one run in a few is slow
-/// (`large`'s floor drew one of over 5 ms for a 2 ms run, ran one run a
-/// sample where `all` ran four, and read 1.11× `all`). The median of three
-/// was not enough: `floor-folded`'s warm-up once drew two slow runs of
-/// three, sized as a 10 ms arm (one cold run a sample, no warm run before
-/// it) beside `all`'s two warm runs, and read 1.31× `all` (`large`, Zen 4).
+/// passed, at least three runs, whose fastest sizes the samples. The fastest,
+/// because the first run after another arm's is cold and on a shared host
+/// one run in a few is slow: sized from a slow one (even the median of
+/// three), an arm runs fewer, colder runs a sample than its floor beside it.
 fn warmed_up(runs: &[Duration], writes_store: bool) -> bool {
     let elapsed: Duration = runs.iter().sum();
     writes_store
@@ -166,10 +158,9 @@ fn runs_per_sample(typical: Duration, writes_store: bool) -> u32 {
 }
 
 /// A floor and the arms within 2× of it run as many runs a sample, the most
-/// any of them needs: on a memory-bound scrape a sample's later runs ran
-/// faster than its first, so with `large`'s `all` at two runs a sample and
-/// its floor at one (2.1 against 2.2 ms a run) `all` read 0.86× of it, at two
-/// each 1.00× (2026-12-04). Arms further from their floor keep their own
+/// any of them needs: on a memory-bound scrape a sample's later runs are
+/// faster than its first, so an arm and its floor timed with different run
+/// counts differ by that alone. Arms further from their floor keep their own
 /// count (raised to a microsecond floor's, a slow arm's rounds would take
 /// minutes), as do arms timed from cold (10 ms or more a run).
 fn share_runs_per_sample(results: &mut [ArmResult]) {
@@ -201,23 +192,20 @@ fn share_runs_per_sample(results: &mut [ArmResult]) {
 /// Measures `arms` of `workload`: one untimed warm-up round, then `repeats`
 /// rounds, each running every arm once in an order of its own (shuffled, from
 /// a fixed seed), so drift on a shared machine hits every arm alike and no arm
-/// always runs after the same one. (Rounds used to rotate the one order: A B
-/// C, B C A, …, where each arm follows the same arm every round, and an arm
-/// after one that sweeps the caches ran cold every time: query-groups'
-/// copy floor, after the quantile scan, measured 0.78–0.93× of the arms that
-/// copy the same bytes.) What
-/// every run returned is checked: bytes against `verified`, a floor's units
-/// against the workload's; stores are compared after the last round.
+/// always runs after the same one (after an arm that sweeps the caches, an
+/// arm would run cold every round). What every run returned is checked:
+/// bytes (or a store's exposition) against `verified`, a floor's units
+/// against the workload's; stores written are compared after the last round.
 ///
 /// A sample is [`MIN_SAMPLE`] or more of one arm's back-to-back runs (the
-/// count sized by its warm-up runs, [`warmed_up`]), each timed on its own: a single run of a
-/// few microseconds measured mostly how much of its working set the arm
-/// before had evicted (export-files' folded scrapes moved by up to 2x, the
-/// query's kept-answer copy by 2x between identical arms). The sample is their
-/// sum over their count. An arm of under [`WARM_RUN_BELOW`] a run has an
-/// untimed run before each sample. An arm that writes a store runs once per
-/// sample, with none before: its store's state grows with every run, and every
-/// arm must run as often.
+/// count sized by its warm-up runs, [`warmed_up`]), each timed on its own: a
+/// single run of a few microseconds measures mostly how much of its working
+/// set the arm before evicted. The sample is their sum over their count. An
+/// arm of under [`WARM_RUN_BELOW`] a run has an untimed run before each
+/// sample. An arm that writes a store runs once per sample, with none before:
+/// its store's state grows with every run, and every arm must run as often.
+/// An upkeep arm's set-up runs before each of its runs, outside the wall
+/// clock's window, and its CPU time is left out of the arm's.
 pub fn measure(
     label: &str,
     workload: &mut dyn Workload,
@@ -333,13 +321,12 @@ pub fn measure(
 /// Keeps the memory an arm frees in this process for the next run (glibc:
 /// no trimming of the heap's top, blocks under 32 MiB from the heap), for
 /// every arm alike. A run that builds its state afresh (the ingest
-/// workload's new ingester) otherwise met the kernel's zeroed pages again
-/// whenever glibc had handed its last run's memory back: `all` at 1,000
-/// groups × 100 series took 4,460 page faults a run (14 % of its time, 56
-/// against 48.6 ms) where its floor, whose memory happened to stay, took
-/// none (2026-12-04). A long-lived receiver keeps its memory; what is timed
-/// is the work, not glibc's trimming thresholds. Peak RSS is measured in
-/// child processes of their own ([`rss`]), without this.
+/// workload's new ingester) otherwise meets the kernel's zeroed pages again
+/// whenever glibc has handed its last run's memory back, and which arm pays
+/// those page faults is the allocator's accident. A long-lived receiver
+/// keeps its memory; what is timed is the work, not glibc's trimming
+/// thresholds. Peak RSS is measured in child processes of their own
+/// (`harness::rss`), without this.
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

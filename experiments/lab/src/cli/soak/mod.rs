@@ -1,4 +1,4 @@
-//! `promlab soak`: the reliability suite (issue 12). Runs the real `promlab`
+//! `promlab soak`: the reliability suite. Runs the real `promlab`
 //! binary as child processes on loopback for a fixed time and replays the
 //! hostile cases against them while they are under load:
 //!

@@ -330,7 +330,7 @@ impl Report<'_> {
                 ),
             );
         }
-        // Issue 23, item 4: under the slow crowd a normal scrape or write is
+        // Under the slow crowd a normal scrape or write is
         // answered within 1 s at the median and 2 s at worst.
         for (check_name, probe, ok_status) in [
             ("receiver.slow-clients-do-not-block", PROBE, "200"),

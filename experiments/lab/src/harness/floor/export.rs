@@ -240,10 +240,9 @@ fn check_file(
 
 /// The one syscall a scrape cannot do without: whether the store's listing
 /// changed since the floor was built, asked of the exporters' own inotify
-/// watch ([`StoreWatch`]). Until issue 26 the floor made none, so every
-/// exporter's ratio counted as overhead the `read` of its watch that tells
-/// it no file came or went (a syscall is several microseconds on a cold
-/// cache here, a fifth of a folded 504-file store's scrape). Where no watch
+/// watch ([`StoreWatch`]): every exporter reads its watch to learn that no
+/// file came or went, and a cold syscall is several microseconds, a share of
+/// a folded store's scrape no floor may leave out. Where no watch
 /// can be had (inotify's per-user limits, a network filesystem), an `fstat`
 /// of the directory stands in: the same one syscall, though a directory's
 /// times cannot tell every change.

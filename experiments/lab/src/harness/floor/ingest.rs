@@ -17,9 +17,8 @@ use std::hint::black_box;
 /// quantiles from its sketch, written as text with its label value and count.
 /// No windows, no validation, no canonical series key: what is left is the
 /// decoding, the lookup, the arithmetic and the answer no receiver can skip.
-/// Until issue 26 it visited every group's sketch after every request (a
-/// million groups: 100 requests × 1M visits, the floor slower than `all` at
-/// the same adds) and answered nothing, where every arm answers every group.
+/// It visits only the groups a request has (not every group's sketch after
+/// every request), and answers every group, as every arm does.
 pub struct IngestFloor {
     metric: Vec<u8>,
     group_label: Vec<u8>,
@@ -47,9 +46,7 @@ struct IngestState {
     series: Vec<(std::ops::Range<usize>, Option<usize>)>,
     /// Label bytes (by hash) → (hash, index in `series`), for when the
     /// guess misses. The hash is kept, as the series cache keeps it, so the
-    /// table grows without hashing every series again (until issue 26 it
-    /// rehashed them: the floor measured above `all` at 10k groups × 100
-    /// series, a million new series).
+    /// table grows without hashing every series again.
     index: hashbrown::HashTable<(u64, usize)>,
     hasher: foldhash::fast::RandomState,
     /// The series tried first: the one after the last found. Senders repeat
@@ -269,9 +266,9 @@ impl IngestFloor {
     /// A series as senders write it — label fields with one-byte lengths,
     /// then samples of one-byte length each a value and one timestamp — its
     /// labels found by their lengths alone and each value read in place, as
-    /// `borrowed-decode` walks it (until issue 26 the floor walked every
-    /// field, and `all` measured below it at 1,000 groups of 1,000 series);
-    /// `None` for any other shape, which [`IngestFloor::series`] walks.
+    /// `borrowed-decode` walks it (a floor walking every field would do more
+    /// than that arm); `None` for any other shape, which
+    /// [`IngestFloor::series`] walks.
     #[inline]
     fn series_as_sent(&self, series: &[u8], state: &mut IngestState) -> Result<Option<u64>> {
         let mut pos = 0;
@@ -333,8 +330,8 @@ impl IngestFloor {
     /// metric). The receiver refuses a request holding a series Prometheus
     /// would refuse (a name that is not a label name, a value that is not
     /// UTF-8, names unsorted or repeated, no `__name__`), so each series is
-    /// checked once, the first time, in the walk that reads it. Until issue
-    /// 26 the floor checked nothing, and counted the check as overhead.
+    /// checked once, the first time, in the walk that reads it: the check is
+    /// the contract's, not overhead.
     fn first_sight(&self, labels: &[u8], state: &mut IngestState) -> Result<Option<usize>> {
         let (mut matches, mut named, mut group): (bool, bool, &[u8]) = (false, false, b"");
         let mut previous: Option<&[u8]> = None;

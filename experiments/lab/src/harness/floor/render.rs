@@ -71,9 +71,8 @@ impl RenderFloor {
     }
 
     /// One scrape into `out` (cleared first). The ablation passes the buffer
-    /// its arms scrape into, so the floor's writes meet the caches theirs do:
-    /// in a buffer of its own, cold after the other arms' runs, the export
-    /// floor measured slower than a scrape that did more (seed-repro, issue 26).
+    /// its arms scrape into, so the floor's writes meet the caches theirs do
+    /// (a buffer of its own is cold after the other arms' runs).
     pub fn run_into(&mut self, out: &mut Vec<u8>) {
         out.clear();
         out.reserve(self.text.len() + self.values.len() * MAX_VALUE_LEN);

@@ -113,9 +113,9 @@ impl Export {
     /// Settles the process's budget of kept mappings before any arm runs
     /// ([`Workload::prepare_arms`]). A sidecar runs one exporter with the
     /// budget to itself; here every arm's exporter shares one process, and
-    /// the first to run took the budget whole (40,000 files at many-metrics'
-    /// full size: `all` then opened and read its 400 folded files every
-    /// scrape, 2.5 ms where it took 0.3 ms keeping them). So, in this order:
+    /// the first to run would take it whole with the store as written's files,
+    /// leaving `all` to open and read its folded files every scrape. So, in
+    /// this order:
     /// the exporters of the folded copy (a few files each) and its floor;
     /// then the store as written's floor and `as-written`'s exporter, which
     /// share what is left half and half, so that arm is held to a floor that

@@ -22,12 +22,10 @@ use promlab::shared::strategy::{Stage, StrategySet};
 /// ([`super::floor::IngestFloor::run_bodies`]) — the least work spread over
 /// as many cores, with nothing shared.
 ///
-/// (Until issue 26 each thread took the next request, whichever shard it
-/// was: every lane learned every series, and a new series costs `all` about
-/// seven known ones, so 2 lanes on 2 cores measured 0.98× one lane at the
-/// full size. Then they met at every tick's end, a barrier, and measured
-/// 1.74×: most of what was lost was not the barrier but the lanes trading
-/// senders at every window close, fixed in `LanedIngester`'s lane choice.)
+/// Threads do not take whichever request comes next, and do not meet at a
+/// tick's end: a lane that learned every sender's series would pay for each
+/// new series (several known ones' cost) once per lane, and a barrier would
+/// hold both cores for the slower.
 pub(super) struct Laned {
     plan: promlab::ingest::plan::Plan,
     /// Tick by tick, `per_tick` requests a tick.
@@ -46,11 +44,9 @@ const LANE_SHARDS: usize = 16;
 /// How many ticks a shard may send ahead of the slowest: a sender at
 /// saturation sends from its backlog without waiting for its other shards,
 /// but not unboundedly ahead of them. Ticks are a second apart and the
-/// plan's lateness is 5 s, so at 4 ticks no sample arrives late. (It was 2:
-/// Prometheus's shards do not wait for each other at all, and the closer the
-/// coupling, the more a stall of one core held the other lane too; three
-/// quick lanes ladders each measured 2 lanes at 1.85/1.93/1.65x one lane
-/// with 2, 1.96/1.71/2.00x with 4 — within this machine's noise.)
+/// plan's lateness is 5 s, so at 4 ticks no sample arrives late; the looser
+/// the coupling, the less a stall of one core holds the other lane too
+/// (Prometheus's shards do not wait for each other at all).
 const LAG_TICKS: usize = 4;
 
 /// The lanes workload's senders: each counts the ticks it has sent, and
