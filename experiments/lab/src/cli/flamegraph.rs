@@ -53,13 +53,15 @@ pub struct FlamegraphArgs {
     pub strategies: StrategySet,
     /// An arm of the scenario's ablation by name instead, for the arms a
     /// strategy set does not name: `as-written` (every strategy on the store
-    /// as written, what `promlab serve --store` reads), `baseline-folded`.
+    /// as written, what `promlab serve --store` reads), `baseline-folded`, a
+    /// floor (`floor`, `floor-folded`).
     #[arg(long, conflicts_with_all = ["diff", "strategies"])]
     pub arm: Option<String>,
-    /// Profile two strategy sets, interleaved, and draw B's profile coloured by
-    /// the difference per unit of work: red where B spends more, blue where less.
+    /// Profile two strategy sets (or arms by name, as `--arm` takes them),
+    /// interleaved, and draw B's profile coloured by the difference per unit
+    /// of work: red where B spends more, blue where less.
     #[arg(long, num_args = 2, value_names = ["A", "B"])]
-    pub diff: Option<Vec<StrategySet>>,
+    pub diff: Option<Vec<String>>,
     /// The scenario's quick size (default: its full size).
     #[arg(long)]
     pub quick: bool,
@@ -69,6 +71,11 @@ pub struct FlamegraphArgs {
     pub seconds: f64,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Frames narrower than this many pixels (of 1,200) are left out of the
+    /// SVG, and of a diff's folded stacks: 3 keeps a graph small enough to
+    /// embed in a document (frames of 0.25 % of the samples and more).
+    #[arg(long, default_value_t = draw::MIN_WIDTH_PX)]
+    pub min_width: f64,
     /// Where the SVG goes; the folded stacks go beside it (`.folded`).
     #[arg(long)]
     pub out: PathBuf,
@@ -79,60 +86,73 @@ pub fn flamegraph(args: FlamegraphArgs) -> Result<()> {
     let sampler = args.sampling.sampler()?;
     let scenario = crate::harness::load_scenario(&args.scenario)?;
     let stage = scenario.stage();
-    let asked: Vec<StrategySet> = args.diff.clone().unwrap_or(vec![args.strategies]);
+    // Each side a strategy set, or an arm by name (what does not parse as a set).
+    let sides: Vec<(String, Option<StrategySet>)> = match (&args.diff, &args.arm) {
+        (Some(diff), _) => diff
+            .iter()
+            .map(|side| (side.clone(), side.parse::<StrategySet>().ok()))
+            .collect(),
+        (None, Some(arm)) => vec![(arm.clone(), None)],
+        (None, None) => vec![(args.strategies.to_string(), Some(args.strategies))],
+    };
     // Only the scenario's own stage has strategies that change its runs.
-    let sets: Vec<StrategySet> = asked.iter().map(|s| s.restrict(stage)).collect();
-    for (asked, set) in asked.iter().zip(&sets) {
-        if set.is_empty() && !asked.is_empty() {
+    for (asked, set) in &sides {
+        if set.is_some_and(|s| s.restrict(stage).is_empty() && !s.is_empty()) {
             eprintln!(
                 "note: none of `{asked}` belongs to the {stage} stage of {}; profiling the baseline there",
                 scenario.name
             );
         }
     }
-    let outputs = Outputs::new(&args.out, sets.len() == 2);
+    let outputs = Outputs::new(&args.out, sides.len() == 2);
     // Open the output before the long part, so a bad path fails at once; a
     // failure after that removes what was written rather than leave half of it.
     let file = std::fs::File::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     drop(file);
-    let request = |name: &str, set: StrategySet| profiles::ArmRequest {
-        name: name.to_string(),
-        set: Some(set),
-    };
-    let arms: Vec<profiles::ArmRequest> = match (&args.arm, sets.as_slice()) {
-        (Some(arm), _) => vec![profiles::ArmRequest {
-            name: arm.clone(),
-            set: None,
-        }],
-        (None, [a, b]) => vec![request("A", *a), request("B", *b)],
-        (None, [set]) => vec![request(&set.to_string(), *set)],
-        _ => unreachable!("one set or two"),
-    };
+    let arms: Vec<profiles::ArmRequest> = sides
+        .iter()
+        .map(|(name, set)| match set {
+            Some(set) => profiles::ArmRequest {
+                name: set.restrict(stage).to_string(),
+                set: Some(set.restrict(stage)),
+            },
+            None => profiles::ArmRequest {
+                name: name.clone(),
+                set: None,
+            },
+        })
+        .collect();
     eprintln!(
         "profiling {} ({stage}, {}), {}: {:.1} s of CPU{}, {}",
         scenario.name,
         if args.quick { "quick" } else { "full" },
-        match &args.arm {
-            Some(arm) => format!("arm `{arm}`"),
-            None => format!(
-                "strategies {}",
-                sets.iter()
-                    .map(|s| format!("`{s}`"))
-                    .collect::<Vec<_>>()
-                    .join(" against ")
-            ),
-        },
+        sides
+            .iter()
+            .map(|(name, set)| match set {
+                Some(set) => format!("strategies `{}`", set.restrict(stage)),
+                None => format!("arm `{name}`"),
+            })
+            .collect::<Vec<_>>()
+            .join(" against "),
         args.seconds,
-        if sets.len() == 2 {
+        if sides.len() == 2 {
             " each, interleaved"
         } else {
             ""
         },
         sampler.describe()
     );
-    let result = profiles::record(&scenario, args.quick, &arms, false, cpu, sampler)
-        .and_then(|recorded| write(&recorded, &scenario.name, args.quick, &outputs));
+    let result =
+        profiles::record(&scenario, args.quick, &arms, false, cpu, sampler).and_then(|recorded| {
+            write(
+                &recorded,
+                &scenario.name,
+                args.quick,
+                args.min_width,
+                &outputs,
+            )
+        });
     match result {
         Ok(summary) => {
             println!("{summary}");
@@ -179,7 +199,13 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Draws and writes the profile(s); returns the summary to print.
-fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) -> Result<String> {
+fn write(
+    recorded: &Recorded,
+    scenario: &str,
+    quick: bool,
+    min_width_px: f64,
+    outputs: &Outputs,
+) -> Result<String> {
     let sampler = &recorded.sampler;
     let size = if quick { "quick" } else { "full" };
     let mut summary = format!("sampler: {}\n", sampler.describe());
@@ -222,7 +248,7 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
                 &draw::Style {
                     title: &title,
                     subtitle: &subtitle,
-                    min_width_px: draw::MIN_WIDTH_PX,
+                    min_width_px,
                 },
             )?;
             write_file(&outputs.svg, &svg)?;
@@ -242,10 +268,12 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
                 a.work(units.0),
                 &b.profile.folded,
                 b.work(units.0),
-            )?;
+            )?
+            .pruned(min_width_px / 1200.0);
             let title = format!(
-                "promlab {scenario} ({size}): `{}` → `{}`, per {unit}",
-                a.strategies, b.strategies
+                "promlab {scenario} ({size}): {} → {}, per {unit}",
+                side(a),
+                side(b)
             );
             let (on_a, sides) = outputs.sides.as_ref().expect("a diff has two sides");
             for (shape, path, frames) in [
@@ -258,7 +286,7 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
                 let style = draw::Style {
                     title: &title,
                     subtitle: &subtitle,
-                    min_width_px: draw::MIN_WIDTH_PX,
+                    min_width_px,
                 };
                 write_file(path, &diff.svg(shape, &style)?)?;
             }
@@ -297,6 +325,16 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
         _ => unreachable!("one arm or two"),
     }
     Ok(summary)
+}
+
+/// How a profiled arm is named in a title: its strategy set, or its name
+/// when it is an arm a set does not name (`as-written`, a floor).
+fn side(arm: &ArmRecord) -> String {
+    if arm.arm.parse::<StrategySet>().is_ok() {
+        format!("`{}`", arm.strategies)
+    } else {
+        format!("{} (`{}`)", arm.arm, arm.strategies)
+    }
 }
 
 fn check_samples(arm: &ArmRecord, sampler: &profile::Sampler) -> Result<()> {

@@ -149,10 +149,13 @@ pub fn record(
     }) {
         workload.prepare_arms(all)?;
     }
-    // The first run of each arm: verified, and the warm-up.
+    // The first run of each arm: verified (a floor that does not write the
+    // answer, by the units it handled), and the warm-up.
+    let units = workload.units().0;
     for (name, set, kind) in &arms {
         let got = match run_arm(workload.as_mut(), *kind, name, *set)? {
-            Output::Units(_) => bail!("arm {name} returned units, not the stage's answer"),
+            Output::Units(n) if n == units && *kind == ArmKind::Floor => continue,
+            Output::Units(n) => bail!("arm {name} handled {n} units, not {units}"),
             other => digest(&other.bytes()?),
         };
         if got != size.expected {
@@ -198,7 +201,7 @@ pub fn record(
         .zip(arms)
         .zip(runs)
         .map(|((mut profile, (arm, set, _)), runs)| {
-            let (rooted, reached) = profile.folded.rooted_at(profile::RUN_FRAME);
+            let (rooted, reached) = profile.folded.rooted_at(workload_frame());
             profile.folded = one_root(&rooted);
             ArmRecord {
                 input: workload.input_of(&arm, set),
@@ -218,22 +221,34 @@ pub fn record(
     })
 }
 
+/// The part of a frame's name every `Workload` method's frame has: an arm's
+/// runs are rooted at the first (`run`, `run_extra` or `floor`).
+fn workload_frame() -> &'static str {
+    profile::RUN_FRAME.trim_end_matches("run")
+}
+
 /// The samples of `folded` with one root for every arm: an arm run by
-/// [`Workload::run_extra`] (another input) has its runs rooted there, named
-/// as [`Workload::run`] is, so a diff against a strategy arm compares the
-/// work under it, not the name of its root.
+/// [`Workload::run_extra`] (another input) or [`Workload::floor`] has its
+/// runs rooted there, named as [`Workload::run`] is, so a diff against a
+/// strategy arm compares the work under it, not the name of its root.
+///
+/// [`Workload::run_extra`]: super::Workload::run_extra
+/// [`Workload::floor`]: super::Workload::floor
+/// [`Workload::run`]: super::Workload::run
 fn one_root(folded: &Folded) -> Folded {
     let mut out = Folded::default();
     for (stack, count) in folded.iter() {
         let (root, rest) = stack.split_once(';').unwrap_or((stack, ""));
-        match root.strip_suffix("_extra") {
-            Some(run) if root.contains(profile::RUN_FRAME) && rest.is_empty() => {
-                out.add(run, count)
+        let renamed = match root.split_once(workload_frame()) {
+            Some((head, method)) if method != "run" => {
+                Some(format!("{head}{}", profile::RUN_FRAME))
             }
-            Some(run) if root.contains(profile::RUN_FRAME) => {
-                out.add(&format!("{run};{rest}"), count)
-            }
-            _ => out.add(stack, count),
+            _ => None,
+        };
+        match (renamed, rest) {
+            (Some(run), "") => out.add(&run, count),
+            (Some(run), rest) => out.add(&format!("{run};{rest}"), count),
+            (None, _) => out.add(stack, count),
         }
     }
     out
