@@ -23,7 +23,6 @@ pub mod floor;
 mod format;
 pub mod peers;
 pub mod profiles;
-pub mod query;
 pub mod report;
 pub mod rss;
 pub mod scale;
@@ -44,6 +43,7 @@ pub use arms::{
 pub use expected::expected_answer;
 pub use scenario::{load_scenario, load_scenarios, Generator, Scenario, Size, BUILT_IN};
 pub use timing::{measure, process_cpu, quantile, ArmResult, MIN_SAMPLE, WARM_RUN_BELOW};
+pub use workloads::query;
 
 pub fn digest(bytes: &[u8]) -> String {
     let hash = Sha256::digest(bytes);

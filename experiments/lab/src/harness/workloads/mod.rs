@@ -3,6 +3,7 @@
 mod export;
 mod ingest;
 mod lanes;
+pub mod query;
 mod render;
 mod write;
 
@@ -63,11 +64,7 @@ pub fn build(params: &Generator) -> Result<Box<dyn Workload>> {
             groups,
             series_per_group,
             ticks,
-        } => Box::new(super::query::Query::feeder(
-            *groups,
-            *series_per_group,
-            *ticks,
-        )?),
+        } => Box::new(query::Query::feeder(*groups, *series_per_group, *ticks)?),
     })
 }
 

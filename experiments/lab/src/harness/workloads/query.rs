@@ -30,10 +30,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// The aggregation the feeder's default plan defines.
-pub(super) const AGGREGATION: &str = "data";
+pub(in crate::harness) const AGGREGATION: &str = "data";
 
 /// A minute boundary, so `ticks = 66` closes exactly one full 60 s window.
-pub(super) const START_MS: i64 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000;
+pub(in crate::harness) const START_MS: i64 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000;
 
 pub struct Query {
     generator: Generator,
@@ -265,8 +265,7 @@ struct Http {
 impl Query {
     pub fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Query> {
         Ok(Query {
-            generator: super::workloads::feeder_workload(START_MS, groups, series_per_group)
-                .generator(),
+            generator: super::feeder_workload(START_MS, groups, series_per_group).generator(),
             ticks,
             ingesters: HashMap::new(),
             out: Vec::new(),
