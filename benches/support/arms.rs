@@ -59,8 +59,8 @@ pub fn bench_workload<M: Measurement>(
                 .filter(|(_, _, kind)| *kind != ArmKind::Strategies),
         )
         .collect();
-    for (arm, set, kind) in &arms {
-        let output = harness::run_once(workload.as_mut(), *kind, arm, *set).unwrap();
+    for entry @ (arm, _, _) in &arms {
+        let output = harness::run_once(workload.as_mut(), entry).unwrap();
         if let Output::Units(n) = output {
             let units = workload.units().0;
             assert!(

@@ -175,18 +175,17 @@ pub fn run_arm<'w>(
     }
 }
 
-/// One run of an arm outside the timed rounds (a verification, a peak-memory
-/// probe): an upkeep arm's set-up, then [`run_arm`].
+/// One run of an arm (as [`all_arms`] lists it) outside the timed rounds (a
+/// verification, a peak-memory probe): an upkeep arm's set-up, then
+/// [`run_arm`].
 pub fn run_once<'w>(
     workload: &'w mut dyn Workload,
-    kind: ArmKind,
-    name: &str,
-    strategies: StrategySet,
+    (name, strategies, kind): &(String, StrategySet, ArmKind),
 ) -> Result<Output<'w>> {
-    if kind == ArmKind::Upkeep {
+    if *kind == ArmKind::Upkeep {
         workload.set_up(name)?;
     }
-    run_arm(workload, kind, name, strategies)
+    run_arm(workload, *kind, name, *strategies)
 }
 
 /// Every arm `promlab ablate` measures for `workload`: the strategy arms of

@@ -189,26 +189,12 @@ pub(super) mod tests {
             size: "full".into(),
             arm: arm.into(),
             strategies: strategies.into(),
-            repeats: 11,
             median_ns,
-            min_ns: median_ns,
-            p25_ns: median_ns,
-            p75_ns: median_ns,
-            max_ns: median_ns,
             units: 100,
             unit: "lines".into(),
             ns_per_unit: median_ns as f64 / 100.0,
-            speedup_vs_baseline: None,
-            digest: String::new(),
-            measure: "wall".into(),
-            rss_kib: None,
-            ratio_to_all: None,
-            ratio_to_floor: None,
-            peak_rss_bytes: None,
-            floor_arm: String::new(),
-            runs_per_sample: 1,
             reads: Some(reads.to_string()).filter(|r| !r.is_empty()),
-            cpu_median_ns: None,
+            ..ResultRow::default()
         }
     }
 

@@ -42,14 +42,13 @@ pub fn ratio(x: f64) -> String {
 /// A whole number with thousands separators (`50,400`).
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
-    let mut out = String::new();
-    for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
+    let groups: Vec<&str> = digits
+        .as_bytes()
+        .rchunks(3)
+        .rev()
+        .map(|group| std::str::from_utf8(group).expect("ASCII digits"))
+        .collect();
+    groups.join(",")
 }
 
 #[cfg(test)]

@@ -174,9 +174,9 @@ pub fn run_scenario(scenario: &Scenario, options: &AblateOptions) -> Result<Scen
     // The arms that are not a combination (another input, another path, the
     // fold): the first run of each, its answer the scenario's too.
     let mut others_verified = 0;
-    for (name, set, kind) in &arms {
+    for arm @ (name, _, kind) in &arms {
         if matches!(kind, ArmKind::Extra | ArmKind::Upkeep) {
-            let output = run_once(workload.as_mut(), *kind, name, *set)?.to_vec()?;
+            let output = run_once(workload.as_mut(), arm)?.to_vec()?;
             if digest(&output) != expected {
                 bail!(
                     "scenario {}: arm `{name}` produced digest {} but {expected} was expected {}",

@@ -371,7 +371,7 @@ pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_
 /// Older results lack the later columns: `measure` reads as `wall`, the
 /// others as empty (as does an empty ratio, which pandas may leave behind),
 /// and a row without `reads` reads what [`ResultRow::input`] derives.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResultRow {
     pub scenario: String,
     pub stage: String,
@@ -478,45 +478,57 @@ fn four_decimals_or_empty<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result
     }
 }
 
-/// A run's median, minimum, quartiles and maximum, in nanoseconds.
-fn spread(samples: &[Duration]) -> [u64; 5] {
-    [0.5, 0.0, 0.25, 0.75, 1.0].map(|q| super::quantile(samples, q).as_nanos() as u64)
+/// A row of `result` for a timed arm or peer: what it is, its samples'
+/// spread and its units; the ratios and the rest are the caller's.
+fn timed_row(
+    result: &ScenarioResult,
+    arm: &str,
+    strategies: String,
+    samples: &[Duration],
+    (units, unit): (u64, &str),
+) -> ResultRow {
+    let [median_ns, min_ns, p25_ns, p75_ns, max_ns] =
+        [0.5, 0.0, 0.25, 0.75, 1.0].map(|q| super::quantile(samples, q).as_nanos() as u64);
+    ResultRow {
+        scenario: result.scenario.clone(),
+        stage: result.stage.to_string(),
+        size: result.size.to_string(),
+        arm: arm.to_string(),
+        strategies,
+        repeats: samples.len() as u64,
+        median_ns,
+        min_ns,
+        p25_ns,
+        p75_ns,
+        max_ns,
+        units,
+        unit: unit.to_string(),
+        ns_per_unit: median_ns as f64 / units.max(1) as f64,
+        measure: "wall".to_string(),
+        runs_per_sample: 1,
+        ..ResultRow::default()
+    }
 }
 
 /// The rows of one scenario: promlab's arms, then the peers. Every ratio is
 /// between rows reading the same input.
 pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
     let per_unit = |arm: &ArmResult| arm.median().as_nanos() as f64 / arm.units.0.max(1) as f64;
+    let reads = |input: Input| Some(input.name().to_string()).filter(|r| !r.is_empty());
     let mut rows = Vec::new();
     for arm in &result.arms {
-        let [median_ns, min_ns, p25_ns, p75_ns, max_ns] = spread(&arm.samples);
         // The fold is not a run of the stage: compared with no arm.
         let compared = arm.kind != ArmKind::Upkeep;
+        let strategies = match arm.kind {
+            ArmKind::Floor => "floor".to_string(),
+            ArmKind::Upkeep => "upkeep".to_string(),
+            _ => arm.strategies.to_string(),
+        };
         rows.push(ResultRow {
-            scenario: result.scenario.clone(),
-            stage: result.stage.to_string(),
-            size: result.size.to_string(),
-            arm: arm.arm.clone(),
-            strategies: match arm.kind {
-                ArmKind::Floor => "floor".to_string(),
-                ArmKind::Upkeep => "upkeep".to_string(),
-                _ => arm.strategies.to_string(),
-            },
-            repeats: arm.samples.len() as u64,
-            median_ns,
-            min_ns,
-            p25_ns,
-            p75_ns,
-            max_ns,
-            units: arm.units.0,
-            unit: arm.units.1.to_string(),
-            ns_per_unit: per_unit(arm),
             speedup_vs_baseline: baseline_on(result, arm.input)
                 .filter(|_| compared)
                 .map(|base| base.median().as_secs_f64() / arm.median().as_secs_f64()),
             digest: result.digest.clone(),
-            measure: "wall".to_string(),
-            rss_kib: None,
             ratio_to_all: promlab_on(result, arm.input)
                 .filter(|_| compared)
                 .map(|all| per_unit(arm) / per_unit(all)),
@@ -524,8 +536,9 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
             peak_rss_bytes: arm.peak_rss_bytes,
             floor_arm: arm.floor.clone(),
             runs_per_sample: arm.runs_per_sample,
-            reads: Some(arm.input.name().to_string()).filter(|r| !r.is_empty()),
+            reads: reads(arm.input),
             cpu_median_ns: Some(arm.cpu_median().as_nanos() as u64),
+            ..timed_row(result, &arm.arm, strategies, &arm.samples, arm.units)
         });
     }
     // Peer rows: per-unit ratios, since a peer counts its own units, each to
@@ -537,33 +550,19 @@ pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
     let floor = floor_named(&result.arms, super::FLOOR).map(per_unit);
     for peer in &result.peers {
         let ns_per_unit = peer.ns_per_unit();
-        let [median_ns, min_ns, p25_ns, p75_ns, max_ns] = spread(&peer.samples);
+        let units = (peer.units.0, peer.units.1.as_str());
         rows.push(ResultRow {
-            scenario: result.scenario.clone(),
-            stage: result.stage.to_string(),
-            size: result.size.to_string(),
-            arm: peer.arm.clone(),
-            strategies: "peer".to_string(),
-            repeats: peer.samples.len() as u64,
-            median_ns,
-            min_ns,
-            p25_ns,
-            p75_ns,
-            max_ns,
-            units: peer.units.0,
-            unit: peer.units.1.clone(),
+            // A peer's median is its own (the lower of two middle samples).
+            median_ns: peer.median().as_nanos() as u64,
             ns_per_unit,
             speedup_vs_baseline: base.map(|b| b / ns_per_unit),
-            digest: String::new(),
             measure: peer.measure.name().to_string(),
             rss_kib: peer.rss_kib,
             ratio_to_all: all.map(|a| ns_per_unit / a),
             ratio_to_floor: floor.map(|f| ns_per_unit / f),
-            peak_rss_bytes: None,
             floor_arm: super::FLOOR.to_string(),
-            runs_per_sample: 1,
-            reads: Some(input.name().to_string()).filter(|r| !r.is_empty()),
-            cpu_median_ns: None,
+            reads: reads(input),
+            ..timed_row(result, &peer.arm, "peer".to_string(), &peer.samples, units)
         });
     }
     rows

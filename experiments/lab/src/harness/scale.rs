@@ -328,8 +328,8 @@ fn run_point(
     // 1. Every arm's first run: the expected answer, or a floor's units.
     let units = workload.units();
     let progress = Progress::new(options.progress, &label, arms.len() as u64, "verify");
-    for (name, set, kind) in &arms {
-        let handled = match super::run_once(workload.as_mut(), *kind, name, *set)? {
+    for arm @ (name, _, _) in &arms {
+        let handled = match super::run_once(workload.as_mut(), arm)? {
             Output::Units(n) => Some(n),
             output => {
                 let got = output.bytes()?;
