@@ -378,9 +378,11 @@ impl Workload for Export {
         }
     }
 
-    /// The fold's fresh copy of the store as written, with last run's gone.
+    /// The fold's fresh copy of the store as written, with last run's gone
+    /// (and the folded copy its files folded are checked against, made once).
     fn set_up(&mut self, arm: &str) -> Result<()> {
         if arm == FOLD {
+            self.folded()?;
             self.fold_last = None;
             self.fold_next = Some(StoreCopy::new(&self.dir)?);
         }
