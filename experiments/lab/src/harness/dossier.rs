@@ -174,9 +174,9 @@ fn ranking(rows: &[ResultRow], source: &Path) -> String {
                     |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
                 (s, alone.get(alone.len() / 2).copied(), mean(&losses))
             })
-            .filter(|(_, alone, loss)| alone.is_some() || loss.is_some())
             .collect();
-        // By speed-up alone; one without a like-with-like figure last.
+        // By speed-up alone; one without a like-with-like figure (in older
+        // runs, `fold-exited`: no baseline on the folded store) last, with —.
         ranked.sort_by(|a, b| match (a.1, b.1) {
             (Some(a), Some(b)) => b.total_cmp(&a),
             (a, b) => b.is_some().cmp(&a.is_some()),
