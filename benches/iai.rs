@@ -80,7 +80,7 @@ fn run(arm: Option<ArmRun>) -> Option<ArmRun> {
     let mut arm = arm?;
     match arm.workload.run(arm.strategies).unwrap() {
         Output::Bytes(bytes) => black_box(bytes.len()),
-        Output::Store(dir) => black_box(dir.as_os_str().len()),
+        Output::Store(dir) | Output::StoreRead(dir, _) => black_box(dir.as_os_str().len()),
         Output::Units(n) => black_box(n as usize),
     };
     Some(arm)
@@ -127,7 +127,7 @@ fn run_other((mut workload, name): (Box<dyn Workload>, &'static str)) -> usize {
     let (kind, set) = kind_of(name);
     match harness::run_arm(workload.as_mut(), kind, name, set).unwrap() {
         Output::Bytes(bytes) => black_box(bytes.len()),
-        Output::Store(dir) => black_box(dir.as_os_str().len()),
+        Output::Store(dir) | Output::StoreRead(dir, _) => black_box(dir.as_os_str().len()),
         Output::Units(n) => black_box(n as usize),
     }
 }

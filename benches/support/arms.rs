@@ -54,13 +54,13 @@ pub fn bench_workload<M: Measurement>(
         .into_iter()
         .map(|(name, set)| (name, set, ArmKind::Strategies))
         .chain(
-            harness::all_arms(stage, StrategySet::NONE, workload.as_ref())
+            harness::all_arms(stage, harness::configured(stage), workload.as_ref())
                 .into_iter()
                 .filter(|(_, _, kind)| *kind != ArmKind::Strategies),
         )
         .collect();
-    for (arm, set, kind) in &arms {
-        let output = harness::run_arm(workload.as_mut(), *kind, arm, *set).unwrap();
+    for entry @ (arm, _, _) in &arms {
+        let output = harness::run_once(workload.as_mut(), entry).unwrap();
         if let Output::Units(n) = output {
             let units = workload.units().0;
             assert!(
@@ -81,18 +81,34 @@ pub fn bench_workload<M: Measurement>(
     configure(&mut group);
     for (arm, set, kind) in &arms {
         group.bench_function(arm.as_str(), |b| {
-            b.iter(
-                || match harness::run_arm(workload.as_mut(), *kind, arm, *set).unwrap() {
-                    Output::Bytes(bytes) => black_box(bytes.len()),
-                    Output::Store(dir) => black_box(dir.as_os_str().len()),
-                    Output::Units(n) => black_box(n as usize),
-                },
-            )
+            if *kind == ArmKind::Upkeep {
+                // Each run on a fresh set-up, made outside the timed region.
+                let workload = std::cell::RefCell::new(&mut workload);
+                b.iter_batched(
+                    || workload.borrow_mut().set_up(arm).unwrap(),
+                    |()| {
+                        let mut workload = workload.borrow_mut();
+                        size(harness::run_arm(workload.as_mut(), *kind, arm, *set).unwrap())
+                    },
+                    criterion::BatchSize::PerIteration,
+                )
+            } else {
+                b.iter(|| size(harness::run_arm(workload.as_mut(), *kind, arm, *set).unwrap()))
+            }
         });
         summary.arm(arm);
     }
     group.finish();
     summary.print();
+}
+
+/// What a run returned, reduced to a number the optimizer must keep.
+fn size(output: Output<'_>) -> usize {
+    match output {
+        Output::Bytes(bytes) => black_box(bytes.len()),
+        Output::Store(dir) | Output::StoreRead(dir, _) => black_box(dir.as_os_str().len()),
+        Output::Units(n) => black_box(n as usize),
+    }
 }
 
 /// The table printed after a group: each arm's median and its ratio to the

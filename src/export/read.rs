@@ -219,6 +219,14 @@ pub fn reserve_maps(n: usize) -> MapReservation {
     MapReservation(n)
 }
 
+/// Map entries the exporters of this process may still keep: their limit
+/// (`vm.max_map_count` less room for the rest) less what they keep now. A
+/// benchmark that holds a floor beside an exporter sizes the floor's own
+/// mappings from it ([`reserve_maps`]).
+pub fn maps_left() -> usize {
+    map_limit().saturating_sub(KEPT_MAPS.load(Ordering::Relaxed))
+}
+
 /// Map entries set aside by [`reserve_maps`]; given back when dropped.
 #[derive(Debug)]
 pub struct MapReservation(usize);

@@ -208,7 +208,7 @@ fn main() -> Result<()> {
             };
             let stage = size.params.stage();
             let mut workload = promlab_lab::harness::workloads::build(&size.params)?;
-            workload.prepare_arms()?;
+            workload.prepare_arms(StrategySet::all().restrict(stage))?;
             let timed = ScenarioArm::resolve(&*workload, stage, arm)?;
             let untimed = match between_arm {
                 Some(other) => Some(ScenarioArm::resolve(&*workload, stage, other)?),
@@ -290,7 +290,7 @@ fn output_len(output: Output<'_>) -> usize {
     match output {
         Output::Bytes(bytes) => bytes.len(),
         Output::Units(n) => n as usize,
-        Output::Store(_) => 0,
+        Output::Store(_) | Output::StoreRead(..) => 0,
     }
 }
 

@@ -181,7 +181,7 @@ fn baseline_export_profile_is_full_rate_and_names_the_unescape() {
     let folded = full_rate_profile(
         &stdout,
         &svg,
-        "Export as promlab_lab::harness::Workload>::run",
+        "Export as promlab_lab::harness::arms::Workload>::run",
     );
     // The baseline decodes every key byte by byte: its unescape is a hot
     // frame, named (an inlined one: from the DWARF line tables).
@@ -221,7 +221,7 @@ fn baseline_ingest_profile_is_full_rate_and_names_the_label_map() {
     let folded = full_rate_profile(
         &stdout,
         &svg,
-        "Ingest as promlab_lab::harness::Workload>::run",
+        "Ingest as promlab_lab::harness::arms::Workload>::run",
     );
     // The baseline builds a HashMap<String, String> of every series' labels
     // per request (`BaselineSeries::canonicalize`) and parses series keys back

@@ -18,6 +18,31 @@ use promlab::shared::strategy::StrategySet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// How `promlab flamegraph` and `promlab profiles` sample.
+#[derive(clap::Args, Debug)]
+pub struct SamplingArgs {
+    /// Samples per second of CPU time.
+    #[arg(long, default_value_t = 997)]
+    pub frequency: u32,
+    /// The sampler: perf events where allowed, else pprof's timer (`auto`); or force one.
+    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
+    pub sampler: SamplerChoice,
+}
+
+impl SamplingArgs {
+    fn sampler(&self) -> Result<profile::Sampler> {
+        profile::choose(self.sampler, self.frequency)
+    }
+}
+
+/// `--seconds` of CPU to profile, checked: positive, at most a day.
+fn cpu_seconds(seconds: f64) -> Result<Duration> {
+    if !(seconds.is_finite() && seconds > 0.0 && seconds <= 86_400.0) {
+        bail!("--seconds must be a positive number of seconds (at most a day), not {seconds}");
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 /// `promlab flamegraph`: profile a scenario's runs and write an SVG flamegraph.
 #[derive(clap::Args, Debug)]
 pub struct FlamegraphArgs {
@@ -26,10 +51,17 @@ pub struct FlamegraphArgs {
     /// Strategies to run: a comma-separated list, `none`, `all`, or `default`.
     #[arg(long, default_value = "default", conflicts_with = "diff")]
     pub strategies: StrategySet,
-    /// Profile two strategy sets, interleaved, and draw B's profile coloured by
-    /// the difference per unit of work: red where B spends more, blue where less.
+    /// An arm of the scenario's ablation by name instead, for the arms a
+    /// strategy set does not name: `as-written` (every strategy on the store
+    /// as written, what `promlab serve --store` reads), `baseline-folded`, a
+    /// floor (`floor`, `floor-folded`).
+    #[arg(long, conflicts_with_all = ["diff", "strategies"])]
+    pub arm: Option<String>,
+    /// Profile two strategy sets (or arms by name, as `--arm` takes them),
+    /// interleaved, and draw B's profile coloured by the difference per unit
+    /// of work: red where B spends more, blue where less.
     #[arg(long, num_args = 2, value_names = ["A", "B"])]
-    pub diff: Option<Vec<StrategySet>>,
+    pub diff: Option<Vec<String>>,
     /// The scenario's quick size (default: its full size).
     #[arg(long)]
     pub quick: bool,
@@ -37,73 +69,90 @@ pub struct FlamegraphArgs {
     /// machine the wall time is longer, the sample count the same.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
-    /// Samples per second of CPU time.
-    #[arg(long, default_value_t = 997)]
-    pub frequency: u32,
-    /// The sampler: perf events where allowed, else pprof's timer (`auto`); or force one.
-    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
-    pub sampler: SamplerChoice,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Frames narrower than this many pixels (of 1,200) are left out of the
+    /// SVG, and of a diff's folded stacks: 3 keeps a graph small enough to
+    /// embed in a document (frames of 0.25 % of the samples and more).
+    #[arg(long, default_value_t = draw::MIN_WIDTH_PX)]
+    pub min_width: f64,
     /// Where the SVG goes; the folded stacks go beside it (`.folded`).
     #[arg(long)]
     pub out: PathBuf,
 }
 
 pub fn flamegraph(args: FlamegraphArgs) -> Result<()> {
-    if !(args.seconds.is_finite() && args.seconds > 0.0 && args.seconds <= 86_400.0) {
-        bail!(
-            "--seconds must be a positive number of seconds (at most a day), not {}",
-            args.seconds
-        );
-    }
-    let sampler = profile::choose(args.sampler, args.frequency)?;
+    let cpu = cpu_seconds(args.seconds)?;
+    let sampler = args.sampling.sampler()?;
     let scenario = crate::harness::load_scenario(&args.scenario)?;
     let stage = scenario.stage();
-    let asked: Vec<StrategySet> = args.diff.clone().unwrap_or(vec![args.strategies]);
+    // Each side a strategy set, or an arm by name (what does not parse as a set).
+    let sides: Vec<(String, Option<StrategySet>)> = match (&args.diff, &args.arm) {
+        (Some(diff), _) => diff
+            .iter()
+            .map(|side| (side.clone(), side.parse::<StrategySet>().ok()))
+            .collect(),
+        (None, Some(arm)) => vec![(arm.clone(), None)],
+        (None, None) => vec![(args.strategies.to_string(), Some(args.strategies))],
+    };
     // Only the scenario's own stage has strategies that change its runs.
-    let sets: Vec<StrategySet> = asked.iter().map(|s| s.restrict(stage)).collect();
-    for (asked, set) in asked.iter().zip(&sets) {
-        if set.is_empty() && !asked.is_empty() {
+    for (asked, set) in &sides {
+        if set.is_some_and(|s| s.restrict(stage).is_empty() && !s.is_empty()) {
             eprintln!(
                 "note: none of `{asked}` belongs to the {stage} stage of {}; profiling the baseline there",
                 scenario.name
             );
         }
     }
-    let outputs = Outputs::new(&args.out, sets.len() == 2);
+    let outputs = Outputs::new(&args.out, sides.len() == 2);
     // Open the output before the long part, so a bad path fails at once; a
     // failure after that removes what was written rather than leave half of it.
     let file = std::fs::File::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     drop(file);
-    let arms: Vec<(String, StrategySet)> = match sets.as_slice() {
-        [a, b] => vec![("A".to_string(), *a), ("B".to_string(), *b)],
-        [set] => vec![(set.to_string(), *set)],
-        _ => unreachable!("one set or two"),
-    };
+    let arms: Vec<profiles::ArmRequest> = sides
+        .iter()
+        .map(|(name, set)| match set {
+            Some(set) => profiles::ArmRequest {
+                name: set.restrict(stage).to_string(),
+                set: Some(set.restrict(stage)),
+            },
+            None => profiles::ArmRequest {
+                name: name.clone(),
+                set: None,
+            },
+        })
+        .collect();
     eprintln!(
-        "profiling {} ({stage}, {}), strategies {}: {:.1} s of CPU{}, {}",
+        "profiling {} ({stage}, {}), {}: {:.1} s of CPU{}, {}",
         scenario.name,
         if args.quick { "quick" } else { "full" },
-        sets.iter()
-            .map(|s| format!("`{s}`"))
+        sides
+            .iter()
+            .map(|(name, set)| match set {
+                Some(set) => format!("strategies `{}`", set.restrict(stage)),
+                None => format!("arm `{name}`"),
+            })
             .collect::<Vec<_>>()
             .join(" against "),
         args.seconds,
-        if sets.len() == 2 {
+        if sides.len() == 2 {
             " each, interleaved"
         } else {
             ""
         },
         sampler.describe()
     );
-    let result = profiles::record(
-        &scenario,
-        args.quick,
-        &arms,
-        Duration::from_secs_f64(args.seconds),
-        sampler,
-    )
-    .and_then(|recorded| write(&recorded, &scenario.name, args.quick, &outputs));
+    let result =
+        profiles::record(&scenario, args.quick, &arms, false, cpu, sampler).and_then(|recorded| {
+            write(
+                &recorded,
+                &scenario.name,
+                args.quick,
+                args.min_width,
+                &outputs,
+            )
+        });
     match result {
         Ok(summary) => {
             println!("{summary}");
@@ -150,7 +199,13 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Draws and writes the profile(s); returns the summary to print.
-fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) -> Result<String> {
+fn write(
+    recorded: &Recorded,
+    scenario: &str,
+    quick: bool,
+    min_width_px: f64,
+    outputs: &Outputs,
+) -> Result<String> {
     let sampler = &recorded.sampler;
     let size = if quick { "quick" } else { "full" };
     let mut summary = format!("sampler: {}\n", sampler.describe());
@@ -171,10 +226,17 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
     }
     match recorded.arms.as_slice() {
         [arm] => {
-            let title = format!(
-                "promlab {scenario} ({size}), strategies: {}",
-                arm.strategies
-            );
+            let title = if arm.arm == arm.strategies.to_string() {
+                format!(
+                    "promlab {scenario} ({size}), strategies: {}",
+                    arm.strategies
+                )
+            } else {
+                format!(
+                    "promlab {scenario} ({size}), arm {} (strategies: {})",
+                    arm.arm, arm.strategies
+                )
+            };
             let subtitle = format!(
                 "{} samples of {} runs, {} sampler",
                 arm.profile.samples(),
@@ -186,7 +248,7 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
                 &draw::Style {
                     title: &title,
                     subtitle: &subtitle,
-                    min_width_px: draw::MIN_WIDTH_PX,
+                    min_width_px,
                 },
             )?;
             write_file(&outputs.svg, &svg)?;
@@ -206,10 +268,12 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
                 a.work(units.0),
                 &b.profile.folded,
                 b.work(units.0),
-            )?;
+            )?
+            .pruned(min_width_px / 1200.0);
             let title = format!(
-                "promlab {scenario} ({size}): `{}` → `{}`, per {unit}",
-                a.strategies, b.strategies
+                "promlab {scenario} ({size}): {} → {}, per {unit}",
+                side(a),
+                side(b)
             );
             let (on_a, sides) = outputs.sides.as_ref().expect("a diff has two sides");
             for (shape, path, frames) in [
@@ -222,7 +286,7 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
                 let style = draw::Style {
                     title: &title,
                     subtitle: &subtitle,
-                    min_width_px: draw::MIN_WIDTH_PX,
+                    min_width_px,
                 };
                 write_file(path, &diff.svg(shape, &style)?)?;
             }
@@ -263,6 +327,16 @@ fn write(recorded: &Recorded, scenario: &str, quick: bool, outputs: &Outputs) ->
     Ok(summary)
 }
 
+/// How a profiled arm is named in a title: its strategy set, or its name
+/// when it is an arm a set does not name (`as-written`, a floor).
+fn side(arm: &ArmRecord) -> String {
+    if arm.arm.parse::<StrategySet>().is_ok() {
+        format!("`{}`", arm.strategies)
+    } else {
+        format!("{} (`{}`)", arm.arm, arm.strategies)
+    }
+}
+
 fn check_samples(arm: &ArmRecord, sampler: &profile::Sampler) -> Result<()> {
     if arm.profile.samples() == 0 {
         bail!(
@@ -299,12 +373,8 @@ pub struct ProfilesArgs {
     /// slowest arms may run longer).
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
-    /// Samples per second of CPU time.
-    #[arg(long, default_value_t = 997)]
-    pub frequency: u32,
-    /// The sampler: perf events where allowed, else pprof's timer (`auto`); or force one.
-    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
-    pub sampler: SamplerChoice,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// The results directory whose `profiles/` to write (default: a new
     /// experiments/results/<date>T<time>Z-<host>-<revision>).
     #[arg(long)]
@@ -312,17 +382,12 @@ pub struct ProfilesArgs {
 }
 
 pub fn profiles(args: ProfilesArgs) -> Result<()> {
-    if !(args.seconds.is_finite() && args.seconds > 0.0 && args.seconds <= 86_400.0) {
-        bail!(
-            "--seconds must be a positive number of seconds (at most a day), not {}",
-            args.seconds
-        );
-    }
+    let cpu = cpu_seconds(args.seconds)?;
     let load_at_start = crate::harness::report::run_started();
     let options = profiles::SetOptions {
         quick: args.quick,
-        cpu: Duration::from_secs_f64(args.seconds),
-        sampler: profile::choose(args.sampler, args.frequency)?,
+        cpu,
+        sampler: args.sampling.sampler()?,
     };
     let out = args
         .out

@@ -573,8 +573,8 @@ pub fn arm_rss(args: ArmRssArgs) -> Result<()> {
     Ok(())
 }
 
-/// `promlab report`: rewrite the measured tables of `strategies/*.md` and the
-/// ranking in `strategies/README.md` from ablation results.
+/// `promlab report`: rewrite the figures of the dossiers, the ranking and the
+/// README from ablation results, every ratio between arms reading the same input.
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
     /// A results directory (default: the newest under experiments/results).
@@ -583,8 +583,9 @@ pub struct ReportArgs {
     /// Where the dossiers are.
     #[arg(long, default_value = "strategies")]
     pub strategies_dir: PathBuf,
-    /// The README whose floors table (between `<!-- floors:begin -->` and
-    /// `<!-- floors:end -->`) is regenerated.
+    /// The README whose results table (between `<!-- results:begin -->` and
+    /// `<!-- results:end -->`, or in place of the older floors block) is
+    /// regenerated.
     #[arg(long, default_value = "README.md")]
     pub readme: PathBuf,
     /// A profile set (`promlab profiles`: a results directory's `profiles/`) to
@@ -595,31 +596,38 @@ pub struct ReportArgs {
 }
 
 pub fn report(args: ReportArgs) -> Result<()> {
+    use crate::harness::dossier::{self, ProfileSet};
+    let root = std::path::Path::new("experiments/results");
     let results = match args.results {
         Some(dir) => dir,
-        None => {
-            crate::harness::dossier::latest_results(std::path::Path::new("experiments/results"))?
-        }
+        None => dossier::latest_results(root)?,
     };
     let profiles = args.profiles.or_else(|| {
         let own = results.join("profiles");
         if own.join("profiles.csv").is_file() {
             Some(own)
         } else {
-            crate::harness::profiles::latest(std::path::Path::new("experiments/results"))
+            crate::harness::profiles::latest(root)
         }
     });
-    crate::harness::dossier::regenerate(
-        &results,
-        &args.strategies_dir,
-        Some(&args.readme),
-        profiles.as_deref(),
-    )?;
-    println!("dossiers regenerated from {}", results.display());
-    match profiles {
-        Some(dir) => println!("differential flamegraphs drawn from {}", dir.display()),
-        None => println!(
-            "no profile set (`promlab profiles`): the dossiers' flamegraphs were left alone"
+    let set = match &profiles {
+        Some(dir) if crate::harness::profiles::has_stacks(dir)? => ProfileSet::Stacks(dir),
+        Some(dir) => ProfileSet::NoStacks(dir),
+        None => ProfileSet::None,
+    };
+    dossier::regenerate(&results, &args.strategies_dir, Some(&args.readme), &set)?;
+    println!(
+        "dossiers, ranking and README regenerated from {}",
+        results.display()
+    );
+    match set {
+        ProfileSet::Stacks(dir) => println!("differential flamegraphs drawn from {}", dir.display()),
+        ProfileSet::NoStacks(dir) => println!(
+            "no profile stacks in {}: run `promlab profiles` to regenerate (the dossiers' flamegraphs were left as they are)",
+            dir.display()
+        ),
+        ProfileSet::None => println!(
+            "no profile set (`promlab profiles`): the dossiers' flamegraphs were left as they are"
         ),
     }
     Ok(())

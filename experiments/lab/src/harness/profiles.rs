@@ -15,8 +15,10 @@
 //! (`<scenario>/<a>-vs-<b>.on-<a>.svg` and `.on-<b>.svg`, on each profile's
 //! frames, and the differential folded stacks beside them, `<a>-vs-<b>.folded`).
 
-use super::dossier::per_unit;
-use super::{digest, load_scenario, workloads, Output, Scenario};
+use super::format::per_unit;
+use super::{
+    all_arms, digest, load_scenarios, run_arm, workloads, ArmKind, Input, Output, Scenario,
+};
 use crate::profile::{self, draw, ArmProfile, Folded, Profiler, Sampler, SamplerKind};
 use anyhow::{bail, Context, Result};
 use promlab::shared::strategy::{Stage, Strategy, StrategySet};
@@ -41,6 +43,8 @@ const SLICE_CPU: Duration = Duration::from_millis(250);
 pub struct ArmRecord {
     pub arm: String,
     pub strategies: StrategySet,
+    /// What it read.
+    pub input: Input,
     pub profile: ArmProfile,
     /// Samples whose stack reached the workload's run frame.
     pub reached: u64,
@@ -88,37 +92,79 @@ pub struct Recorded {
     pub warnings: Vec<String>,
 }
 
+/// An arm to profile: a strategy set (run by [`Workload::run`]), or, without
+/// one, an arm of the scenario's ablation by name (`as-written`,
+/// `baseline-folded`: another input).
+#[derive(Clone, Debug)]
+pub struct ArmRequest {
+    pub name: String,
+    pub set: Option<StrategySet>,
+}
+
 /// Profiles `arms` of `scenario` (each verified first), interleaved, until
-/// each has used `cpu` of CPU time.
+/// each has used `cpu` of CPU time; with `other_inputs`, also the ablation's
+/// arms that read another input (export: `as-written`, `baseline-folded`),
+/// so every comparison has its pair on one input.
 pub fn record(
     scenario: &Scenario,
     quick: bool,
-    arms: &[(String, StrategySet)],
+    requests: &[ArmRequest],
+    other_inputs: bool,
     cpu: Duration,
     sampler: Sampler,
 ) -> Result<Recorded> {
     let size = scenario.size(quick);
+    let stage = scenario.stage();
     let mut workload = workloads::build(&size.params)
         .with_context(|| format!("cannot build scenario {}", scenario.name))?;
-    // The first run of each set: verified, and the warm-up.
-    let mut verified: Vec<StrategySet> = Vec::new();
-    for (name, set) in arms {
-        let output = workload.run(*set)?;
-        if verified.contains(set) {
-            continue;
-        }
-        let got = match &output {
-            Output::Units(_) => bail!("arm {name} returned units, not the stage's answer"),
+    let all = StrategySet::all().restrict(stage);
+    let ablation = all_arms(stage, all, workload.as_ref());
+    let arms: Vec<(String, StrategySet, ArmKind)> = requests
+        .iter()
+        .map(|request| match request.set {
+            Some(set) => Ok((request.name.clone(), set, ArmKind::Strategies)),
+            None => ablation
+                .iter()
+                .find(|(name, _, kind)| *name == request.name && *kind != ArmKind::Upkeep)
+                .cloned()
+                .with_context(|| {
+                    format!("scenario {} has no arm `{}`", scenario.name, request.name)
+                }),
+        })
+        .collect::<Result<_>>()?;
+    let mut arms: Vec<(String, StrategySet, ArmKind)> = arms;
+    if other_inputs {
+        arms.extend(
+            ablation
+                .iter()
+                .filter(|(name, set, kind)| {
+                    *kind == ArmKind::Extra && workload.input_of(name, *set) != Input::One
+                })
+                .cloned(),
+        );
+    }
+    if arms.iter().any(|(_, set, kind)| {
+        *kind != ArmKind::Strategies
+            || set.contains(promlab::shared::strategy::Strategy::FoldExited)
+    }) {
+        workload.prepare_arms(all)?;
+    }
+    // The first run of each arm: verified (a floor that does not write the
+    // answer, by the units it handled), and the warm-up.
+    let units = workload.units().0;
+    for (name, set, kind) in &arms {
+        let got = match run_arm(workload.as_mut(), *kind, name, *set)? {
+            Output::Units(n) if n == units && *kind == ArmKind::Floor => continue,
+            Output::Units(n) => bail!("arm {name} handled {n} units, not {units}"),
             other => digest(&other.bytes()?),
         };
         if got != size.expected {
             bail!(
-                "scenario {}: strategies `{set}` produced digest {got}, {} expected; not profiling an unverified run",
+                "scenario {}: arm `{name}` (strategies `{set}`) produced digest {got}, {} expected; not profiling an unverified run",
                 scenario.name,
                 size.expected
             );
         }
-        verified.push(*set);
     }
     let slice = if arms.len() == 1 {
         cpu
@@ -134,12 +180,12 @@ pub fn record(
             if profiler.cpu(i) >= cpu {
                 continue;
             }
-            let set = arms[i].1;
+            let (name, set, kind) = &arms[i];
             let done = profiler.slice(i, || -> Result<u64> {
                 let start = sampler.cpu_now();
                 let mut done = 0;
                 while done == 0 || sampler.cpu_now().saturating_sub(start) < slice {
-                    workload.run(set)?;
+                    run_arm(workload.as_mut(), *kind, name, *set)?;
                     done += 1;
                 }
                 Ok(done)
@@ -154,12 +200,13 @@ pub fn record(
         .into_iter()
         .zip(arms)
         .zip(runs)
-        .map(|((mut profile, (arm, set)), runs)| {
-            let (rooted, reached) = profile.folded.rooted_at(profile::RUN_FRAME);
-            profile.folded = rooted;
+        .map(|((mut profile, (arm, set, _)), runs)| {
+            let (rooted, reached) = profile.folded.rooted_at(workload_frame());
+            profile.folded = one_root(&rooted);
             ArmRecord {
-                arm: arm.clone(),
-                strategies: *set,
+                input: workload.input_of(&arm, set),
+                arm,
+                strategies: set,
                 profile,
                 reached,
                 runs,
@@ -172,6 +219,39 @@ pub fn record(
         units: workload.units(),
         warnings: profiles.warnings,
     })
+}
+
+/// The part of a frame's name every `Workload` method's frame has: an arm's
+/// runs are rooted at the first (`run`, `run_extra` or `floor`).
+fn workload_frame() -> &'static str {
+    profile::RUN_FRAME.trim_end_matches("run")
+}
+
+/// The samples of `folded` with one root for every arm: an arm run by
+/// [`Workload::run_extra`] (another input) or [`Workload::floor`] has its
+/// runs rooted there, named as [`Workload::run`] is, so a diff against a
+/// strategy arm compares the work under it, not the name of its root.
+///
+/// [`Workload::run_extra`]: super::Workload::run_extra
+/// [`Workload::floor`]: super::Workload::floor
+/// [`Workload::run`]: super::Workload::run
+fn one_root(folded: &Folded) -> Folded {
+    let mut out = Folded::default();
+    for (stack, count) in folded.iter() {
+        let (root, rest) = stack.split_once(';').unwrap_or((stack, ""));
+        let renamed = match root.split_once(workload_frame()) {
+            Some((head, method)) if method != "run" => {
+                Some(format!("{head}{}", profile::RUN_FRAME))
+            }
+            _ => None,
+        };
+        match (renamed, rest) {
+            (Some(run), "") => out.add(&run, count),
+            (Some(run), rest) => out.add(&format!("{run};{rest}"), count),
+            (None, _) => out.add(stack, count),
+        }
+    }
+    out
 }
 
 /// One row of `profiles.csv`.
@@ -198,6 +278,11 @@ pub struct ProfileRow {
     pub unit: String,
     /// The folded stacks, relative to the profiles directory.
     pub folded: String,
+    /// What the arm read (`as-written`, `folded`; empty where the stage has
+    /// one input, and in sets written before this column: see
+    /// [`ProfileRow::input`]).
+    #[serde(default)]
+    pub reads: Option<String>,
 }
 
 impl ProfileRow {
@@ -209,6 +294,18 @@ impl ProfileRow {
         self.strategies
             .parse()
             .map_err(|e: String| anyhow::anyhow!("{}/{}: {e}", self.scenario, self.arm))
+    }
+
+    /// What the arm read: its `reads`, else (older sets, whose arms were
+    /// all strategy sets) an export set's input.
+    fn input(&self) -> Result<Input> {
+        if let Some(input) = self.reads.as_deref().and_then(Input::parse) {
+            return Ok(input);
+        }
+        Ok(match self.stage.parse::<Stage>() {
+            Ok(Stage::Export) => Input::of_export_set(self.set()?),
+            _ => Input::One,
+        })
     }
 }
 
@@ -224,22 +321,20 @@ pub struct SetOptions {
 /// each strategy alone, all but each, all; `Strategy::ALL`, so a new strategy
 /// is profiled without more code) into `<out>/profiles/`.
 pub fn profile_set(names: &[String], options: &SetOptions, out: &Path) -> Result<PathBuf> {
-    let names: Vec<String> = if names.is_empty() {
-        DEFAULT_SCENARIOS.iter().map(|n| n.to_string()).collect()
-    } else {
-        names.to_vec()
-    };
-    let scenarios: Vec<Scenario> = names
-        .iter()
-        .map(|n| load_scenario(n))
-        .collect::<Result<_>>()?;
+    let scenarios = load_scenarios(names, &DEFAULT_SCENARIOS)?;
     let dir = out.join("profiles");
     let mut rows = Vec::new();
     for scenario in &scenarios {
         let stage = scenario.stage();
-        let arms = super::arms(stage, StrategySet::all());
+        let arms: Vec<ArmRequest> = super::arms(stage, StrategySet::all())
+            .into_iter()
+            .map(|(name, set)| ArmRequest {
+                name,
+                set: Some(set),
+            })
+            .collect();
         eprintln!(
-            "{}: profiling {} arms, {:.1} s of CPU each, {}",
+            "{}: profiling {} arms (and those reading another input), {:.1} s of CPU each, {}",
             scenario.name,
             arms.len(),
             options.cpu.as_secs_f64(),
@@ -249,6 +344,7 @@ pub fn profile_set(names: &[String], options: &SetOptions, out: &Path) -> Result
             scenario,
             options.quick,
             &arms,
+            true,
             options.cpu,
             options.sampler.clone(),
         )?;
@@ -281,6 +377,7 @@ pub fn profile_set(names: &[String], options: &SetOptions, out: &Path) -> Result
                 units_per_run: recorded.units.0,
                 unit: recorded.units.1.to_string(),
                 folded,
+                reads: Some(arm.input.name().to_string()).filter(|r| !r.is_empty()),
             });
         }
     }
@@ -334,43 +431,44 @@ struct Pair<'a> {
     b: &'a ProfileRow,
 }
 
-/// The pairs of `strategy`'s dossier in one scenario: the baseline against
-/// it alone, and all of its stage's strategies without it against all (when
+/// The pairs of `strategy`'s dossier in one scenario, each of two arms
+/// reading the same input: the baseline against it alone (on what it alone
+/// reads), and, on each input, promlab without it against promlab (when
 /// that is another pair: with one strategy in the stage, it is the same).
 fn pairs<'a>(strategy: Strategy, rows: &[&'a ProfileRow]) -> Result<Vec<Pair<'a>>> {
-    let find = |set: StrategySet| -> Result<Option<&'a ProfileRow>> {
-        for row in rows {
-            if row.set()? == set {
-                return Ok(Some(*row));
-            }
-        }
-        Ok(None)
+    let mut read: Vec<(&'a ProfileRow, StrategySet, Input)> = Vec::new();
+    for row in rows {
+        read.push((*row, row.set()?, row.input()?));
+    }
+    let find = |set: StrategySet, input: Input| {
+        read.iter()
+            .find(|(_, s, i)| *s == set && *i == input)
+            .map(|(r, _, _)| *r)
     };
     let mut pairs = Vec::new();
-    if let (Some(a), Some(b)) = (
-        find(StrategySet::NONE)?,
-        find(StrategySet::NONE.with(strategy))?,
-    ) {
-        pairs.push(Pair { a, b });
-    }
-    // The arm with every strategy of the set: the largest.
-    let mut all: Option<(&ProfileRow, usize)> = None;
-    for row in rows {
-        let n = row.set()?.iter().count();
-        if all.is_none_or(|(_, m)| n > m) {
-            all = Some((*row, n));
+    let alone = StrategySet::NONE.with(strategy);
+    if let Some((b, _, input)) = read.iter().find(|(_, s, _)| *s == alone) {
+        if let Some(a) = find(StrategySet::NONE, *input) {
+            pairs.push(Pair { a, b });
         }
     }
-    if let Some((all, _)) = all {
-        let all_set = all.set()?;
-        if all_set.contains(strategy) {
-            if let Some(without) = find(all_set.without(strategy))? {
-                let same = pairs
-                    .first()
-                    .is_some_and(|p| p.a.arm == without.arm && p.b.arm == all.arm);
-                if !same {
-                    pairs.push(Pair { a: without, b: all });
-                }
+    for input in [Input::One, Input::AsWritten, Input::Folded] {
+        // promlab on the input: the arm with the most strategies, the first of equals.
+        let mut all: Option<(&ProfileRow, StrategySet)> = None;
+        for (row, set, _) in read.iter().filter(|(_, _, i)| *i == input) {
+            if all.is_none_or(|(_, s)| set.iter().count() > s.iter().count()) {
+                all = Some((*row, *set));
+            }
+        }
+        let Some((all, set)) = all.filter(|(_, set)| set.contains(strategy)) else {
+            continue;
+        };
+        if let Some(without) = find(set.without(strategy), input) {
+            let same = pairs
+                .iter()
+                .any(|p| p.a.arm == without.arm && p.b.arm == all.arm);
+            if !same {
+                pairs.push(Pair { a: without, b: all });
             }
         }
     }
@@ -420,12 +518,14 @@ pub fn dossier_block(strategy: Strategy, profiles: &Path, dossier_dir: &Path) ->
                 draw::Diff::new(&read(pair.a)?, pair.a.work(), &read(pair.b)?, pair.b.work())?
                     .pruned(DOSSIER_MIN_WIDTH_PX / 1200.0);
             let unit = pair.b.unit.trim_end_matches('s');
-            let label = |row: &ProfileRow| {
-                if row.arm == "baseline" {
-                    "baseline".to_string()
-                } else {
-                    format!("`{}`", row.strategies)
-                }
+            let label = |row: &ProfileRow| match row.arm.as_str() {
+                "baseline" | "as-written" | "baseline-folded" => row.arm.clone(),
+                _ => format!("`{}`", row.strategies),
+            };
+            let reads = match pair.b.input()? {
+                Input::One => String::new(),
+                Input::AsWritten => ", both on the store as written".to_string(),
+                Input::Folded => ", both on the store folded".to_string(),
             };
             let title = format!(
                 "{scenario} ({stage}, {}): {} → {}, per {unit}",
@@ -458,7 +558,7 @@ pub fn dossier_block(strategy: Strategy, profiles: &Path, dossier_dir: &Path) ->
             let ns = |row: &ProfileRow| row.cpu_seconds * 1e9 / row.work().max(1.0);
             let _ = writeln!(
                 out,
-                "**{scenario} ({}): {} → {}**: CPU time per {unit} {} → {} ns ({:.2}×); {} at {:.0} and {:.0} Hz, {} and {} samples.\n",
+                "**{scenario} ({}): {} → {}**{reads}: CPU time per {unit} {} → {} ns ({:.2}×); {} at {:.0} and {:.0} Hz, {} and {} samples.\n",
                 pair.b.size,
                 label(pair.a),
                 label(pair.b),
@@ -496,11 +596,20 @@ pub fn dossier_block(strategy: Strategy, profiles: &Path, dossier_dir: &Path) ->
     if shown == 0 {
         let _ = writeln!(
             out,
-            "No profile of `{}` in this set: `promlab profiles` (with a scenario of its stage) makes one.\n",
+            "No two profiles of this set compare `{}` on one input (a set from before the arms of the store as written and folded were profiled has none): `promlab profiles` (with a scenario of its stage) makes them.\n",
             strategy.name()
         );
     }
     Ok(out)
+}
+
+/// Whether every arm of the profile set in `dir` has its folded stacks there
+/// (a set whose stacks were not kept, only the SVGs drawn from them, has
+/// none: its diffs cannot be drawn again).
+pub fn has_stacks(dir: &Path) -> Result<bool> {
+    Ok(read_rows(dir)?
+        .iter()
+        .all(|row| dir.join(&row.folded).is_file()))
 }
 
 /// `to` as seen from the directory `from` (both relative to the same directory, or absolute).
@@ -545,7 +654,47 @@ mod tests {
             units_per_run: 5,
             unit: "lines".into(),
             folded: format!("large-ruby/{arm}.folded"),
+            reads: None,
         }
+    }
+
+    /// `fold-exited` changes what an arm reads: its pairs are the baseline
+    /// against it on the folded store, and promlab without it against
+    /// promlab on the store as written, never across the two.
+    #[test]
+    fn pairs_compare_arms_reading_the_same_input() {
+        let all = "single-read,decode-once,fast-unescape,fold-exited,prerender";
+        let read = |arm: &str, strategies: &str, reads: &str| ProfileRow {
+            reads: Some(reads.to_string()),
+            ..row(arm, strategies)
+        };
+        let rows = [
+            row("baseline", "none"),
+            row("fold-exited", "fold-exited"),
+            row(
+                "all-fold-exited",
+                "single-read,decode-once,fast-unescape,prerender",
+            ),
+            row("all", all),
+            read("as-written", all, "as-written"),
+            read("baseline-folded", "none", "folded"),
+        ];
+        let refs: Vec<&ProfileRow> = rows.iter().collect();
+        let names: Vec<(&str, &str)> = pairs(Strategy::FoldExited, &refs)
+            .unwrap()
+            .iter()
+            .map(|p| (p.a.arm.as_str(), p.b.arm.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("baseline-folded", "fold-exited"),
+                ("all-fold-exited", "as-written")
+            ]
+        );
+        // An older set, without the arms of the other input: no pair across.
+        let old: Vec<&ProfileRow> = rows[..4].iter().collect();
+        assert!(pairs(Strategy::FoldExited, &old).unwrap().is_empty());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What an ablation run leaves behind: a terminal table, a CSV per scenario and
 //! `machine.txt`. The columns are documented in `experiments/README.md`.
 
-use super::{AblateOptions, ArmKind, ArmResult, ScenarioResult};
+use super::{AblateOptions, ArmKind, ArmResult, Input, ScenarioResult};
 use crate::machine::{self, Host, LoadAverage};
 use anyhow::{Context, Result};
 use promlab::shared::strategy::StrategySet;
@@ -72,29 +72,41 @@ pub fn default_results_dir() -> PathBuf {
 }
 
 fn human(d: Duration) -> String {
-    let ns = d.as_nanos() as f64;
-    if ns >= 1e9 {
-        format!("{:.2} s", ns / 1e9)
-    } else if ns >= 1e6 {
-        format!("{:.2} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.1} µs", ns / 1e3)
-    } else {
-        format!("{ns:.0} ns")
+    super::format::duration(d.as_nanos() as f64)
+}
+
+/// The baseline reading `input`: the arm of no strategy on it (not a floor).
+fn baseline_on(result: &ScenarioResult, input: Input) -> Option<&ArmResult> {
+    result.arms.iter().find(|a| {
+        matches!(a.kind, ArmKind::Strategies | ArmKind::Extra)
+            && a.input == input
+            && a.strategies.is_empty()
+    })
+}
+
+/// promlab reading `input`: the arm with the most strategies on it, the
+/// first of equals (a strategy arm before another path with as many: `all`
+/// before the query's `http`).
+fn promlab_on(result: &ScenarioResult, input: Input) -> Option<&ArmResult> {
+    let mut best: Option<&ArmResult> = None;
+    for arm in &result.arms {
+        let counts = matches!(arm.kind, ArmKind::Strategies | ArmKind::Extra) && arm.input == input;
+        if counts
+            && best.is_none_or(|b| arm.strategies.iter().count() > b.strategies.iter().count())
+        {
+            best = Some(arm);
+        }
     }
+    best
 }
 
-fn baseline(result: &ScenarioResult) -> &ArmResult {
-    result
-        .arms
-        .iter()
-        .find(|a| a.kind == ArmKind::Strategies && a.strategies == StrategySet::NONE)
-        .expect("every ablation has a baseline arm")
-}
-
-/// The stage's floor arm, if the run had one.
-fn floor(result: &ScenarioResult) -> Option<&ArmResult> {
-    floor_named(&result.arms, super::FLOOR)
+/// What the peers of a stage read: an export peer the store as written
+/// (its own files, written as its client writes them), never a folded one.
+fn peer_input(stage: promlab::shared::strategy::Stage) -> Input {
+    match stage {
+        promlab::shared::strategy::Stage::Export => Input::AsWritten,
+        _ => Input::One,
+    }
 }
 
 /// The floor arm named `name` among `arms`.
@@ -111,13 +123,9 @@ pub fn ratio_to_floor(arms: &[ArmResult], arm: &ArmResult) -> Option<f64> {
 
 /// `arm`'s time ÷ `to`'s: round by round (each round runs every arm once, so
 /// a round's two samples met the same state of a shared host), the median of
-/// those ratios. The ratio of the two medians let slow spells that came and
-/// went over a run land in one arm's median and not the other's: the quick
-/// series-per-file ladder's 2,100 point read `all` 1.33× its floor, both
-/// arms' samples split between a fast and a slow mode (p25 33.1 and 30.8 µs,
-/// p75 50.7 and 40.9), each median in another mode (run of 2026-12-05
-/// 14:07). Arms of unequal rounds (none the harness makes) fall back to the
-/// ratio of medians.
+/// those ratios. The ratio of the two medians lets a slow spell that comes
+/// and goes over a run land in one arm's median and not the other's. Arms of
+/// unequal rounds (none the harness makes) fall back to the ratio of medians.
 pub fn paired_ratio(arm: &ArmResult, to: &ArmResult) -> f64 {
     if arm.samples.len() != to.samples.len() || arm.samples.is_empty() {
         return arm.median().as_secs_f64() / to.median().as_secs_f64();
@@ -136,7 +144,7 @@ pub fn paired_ratio(arm: &ArmResult, to: &ArmResult) -> f64 {
 
 /// Below this many times its floor an arm is a finding, not noise: either the
 /// floor is not the least work its contract allows, or the arm skips work the
-/// contract requires (issue 26).
+/// contract requires.
 pub const BELOW_FLOOR: f64 = 0.95;
 
 /// The arms (not floors) that measured below [`BELOW_FLOOR`] × their floor,
@@ -177,14 +185,71 @@ fn label(arm: &ArmResult) -> String {
     }
 }
 
-/// The terminal table of one scenario.
+/// An arm's `÷ floor` cell in a terminal table: its ratio to the floor it is
+/// held to, marked `!` below [`BELOW_FLOOR`] and `'` when that floor is
+/// another contract's (a floor's own cell, 1.00×, is not marked).
+pub fn floor_cell(arms: &[ArmResult], arm: &ArmResult) -> String {
+    ratio_to_floor(arms, arm).map_or("–".to_string(), |r| {
+        let mark = match arm.kind {
+            ArmKind::Floor => "",
+            _ if r < BELOW_FLOOR => "!",
+            _ if arm.floor != super::FLOOR => "'",
+            _ => "",
+        };
+        format!("{r:.2}×{mark}")
+    })
+}
+
+/// The header of a terminal table's peak-RSS column, when any arm has one.
+pub fn rss_header(arms: &[ArmResult]) -> &'static str {
+    if arms.iter().any(|a| a.peak_rss_bytes.is_some()) {
+        "   peak RSS"
+    } else {
+        ""
+    }
+}
+
+/// An arm's peak-RSS cell in a terminal table (empty when not measured).
+pub fn rss_cell(arm: &ArmResult) -> String {
+    arm.peak_rss_bytes
+        .map_or(String::new(), |b| format!(" {:>12}", super::format::mib(b)))
+}
+
+/// The lines under a terminal table: the other contracts' floors its `'`
+/// marks, and the arms below their floor.
+pub fn table_notes(label: &str, arms: &[ArmResult]) -> Vec<String> {
+    let contract_floors: Vec<&str> = arms
+        .iter()
+        .filter(|a| a.kind == ArmKind::Floor && a.arm != super::FLOOR)
+        .map(|a| a.arm.as_str())
+        .collect();
+    let mut notes = Vec::new();
+    if !contract_floors.is_empty() {
+        notes.push(format!(
+            "(' : ÷ its own contract's floor, {})",
+            contract_floors.join(", ")
+        ));
+    }
+    notes.extend(
+        below_floor_lines(label, arms)
+            .into_iter()
+            .map(|l| format!("! {l}")),
+    );
+    notes
+}
+
+/// The terminal table of one scenario: every ratio between arms reading
+/// the same input ([`Input`]).
 pub fn table(result: &ScenarioResult) -> String {
-    let base = baseline(result).median().as_secs_f64();
     let (units, unit) = result.units;
     let mut out = String::new();
+    let others = match result.others_verified {
+        0 => String::new(),
+        n => format!(" (and the first run of {n} other arms)"),
+    };
     let _ = writeln!(
         out,
-        "\n{} ({}, {} size): {} {unit} per run; all {} combinations matched the scenario's \
+        "\n{} ({}, {} size): {} {unit} per run; all {} combinations{others} matched the scenario's \
          expected digest {}…; {} timed rounds after a warm-up",
         result.scenario,
         result.stage,
@@ -194,121 +259,126 @@ pub fn table(result: &ScenarioResult) -> String {
         &result.digest[..12],
         result.arms.first().map_or(0, |arm| arm.samples.len())
     );
-    let rss = result.arms.iter().any(|a| a.peak_rss_bytes.is_some());
+    let inputs = result.arms.iter().any(|a| a.input != Input::One);
     let _ = writeln!(
         out,
-        "  {:<34} {:>11} {:>11} {:>11} {:>13} {:>9} {:>9}{}",
+        "  {:<34} {:<10} {:>11} {:>11} {:>11} {:>15} {:>9} {:>9}{}",
         "arm",
+        if inputs { "reads" } else { "" },
         "median",
         "min",
         "max",
-        &format!("ns/{}", unit.trim_end_matches('s')),
+        format!("ns/{}", unit.trim_end_matches('s')),
         "speed-up",
         "÷ floor",
-        if rss { "   peak RSS" } else { "" }
+        rss_header(&result.arms)
     );
     for arm in &result.arms {
         let median = arm.median();
-        let per_unit = median.as_nanos() as f64 / units.max(1) as f64;
+        let speedup = match (arm.kind, baseline_on(result, arm.input)) {
+            (ArmKind::Upkeep, _) | (_, None) => "–".to_string(),
+            (_, Some(base)) => {
+                format!("{:.2}×", base.median().as_secs_f64() / median.as_secs_f64())
+            }
+        };
         let _ = writeln!(
             out,
-            "  {:<34} {:>11} {:>11} {:>11} {:>13.1} {:>8.2}× {:>8}{}",
+            "  {:<34} {:<10} {:>11} {:>11} {:>11} {:>15} {:>9} {:>9}{}",
             label(arm),
+            arm.input.name(),
             human(median),
             human(arm.quantile(0.0)),
             human(arm.quantile(1.0)),
-            per_unit,
-            base / median.as_secs_f64(),
-            ratio_to_floor(&result.arms, arm).map_or("–".to_string(), |r| format!(
-                "{r:.2}×{}",
-                if r < BELOW_FLOOR && arm.kind != ArmKind::Floor {
-                    "!"
-                } else if arm.floor != super::FLOOR && arm.kind != ArmKind::Floor {
-                    "'"
-                } else {
-                    ""
-                }
-            )),
-            arm.peak_rss_bytes.map_or(String::new(), |b| format!(
-                " {:>8.1} MiB",
-                b as f64 / (1 << 20) as f64
-            )),
+            per_unit_cell(arm, unit),
+            speedup,
+            floor_cell(&result.arms, arm),
+            rss_cell(arm),
         );
     }
-    let contract_floors: Vec<&str> = result
-        .arms
-        .iter()
-        .filter(|a| a.kind == ArmKind::Floor && a.arm != super::FLOOR)
-        .map(|a| a.arm.as_str())
-        .collect();
-    if !contract_floors.is_empty() {
-        let _ = writeln!(
-            out,
-            "  (' : ÷ its own contract's floor, {})",
-            contract_floors.join(", ")
-        );
-    }
-    for line in below_floor_lines(&result.scenario, &result.arms) {
-        let _ = writeln!(out, "  ! {line}");
+    let _ = writeln!(
+        out,
+        "  (speed-up: the baseline reading the same input ÷ the arm; ÷ floor: the arm ÷ the floor of what it reads)"
+    );
+    for note in table_notes(&result.scenario, &result.arms) {
+        let _ = writeln!(out, "  {note}");
     }
     if !result.peers.is_empty() || !result.peers_skipped.is_empty() {
-        let base_per_unit = base * 1e9 / units.max(1) as f64;
-        let all_per_unit = all(result).median().as_nanos() as f64 / units.max(1) as f64;
-        // Peers count their own units; compare per unit.
-        let _ = writeln!(out, "  peers (speed-up and ratios per unit):");
-        for peer in &result.peers {
-            let per_unit = peer.ns_per_unit();
-            let _ = writeln!(
-                out,
-                "  {:<34} {:>11} {:>11} {:>11} {:>13.1} {:>8.2}×  ({} time, {} {}/run{}; promlab-all {:.1}× faster, baseline {:.2}×)",
-                peer.arm,
-                human(peer.median()),
-                human(peer.quantile(0.0)),
-                human(peer.quantile(1.0)),
-                per_unit,
-                base_per_unit / per_unit,
-                peer.measure.name(),
-                peer.units.0,
-                peer.units.1,
-                peer.rss_kib.map_or(String::new(), |k| format!(", RSS {:.1} MiB", k as f64 / 1024.0)),
-                per_unit / all_per_unit,
-                per_unit / base_per_unit,
-            );
-            let _ = writeln!(out, "  {:<34} {}", "", peer.note);
-        }
-        for skipped in &result.peers_skipped {
-            let _ = writeln!(out, "  skipped {skipped}");
-        }
+        peers_table(&mut out, result);
     }
     out
 }
 
-/// promlab's arm with every strategy of the run on (the last strategy arm).
-fn all(result: &ScenarioResult) -> &ArmResult {
-    result
-        .arms
-        .iter()
-        .filter(|a| a.kind == ArmKind::Strategies)
-        .max_by_key(|a| a.strategies.iter().count())
-        .expect("every ablation has arms")
+/// An arm's time per unit: of the scenario's unit, or, for an arm that
+/// counts its own (the fold: files), with that unit named.
+fn per_unit_cell(arm: &ArmResult, unit: &str) -> String {
+    let per_unit = arm.median().as_nanos() as f64 / arm.units.0.max(1) as f64;
+    if arm.units.1 == unit {
+        format!("{per_unit:.1}")
+    } else {
+        format!("{per_unit:.1}/{}", arm.units.1.trim_end_matches('s'))
+    }
+}
+
+/// The peers' lines of the terminal table: each compared, per unit, with
+/// promlab's baseline and promlab reading what the peer reads.
+fn peers_table(out: &mut String, result: &ScenarioResult) {
+    let input = peer_input(result.stage);
+    let per_unit = |arm: Option<&ArmResult>| {
+        arm.map(|a| a.median().as_nanos() as f64 / a.units.0.max(1) as f64)
+    };
+    let (base, ours) = (
+        per_unit(baseline_on(result, input)),
+        promlab_on(result, input),
+    );
+    let ours_per_unit = per_unit(ours);
+    let _ = writeln!(
+        out,
+        "  peers (per unit, against promlab reading what they read{}):",
+        ours.map_or(String::new(), |a| format!(": `{}`", a.arm))
+    );
+    for peer in &result.peers {
+        let per_unit = peer.ns_per_unit();
+        let versus =
+            |ours: Option<f64>| ours.map_or("–".to_string(), |o| format!("{:.1}×", per_unit / o));
+        let _ = writeln!(
+            out,
+            "  {:<34} {:<10} {:>11} {:>11} {:>11} {:>15.1}  ({} time, {} {}/run{}; promlab {} faster, its baseline {})",
+            peer.arm,
+            input.name(),
+            human(peer.median()),
+            human(peer.quantile(0.0)),
+            human(peer.quantile(1.0)),
+            per_unit,
+            peer.measure.name(),
+            peer.units.0,
+            peer.units.1,
+            peer.rss_kib.map_or(String::new(), |k| format!(", RSS {:.1} MiB", k as f64 / 1024.0)),
+            versus(ours_per_unit),
+            versus(base),
+        );
+        let _ = writeln!(out, "  {:<34} {}", "", peer.note);
+    }
+    for skipped in &result.peers_skipped {
+        let _ = writeln!(out, "  skipped {skipped}");
+    }
 }
 
 /// The CSV header; see `experiments/README.md`. `notebooks/ablation.ipynb`
 /// reads the columns by name; keep their names and order.
-pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all,ratio_to_floor,peak_rss_bytes,floor_arm,runs_per_sample";
+pub const CSV_HEADER: &str = "scenario,stage,size,arm,strategies,repeats,median_ns,min_ns,p25_ns,p75_ns,max_ns,units,unit,ns_per_unit,speedup_vs_baseline,digest,measure,rss_kib,ratio_to_all,ratio_to_floor,peak_rss_bytes,floor_arm,runs_per_sample,reads,cpu_median_ns";
 
 /// One row of a results CSV, field for column in [`CSV_HEADER`]'s order.
-/// Results written before peers existed lack `measure`, `rss_kib` and
-/// `ratio_to_all`; they read as `wall`, no RSS and no ratio (as does an empty
-/// ratio, which pandas may leave behind). Results from before the floor arms
-/// lack the last two and read as none.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Older results lack the later columns: `measure` reads as `wall`, the
+/// others as empty (as does an empty ratio, which pandas may leave behind),
+/// and a row without `reads` reads what [`ResultRow::input`] derives.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResultRow {
     pub scenario: String,
     pub stage: String,
     pub size: String,
     pub arm: String,
-    /// The arm's strategy set (`none`, `key-cache,increment-once`, …), or `peer`.
+    /// The arm's strategy set (`none`, `key-cache,increment-once`, …), or
+    /// `floor`, `upkeep` (the fold) or `peer`.
     pub strategies: String,
     pub repeats: u64,
     pub median_ns: u64,
@@ -320,14 +390,18 @@ pub struct ResultRow {
     pub unit: String,
     #[serde(serialize_with = "three_decimals")]
     pub ns_per_unit: f64,
-    #[serde(serialize_with = "four_decimals")]
-    pub speedup_vs_baseline: f64,
+    /// The baseline reading the same input ÷ this arm (per unit for a
+    /// peer); empty for the fold, and where that baseline was not measured.
+    #[serde(default, serialize_with = "four_decimals_or_empty")]
+    pub speedup_vs_baseline: Option<f64>,
     /// The SHA-256 of the arm's output; empty for a peer (another format).
     pub digest: String,
     #[serde(default = "wall")]
     pub measure: String,
     #[serde(default)]
     pub rss_kib: Option<u64>,
+    /// This arm ÷ promlab reading the same input, per unit (`all`, or
+    /// `as-written` on the store as written); empty for the fold.
     #[serde(default, serialize_with = "four_decimals_or_empty")]
     pub ratio_to_all: Option<f64>,
     /// The arm's time ÷ the floor arm's, same run: the median of the rounds'
@@ -338,14 +412,46 @@ pub struct ResultRow {
     #[serde(default)]
     pub peak_rss_bytes: Option<u64>,
     /// The floor arm `ratio_to_floor` is to: the stage's (`floor`), or the
-    /// floor of another contract the arm keeps (empty in runs before issue 26:
-    /// the stage's).
+    /// floor of another contract the arm keeps or input it reads (empty for
+    /// the fold, and in runs before floors were named: the stage's).
     #[serde(default)]
     pub floor_arm: String,
     /// How many back-to-back runs each sample timed (`harness::measure`;
     /// 1 for a peer, and in runs before samples were: one run each).
     #[serde(default = "one")]
     pub runs_per_sample: u32,
+    /// What the arm read: `as-written` or `folded` (export), empty where the
+    /// stage has one input ([`Input`]).
+    #[serde(default)]
+    pub reads: Option<String>,
+    /// The median CPU time of one run of this process, every thread (empty
+    /// for a peer, whose CPU is in `median_ns` when `measure` is `cpu`).
+    #[serde(default)]
+    pub cpu_median_ns: Option<u64>,
+}
+
+impl ResultRow {
+    /// What the arm read: its `reads`, or, in results written before that
+    /// column, what the harness then read for it (an export arm the folded
+    /// copy when its set has `fold-exited` or it is `floor-folded`).
+    pub fn input(&self) -> Input {
+        if let Some(input) = self.reads.as_deref().and_then(Input::parse) {
+            return input;
+        }
+        if self.stage != promlab::shared::strategy::Stage::Export.name() {
+            return Input::One;
+        }
+        match self.set() {
+            Some(set) => Input::of_export_set(set),
+            None if self.arm == "floor-folded" => Input::Folded,
+            None => Input::AsWritten,
+        }
+    }
+
+    /// The arm's strategy set; `None` for a floor, the fold or a peer.
+    pub fn set(&self) -> Option<StrategySet> {
+        self.strategies.parse().ok()
+    }
 }
 
 /// The serde default of `runs_per_sample` in results written before it.
@@ -372,77 +478,91 @@ fn four_decimals_or_empty<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result
     }
 }
 
-/// The rows of one scenario: promlab's arms, then the peers.
+/// A row of `result` for a timed arm or peer: what it is, its samples'
+/// spread and its units; the ratios and the rest are the caller's.
+fn timed_row(
+    result: &ScenarioResult,
+    arm: &str,
+    strategies: String,
+    samples: &[Duration],
+    (units, unit): (u64, &str),
+) -> ResultRow {
+    let [median_ns, min_ns, p25_ns, p75_ns, max_ns] =
+        [0.5, 0.0, 0.25, 0.75, 1.0].map(|q| super::quantile(samples, q).as_nanos() as u64);
+    ResultRow {
+        scenario: result.scenario.clone(),
+        stage: result.stage.to_string(),
+        size: result.size.to_string(),
+        arm: arm.to_string(),
+        strategies,
+        repeats: samples.len() as u64,
+        median_ns,
+        min_ns,
+        p25_ns,
+        p75_ns,
+        max_ns,
+        units,
+        unit: unit.to_string(),
+        ns_per_unit: median_ns as f64 / units.max(1) as f64,
+        measure: "wall".to_string(),
+        runs_per_sample: 1,
+        ..ResultRow::default()
+    }
+}
+
+/// The rows of one scenario: promlab's arms, then the peers. Every ratio is
+/// between rows reading the same input.
 pub fn csv_rows(result: &ScenarioResult) -> Vec<ResultRow> {
-    let base = baseline(result).median().as_nanos() as f64;
-    let units = result.units.0.max(1) as f64;
-    let all_per_unit = all(result).median().as_nanos() as f64 / units;
-    let floor_per_unit = floor(result).map(|f| f.median().as_nanos() as f64 / units);
-    let to_floor = |arm: &ArmResult| {
-        let floor = floor_named(&result.arms, &arm.floor)?;
-        Some(arm.median().as_nanos() as f64 / floor.median().as_nanos() as f64)
-    };
-    let nanos = |d: Duration| d.as_nanos() as u64;
+    let per_unit = |arm: &ArmResult| arm.median().as_nanos() as f64 / arm.units.0.max(1) as f64;
+    let reads = |input: Input| Some(input.name().to_string()).filter(|r| !r.is_empty());
     let mut rows = Vec::new();
     for arm in &result.arms {
-        let median = arm.median().as_nanos() as f64;
+        // The fold is not a run of the stage: compared with no arm.
+        let compared = arm.kind != ArmKind::Upkeep;
+        let strategies = match arm.kind {
+            ArmKind::Floor => "floor".to_string(),
+            ArmKind::Upkeep => "upkeep".to_string(),
+            _ => arm.strategies.to_string(),
+        };
         rows.push(ResultRow {
-            scenario: result.scenario.clone(),
-            stage: result.stage.to_string(),
-            size: result.size.to_string(),
-            arm: arm.arm.clone(),
-            strategies: match arm.kind {
-                ArmKind::Floor => "floor".to_string(),
-                _ => arm.strategies.to_string(),
-            },
-            repeats: arm.samples.len() as u64,
-            median_ns: nanos(arm.median()),
-            min_ns: nanos(arm.quantile(0.0)),
-            p25_ns: nanos(arm.quantile(0.25)),
-            p75_ns: nanos(arm.quantile(0.75)),
-            max_ns: nanos(arm.quantile(1.0)),
-            units: result.units.0,
-            unit: result.units.1.to_string(),
-            ns_per_unit: median / units,
-            speedup_vs_baseline: base / median,
+            speedup_vs_baseline: baseline_on(result, arm.input)
+                .filter(|_| compared)
+                .map(|base| base.median().as_secs_f64() / arm.median().as_secs_f64()),
             digest: result.digest.clone(),
-            measure: "wall".to_string(),
-            rss_kib: None,
-            ratio_to_all: Some(median / units / all_per_unit),
-            ratio_to_floor: to_floor(arm),
+            ratio_to_all: promlab_on(result, arm.input)
+                .filter(|_| compared)
+                .map(|all| per_unit(arm) / per_unit(all)),
+            ratio_to_floor: ratio_to_floor(&result.arms, arm),
             peak_rss_bytes: arm.peak_rss_bytes,
             floor_arm: arm.floor.clone(),
             runs_per_sample: arm.runs_per_sample,
+            reads: reads(arm.input),
+            cpu_median_ns: Some(arm.cpu_median().as_nanos() as u64),
+            ..timed_row(result, &arm.arm, strategies, &arm.samples, arm.units)
         });
     }
-    // Peer rows: per-unit ratios, since a peer counts its own units; no digest,
-    // since a peer's output is another format (each peer checks its answers).
+    // Peer rows: per-unit ratios, since a peer counts its own units, each to
+    // promlab's arms reading what the peer reads; no digest, since a peer's
+    // output is another format (each peer checks its answers).
+    let input = peer_input(result.stage);
+    let base = baseline_on(result, input).map(per_unit);
+    let all = promlab_on(result, input).map(per_unit);
+    let floor = floor_named(&result.arms, super::FLOOR).map(per_unit);
     for peer in &result.peers {
-        let per_unit = peer.ns_per_unit();
+        let ns_per_unit = peer.ns_per_unit();
+        let units = (peer.units.0, peer.units.1.as_str());
         rows.push(ResultRow {
-            scenario: result.scenario.clone(),
-            stage: result.stage.to_string(),
-            size: result.size.to_string(),
-            arm: peer.arm.clone(),
-            strategies: "peer".to_string(),
-            repeats: peer.samples.len() as u64,
-            median_ns: nanos(peer.median()),
-            min_ns: nanos(peer.quantile(0.0)),
-            p25_ns: nanos(peer.quantile(0.25)),
-            p75_ns: nanos(peer.quantile(0.75)),
-            max_ns: nanos(peer.quantile(1.0)),
-            units: peer.units.0,
-            unit: peer.units.1.clone(),
-            ns_per_unit: per_unit,
-            speedup_vs_baseline: base / units / per_unit,
-            digest: String::new(),
+            // A peer's median is its own (the lower of two middle samples).
+            median_ns: peer.median().as_nanos() as u64,
+            ns_per_unit,
+            speedup_vs_baseline: base.map(|b| b / ns_per_unit),
             measure: peer.measure.name().to_string(),
             rss_kib: peer.rss_kib,
-            ratio_to_all: Some(per_unit / all_per_unit),
-            ratio_to_floor: floor_per_unit.map(|f| per_unit / f),
-            peak_rss_bytes: None,
+            ratio_to_all: all.map(|a| ns_per_unit / a),
+            ratio_to_floor: floor.map(|f| ns_per_unit / f),
             floor_arm: super::FLOOR.to_string(),
-            runs_per_sample: 1,
+            reads: reads(input),
+            ..timed_row(result, &peer.arm, "peer".to_string(), &peer.samples, units)
         });
     }
     rows
@@ -544,7 +664,7 @@ mod tests {
             units: 2100,
             unit: "lines".to_string(),
             ns_per_unit: 587.889,
-            speedup_vs_baseline: 1.5,
+            speedup_vs_baseline: Some(1.5),
             digest: "0f59dbe0".to_string(),
             measure: "wall".to_string(),
             rss_kib: Some(4096),
@@ -553,6 +673,8 @@ mod tests {
             peak_rss_bytes: Some(1 << 20),
             floor_arm: "floor".to_string(),
             runs_per_sample: 4,
+            reads: Some("as-written".to_string()),
+            cpu_median_ns: Some(1_200_000),
         }
     }
 
@@ -564,7 +686,7 @@ mod tests {
         assert_eq!(text.lines().next(), Some(CSV_HEADER));
         assert_eq!(
             text.lines().nth(1),
-            Some("seed-repro,export,quick,baseline,\"single-read,decode-once\",3,1234567,1000000,1100000,1300000,1400000,2100,lines,587.889,1.5000,0f59dbe0,wall,4096,1.2500,3.5000,1048576,floor,4")
+            Some("seed-repro,export,quick,baseline,\"single-read,decode-once\",3,1234567,1000000,1100000,1300000,1400000,2100,lines,587.889,1.5000,0f59dbe0,wall,4096,1.2500,3.5000,1048576,floor,4,as-written,1200000")
         );
         let mut empty = Vec::new();
         write_rows(&mut empty, &[]).unwrap();
@@ -583,6 +705,8 @@ mod tests {
             strategies: promlab::shared::strategy::StrategySet::NONE,
             kind,
             floor: "floor".to_string(),
+            input: super::super::Input::One,
+            units: (1, "lines"),
             samples: micros.iter().map(|&m| Duration::from_micros(m)).collect(),
             cpu: Vec::new(),
             runs_per_sample: 1,

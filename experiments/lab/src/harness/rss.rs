@@ -72,6 +72,10 @@ pub fn measure_params(params: &Generator, expected: &str, arm: &str) -> Result<(
     }) else {
         bail!("no arm `{arm}`")
     };
+    // An upkeep arm's set-up (the fold's fresh copy) is no part of its run.
+    if kind == ArmKind::Upkeep {
+        workload.set_up(&name)?;
+    }
     std::fs::write("/proc/self/clear_refs", "5")
         .context("cannot reset the peak resident set (/proc/self/clear_refs)")?;
     let before = ProcessStats::of_self()?

@@ -19,6 +19,7 @@
 //! (columns: [`CSV_HEADER`], documented in `experiments/README.md`) and
 //! `<out>/scaling/machine.txt`.
 
+use super::format::duration;
 use super::report::{self, Progress};
 use super::{
     all_arms, digest, expected_answer, measure, rss, workloads, ArmKind, ArmResult, Generator,
@@ -129,16 +130,12 @@ pub const BUILT_IN: [(&str, &str); 7] = [
 /// A built-in axis by name, or an axis file by path; checked: points in
 /// increasing x, every point of one stage.
 pub fn load_axis(name_or_path: &str) -> Result<Axis> {
-    let text = match BUILT_IN.iter().find(|(name, _)| *name == name_or_path) {
-        Some((_, text)) => text.to_string(),
-        None if Path::new(name_or_path).is_file() => std::fs::read_to_string(name_or_path)?,
-        None => bail!(
-            "unknown axis `{name_or_path}` (built in: {}; a stage: export, render, ingest, query; or a .toml file)",
-            BUILT_IN.map(|(n, _)| n).join(", ")
-        ),
-    };
-    let axis: Axis =
-        toml::from_str(&text).with_context(|| format!("axis {name_or_path} does not parse"))?;
+    let axis: Axis = super::scenario::load_definition(
+        name_or_path,
+        &BUILT_IN,
+        "axis",
+        "a stage: export, render, ingest, query; or a .toml file",
+    )?;
     for ladder in [&axis.quick, &axis.full] {
         if ladder.points.is_empty() {
             bail!("axis {}: a size without points", axis.name);
@@ -306,7 +303,7 @@ fn run_point(
     let stage = point.params.stage();
     let expected = expected_answer(&point.params).context("the expected answer")?;
     let mut workload = workloads::build(&point.params)?;
-    workload.prepare_arms()?;
+    workload.prepare_arms(StrategySet::all().restrict(stage))?;
     let setup_secs = started.elapsed().as_secs_f64();
     let all = StrategySet::all().restrict(stage);
     let arms: Vec<(String, StrategySet, ArmKind)> = all_arms(stage, all, workload.as_ref())
@@ -331,8 +328,8 @@ fn run_point(
     // 1. Every arm's first run: the expected answer, or a floor's units.
     let units = workload.units();
     let progress = Progress::new(options.progress, &label, arms.len() as u64, "verify");
-    for (name, set, kind) in &arms {
-        let handled = match super::run_arm(workload.as_mut(), *kind, name, *set)? {
+    for arm @ (name, _, _) in &arms {
+        let handled = match super::run_once(workload.as_mut(), arm)? {
             Output::Units(n) => Some(n),
             output => {
                 let got = output.bytes()?;
@@ -395,18 +392,6 @@ fn run_point(
     })
 }
 
-fn human_ns(ns: f64) -> String {
-    if ns >= 1e9 {
-        format!("{:.2} s", ns / 1e9)
-    } else if ns >= 1e6 {
-        format!("{:.2} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.1} µs", ns / 1e3)
-    } else {
-        format!("{ns:.0} ns")
-    }
-}
-
 /// The terminal table of one point.
 pub fn point_table(axis: &Axis, point: &PointResult) -> String {
     let (units, unit) = point.units;
@@ -423,7 +408,6 @@ pub fn point_table(axis: &Axis, point: &PointResult) -> String {
         point.arms.first().map_or(0, |a| a.samples.len()),
         point.load.map_or("?".to_string(), |l| format!("{l:.1}")),
     );
-    let rss = point.arms.iter().any(|a| a.peak_rss_bytes.is_some());
     let _ = writeln!(
         out,
         "  {:<16} {:>11} {:>11} {:>13} {:>13} {:>9}{}",
@@ -433,36 +417,25 @@ pub fn point_table(axis: &Axis, point: &PointResult) -> String {
         &format!("ns/{}", unit.trim_end_matches('s')),
         "cpu ns/unit",
         "÷ floor",
-        if rss { "   peak RSS" } else { "" }
+        report::rss_header(&point.arms)
     );
     for arm in &point.arms {
         let per = |ns: f64| ns / units.max(1) as f64;
-        let ratio = report::ratio_to_floor(&point.arms, arm);
         let _ = writeln!(
             out,
             "  {:<16} {:>11} {:>11} {:>13.1} {:>13.1} {:>9}{}",
             arm.arm,
-            human_ns(arm.median().as_nanos() as f64),
-            human_ns(arm.cpu_median().as_nanos() as f64),
+            duration(arm.median().as_nanos() as f64),
+            duration(arm.cpu_median().as_nanos() as f64),
             per(arm.median().as_nanos() as f64),
             per(arm.cpu_median().as_nanos() as f64),
-            ratio.map_or("–".to_string(), |r| format!(
-                "{r:.2}×{}",
-                if r < report::BELOW_FLOOR && arm.kind != ArmKind::Floor {
-                    "!"
-                } else {
-                    ""
-                }
-            )),
-            arm.peak_rss_bytes.map_or(String::new(), |b| format!(
-                " {:>8.1} MiB",
-                b as f64 / (1 << 20) as f64
-            )),
+            report::floor_cell(&point.arms, arm),
+            report::rss_cell(arm),
         );
     }
     let label = format!("{} {}={}", axis.name, axis.x, point.x);
-    for line in report::below_floor_lines(&label, &point.arms) {
-        let _ = writeln!(out, "  ! {line}");
+    for note in report::table_notes(&label, &point.arms) {
+        let _ = writeln!(out, "  {note}");
     }
     out
 }
@@ -661,8 +634,8 @@ pub struct ScaleRow {
 pub fn rows(result: &AxisResult) -> Result<Vec<ScaleRow>> {
     let mut rows = Vec::new();
     for point in &result.points {
-        let units = point.units.0.max(1) as f64;
         for arm in &point.arms {
+            let units = arm.units.0.max(1) as f64;
             let nanos = |d: std::time::Duration| d.as_nanos() as u64;
             rows.push(ScaleRow {
                 axis: result.axis.clone(),
@@ -683,8 +656,8 @@ pub fn rows(result: &AxisResult) -> Result<Vec<ScaleRow>> {
                 p75_ns: nanos(arm.quantile(0.75)),
                 max_ns: nanos(arm.quantile(1.0)),
                 cpu_median_ns: nanos(arm.cpu_median()),
-                units: point.units.0,
-                unit: point.units.1.to_string(),
+                units: arm.units.0,
+                unit: arm.units.1.to_string(),
                 ns_per_unit: arm.median().as_nanos() as f64 / units,
                 cpu_ns_per_unit: arm.cpu_median().as_nanos() as f64 / units,
                 ratio_to_floor: report::ratio_to_floor(&point.arms, arm),
@@ -779,7 +752,10 @@ mod tests {
                 shrink(&mut params);
                 let workload = workloads::build(&params).unwrap();
                 assert!(
-                    workload.extra_arms().iter().any(|(n, _)| n == arm),
+                    workload
+                        .extra_arms(StrategySet::all().restrict(params.stage()))
+                        .iter()
+                        .any(|(n, _, _)| n == arm),
                     "{name}: {arm}"
                 );
             }

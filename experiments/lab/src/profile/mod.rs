@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 /// The frame every workload run passes through (`<X as Workload>::run`): the
 /// root of a workload's profile, the frames above it being the same start-up
 /// and loop in every sample.
-pub const RUN_FRAME: &str = " as promlab_lab::harness::Workload>::run";
+pub const RUN_FRAME: &str = " as promlab_lab::harness::arms::Workload>::run";
 
 /// Which sampler to use (`--sampler`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -16,7 +16,7 @@ use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// The script, carried in the binary so a copied `promlab` still runs it.
@@ -81,13 +81,7 @@ pub fn upstream_archive(name: &str) -> Option<PathBuf> {
 }
 
 fn ruby_installed() -> bool {
-    Command::new("ruby")
-        .args(["-e", "exit 0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    super::runs_cleanly("ruby", &["-e", "exit 0"])
 }
 
 /// Unpacks a `git archive` tarball into `into`, dropping its top directory.

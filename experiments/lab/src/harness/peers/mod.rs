@@ -164,6 +164,19 @@ pub fn run_for(
     (measured, skipped)
 }
 
+/// Whether `program` runs with `args` and exits 0, its output discarded: how
+/// a peer's installation is checked.
+fn runs_cleanly(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> bool {
+    use std::process::{Command, Stdio};
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Runs a peer's script to completion in a process group of its own (so a
 /// timeout ends whatever it started too), its stdout and stderr into `dir`'s
 /// `stdout.json` and `stderr.txt`; kills the group past `timeout`; reads the

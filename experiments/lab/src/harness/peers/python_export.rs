@@ -10,13 +10,12 @@
 //! every sample against ours. See `experiments/peers/README.md`.
 
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
-use crate::harness::Generator;
-use anyhow::{bail, Result};
-use promlab::scenarios::workload::{self, StoreWorkload};
+use anyhow::{bail, Context, Result};
+use promlab::scenarios::workload::StoreWorkload;
 use promlab::shared::strategy::StrategySet;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// The script, carried in the binary so a copied `promlab` still runs it.
@@ -53,28 +52,16 @@ pub fn python() -> PathBuf {
 
 /// Whether that python can import prometheus_client.
 pub fn prometheus_client_installed() -> bool {
-    Command::new(python())
-        .args(["-c", "import prometheus_client"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    super::runs_cleanly(python(), &["-c", "import prometheus_client"])
 }
 
 /// The scenario's workload, as our export arms have it.
 fn store_workload(cx: &PeerContext<'_>) -> Result<StoreWorkload> {
-    Ok(match &cx.size.params {
-        Generator::SeedRepro {
-            processes,
-            statements,
-        } => workload::seed_repro(*processes, *statements),
-        Generator::Large {
-            processes,
-            statements,
-            max_len,
-        } => workload::large(*processes, *statements, *max_len),
-        other => bail!("generator {other:?} has no mapping to prometheus_client"),
+    crate::harness::workloads::generated_store(&cx.size.params).with_context(|| {
+        format!(
+            "generator {:?} has no mapping to prometheus_client",
+            cx.size.params
+        )
     })
 }
 

@@ -12,17 +12,17 @@
 //! - `floor-uncached`: the least work of an answer computed afresh: the
 //!   quantile scan (`Ingester::quantile_scan`) and the answer written around
 //!   its values ([`AnswerFloor`]): `all-uncached` and `all-serde` are held to
-//!   it. Until issue 26 it was the only floor, and the kept answers measured
-//!   0.02–0.04× of it: no floor for that contract; and it was the scan alone,
-//!   so the answer's JSON, which no arm can skip, counted as overhead.
+//!   it. Each contract has its floor: a kept answer is held to a copy, not to
+//!   a scan it does not do; and the floor of one computed afresh writes the
+//!   answer's JSON too, which no arm can skip.
 //!
 //! The extra arms run every ingest strategy. Each strategy set has its own
 //! ingester, fed once when the set first runs (its first query is verified).
 
-use super::{Output, Workload};
+use super::{ArmKind, Output, Workload};
 use crate::http_client::Client;
 use anyhow::{bail, Context, Result};
-use promlab::ingest::feed::{FeedWorkload, Generator};
+use promlab::ingest::feed::Generator;
 use promlab::ingest::pipeline::Ingester;
 use promlab::ingest::plan::Plan;
 use promlab::shared::strategy::{Stage, StrategySet};
@@ -30,10 +30,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// The aggregation the feeder's default plan defines.
-pub(super) const AGGREGATION: &str = "data";
+pub(in crate::harness) const AGGREGATION: &str = "data";
 
 /// A minute boundary, so `ticks = 66` closes exactly one full 60 s window.
-const START_MS: i64 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000;
+pub(in crate::harness) const START_MS: i64 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000;
 
 pub struct Query {
     generator: Generator,
@@ -54,14 +54,10 @@ pub struct Query {
 /// half a page from the source's offset in its page. A copy whose
 /// destination sits a few bytes past its source's offset in a 4 KiB page runs
 /// slower (4K aliasing: loads wait on stores with the same low 12 address
-/// bits; on this host, 600 kB copied with the caches flushed, `(dst − src) mod
-/// 4096` of 16–48 took 28.8–30.2 µs, of 0, 64, 2048 or 2064 22.7–23.8 µs).
-/// Each arm's kept answer sits wherever its allocation fell, so copies into
-/// one buffer spread with the allocator's dice: identical copies over
-/// 0.76–1.12× of a floor placed by chance (2026-12-02). Placed alike, they
-/// still spread over 0.93–1.04× of a floor copying its own copy of the answer
-/// (2026-12-04: each source is other memory), so the floor copies `all`'s
-/// kept answer itself, from where `all` keeps it.
+/// bits), and each arm's kept answer sits wherever its allocation fell, so
+/// copies placed by chance spread with the allocator's dice. Placed alike
+/// they still differ by their sources (other memory), so the floor copies
+/// `all`'s kept answer itself, from where `all` keeps it.
 struct PlacedCopies {
     /// A page more than the longest answer copied.
     buffer: Vec<u8>,
@@ -89,18 +85,16 @@ const FLOOR_UNCACHED: &str = "floor-uncached";
 /// The answer written as the render floor writes an exposition: the kept
 /// answer's text between its numbers copied, each number formatted (integers
 /// — counts, the window's start — with `itoa`, the quantiles with `zmij`,
-/// `serde_json`'s float formatter: with `ryu` the floor measured slower than
-/// `all-uncached`, 0.92–0.94×). The quantiles are the scan's, which visits the
+/// `serde_json`'s float formatter, which is faster here than `ryu`: the
+/// floor must not format slower than the arms). The quantiles are the scan's, which visits the
 /// panes in group-id order where the answer lists the groups by their labels,
 /// so they land in other groups' places: the floor's bytes are not the
 /// answer, it is checked by the groups it scanned.
 struct AnswerFloor {
     /// Each distinct piece of text between numbers once: an answer repeats a
     /// few pieces (`,"quantiles":{"0.5":`, `,"0.9":`) once per group, and the
-    /// arms write those from one copy each. Cut whole, the floor read 2.5×
-    /// their bytes a query (with its 16-byte numbers and 8-byte ends, 250 kB
-    /// at 1,000 groups) and measured 0.87–0.93× of `all-uncached` once
-    /// samples were timed warm (2026-12-04).
+    /// arms write those from one copy each; cut whole, the floor would read
+    /// more bytes a query than the arms do.
     text: Vec<u8>,
     /// Per number, the piece before it and whether it is a quantile.
     pieces: Vec<Piece>,
@@ -268,29 +262,10 @@ struct Http {
     client: Client,
 }
 
-/// The feeder's workload the query scenario ingests.
-pub(super) fn workload(groups: u64, series_per_group: u64) -> FeedWorkload {
-    FeedWorkload {
-        groups,
-        series_per_group,
-        ..FeedWorkload::seed(START_MS)
-    }
-}
-
-/// Its request bodies, `ticks` seconds of them.
-pub(super) fn bodies(
-    groups: u64,
-    series_per_group: u64,
-    ticks: u64,
-) -> impl Iterator<Item = Vec<u8>> {
-    let generator = workload(groups, series_per_group).generator();
-    (0..ticks).flat_map(move |t| generator.tick_bodies(t))
-}
-
 impl Query {
     pub fn feeder(groups: u64, series_per_group: u64, ticks: u64) -> Result<Query> {
         Ok(Query {
-            generator: workload(groups, series_per_group).generator(),
+            generator: super::feeder_workload(START_MS, groups, series_per_group).generator(),
             ticks,
             ingesters: HashMap::new(),
             out: Vec::new(),
@@ -389,10 +364,6 @@ impl Workload for Query {
         Ok(Output::Bytes(self.copies.copy(kept)))
     }
 
-    fn extra_floors(&self) -> Vec<&'static str> {
-        vec![FLOOR_UNCACHED]
-    }
-
     /// The answers computed afresh are held to the quantile scan.
     fn floor_of(&self, arm: &str, _strategies: StrategySet) -> &'static str {
         match arm {
@@ -401,13 +372,15 @@ impl Workload for Query {
         }
     }
 
-    fn extra_arms(&self) -> Vec<(&'static str, StrategySet)> {
+    /// The other paths to the answer, every ingest strategy on, and the
+    /// floor of an answer computed afresh.
+    fn extra_arms(&self, _all: StrategySet) -> Vec<(&'static str, StrategySet, ArmKind)> {
         let all = StrategySet::all().restrict(Stage::Ingest);
         vec![
-            ("all-uncached", all),
-            ("all-serde", all),
-            ("http", all),
-            (FLOOR_UNCACHED, all),
+            ("all-uncached", all, ArmKind::Extra),
+            ("all-serde", all, ArmKind::Extra),
+            ("http", all, ArmKind::Extra),
+            (FLOOR_UNCACHED, all, ArmKind::Floor),
         ]
     }
 
