@@ -10,7 +10,7 @@ mod generators;
 use generators::{label_value, value};
 use promlab::format::formenc::Dialect;
 use promlab::format::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
-use promlab::scenarios::ops::{Op, OpKind, OpLog, OpValue};
+use promlab::scenarios::op_log::{Op, OpKind, OpLog, OpValue};
 use promlab::shared::strategy::{Stage, StrategySet};
 use promlab::write::{Client, ClientConfig};
 use proptest::prelude::*;
@@ -160,7 +160,7 @@ fn write_store(case: &Case, dir: &Path, strategies: StrategySet) {
         };
         let mut client = Client::new(dir, &case.registry, config).unwrap();
         for op in &log.ops {
-            promlab::scenarios::ops::apply(&mut client, op).unwrap();
+            promlab::scenarios::op_log::apply(&mut client, op).unwrap();
         }
     }
 }
@@ -297,7 +297,7 @@ fn keys_rewritten_in_place_are_not_trusted_from_hints() {
 /// writes the baseline's bytes.
 #[test]
 fn cached_offsets_hold_across_file_growth() {
-    let registry = promlab::scenarios::workload::long_label_registry();
+    let registry = promlab::scenarios::store_workloads::long_label_registry();
     const SETS: usize = 1000;
     const AGAIN: usize = 50;
     let write = |dir: &Path, strategies: StrategySet| {
@@ -310,7 +310,7 @@ fn cached_offsets_hold_across_file_growth() {
         let histogram = client.metric("request_seconds").unwrap();
         let counter = client.metric("requests_total").unwrap();
         for i in (0..SETS).chain(0..AGAIN) {
-            let statement = promlab::scenarios::workload::statement(i, 49);
+            let statement = promlab::scenarios::store_workloads::statement(i, 49);
             let labels = [("statement", statement.as_str())];
             for value in [0.003, 0.03, 0.3, 3.0] {
                 client.observe(histogram, &labels, value).unwrap();

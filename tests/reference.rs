@@ -8,7 +8,7 @@ mod common;
 use promlab::format::formenc::Dialect;
 use promlab::format::registry::Registry;
 use promlab::reference;
-use promlab::scenarios::ops::OpLog;
+use promlab::scenarios::op_log::OpLog;
 use std::path::Path;
 
 fn assert_reference_export(case: &Path) {
@@ -19,7 +19,12 @@ fn assert_reference_export(case: &Path) {
         got == expected,
         "{}: {}",
         case.display(),
-        promlab::reference::compare::first_difference(&got, &expected, "reference", "ruby")
+        promlab::reference::first_difference::first_difference(
+            &got,
+            &expected,
+            "reference",
+            "ruby"
+        )
     );
 }
 
@@ -53,7 +58,7 @@ fn the_reference_writer_gives_rubys_store_bytes() {
             assert!(
                 &got[name] == bytes,
                 "{case}/{name}: {}",
-                promlab::reference::compare::first_difference(
+                promlab::reference::first_difference::first_difference(
                     &got[name],
                     bytes,
                     "reference",

@@ -19,7 +19,7 @@ fn assert_exports(case: &Path, store: &Path) {
             out == expected,
             "{}: export with {strategies} differs from Ruby's, {}",
             case.display(),
-            promlab::reference::compare::first_difference(&out, &expected, "ours", "ruby")
+            promlab::reference::first_difference::first_difference(&out, &expected, "ours", "ruby")
         );
     }
 }

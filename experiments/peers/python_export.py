@@ -4,7 +4,7 @@
 
 WORKDIR (written by promlab's peer, src/harness/peers/python_export.rs) holds
   registry.json      the scenario's metrics (promlab's registry format)
-  ops/ops-<pid>.jsonl one op log per writer process (src/scenarios/ops.rs)
+  ops/ops-<pid>.jsonl one op log per writer process (src/scenarios/op_log.rs)
   promlab.prom       promlab's exposition of the same workload
 
 One real process per op log (multiprocessing, spawn) replays its ops through

@@ -215,7 +215,7 @@ impl FileSet {
     }
 
     fn read_dir(&mut self) -> Result<std::fs::ReadDir> {
-        crate::shared::probe::probe!("export.dir_listed");
+        crate::shared::event_probe::probe!("export.dir_listed");
         self.generation += 1;
         std::fs::read_dir(&self.dir)
             .with_context(|| format!("cannot read store directory {}", self.dir.display()))

@@ -58,13 +58,13 @@ use crate::format::storefile::{
     check_used, entries, flock, strip_padding, Entry, EntryError, HEADER_SIZE,
 };
 use crate::render;
+use crate::shared::event_probe::probe;
 use crate::shared::mapguard;
-use crate::shared::probe::probe;
-use crate::shared::seams::{ExportSeams, FileRead, Keep, KeyDecode, Listing, Liveness, Seams};
-use crate::shared::strategy::StrategySet;
-use crate::shared::values::{
+use crate::shared::metric_values::{
     DecodedLabels, Group, HistogramValue, MetricValues, RenderedText, SummaryValue,
 };
+use crate::shared::seams::{ExportSeams, FileRead, Keep, KeyDecode, Listing, Liveness, Seams};
+use crate::shared::strategy::StrategySet;
 use ahash::AHashMap;
 use anyhow::{anyhow, bail, Result};
 use std::fs::File;

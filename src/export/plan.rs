@@ -472,7 +472,7 @@ mod tests {
     use super::super::{export, Exporter};
     use crate::format::registry::Registry;
     use crate::format::storefile::{check_used, entries};
-    use crate::shared::probe::counted;
+    use crate::shared::event_probe::counted;
     use crate::shared::strategy::{Stage, StrategySet};
     use crate::write::{Client, ClientConfig};
     use std::os::unix::fs::FileExt;

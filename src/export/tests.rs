@@ -1,6 +1,6 @@
 use super::*;
 use crate::format::formenc::Dialect;
-use crate::shared::probe::{counted, Counts, ThreadIo};
+use crate::shared::event_probe::{counted, Counts, ThreadIo};
 use crate::shared::strategy::{Stage, Strategy};
 use crate::write::{Client, ClientConfig};
 

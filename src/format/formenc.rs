@@ -16,7 +16,7 @@
 //! component that holds no escape. A property test checks they agree on every
 //! input, errors included.
 
-use crate::shared::probe::probe;
+use crate::shared::event_probe::probe;
 use crate::shared::seams::Unescape;
 use std::borrow::Cow;
 use std::fmt;

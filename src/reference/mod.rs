@@ -20,8 +20,8 @@
 //!   guarantee (relative error α of the value at that rank, collapsed lowest
 //!   bins and the zero bucket accounted for).
 
-pub mod compare;
 pub mod exposition;
+pub mod first_difference;
 pub mod ingest;
 pub mod live;
 pub mod quantile;

@@ -15,7 +15,7 @@
 
 use crate::format::formenc::Dialect;
 use crate::format::registry::{MetricType, ProcessAggregation, Registry};
-use crate::scenarios::ops::{Op, OpKind, OpLog};
+use crate::scenarios::op_log::{Op, OpKind, OpLog};
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 

@@ -25,7 +25,7 @@
 use crate::format::registry::{self, MetricType};
 use crate::format::rubyfloat;
 use crate::format::text::{FamilyEncoder, SampleEncoder};
-use crate::shared::probe::probe;
+use crate::shared::event_probe::probe;
 use crate::shared::seams::{LinePrefixes, Seams};
 use crate::shared::strategy::StrategySet;
 use anyhow::{bail, Context, Result};
@@ -371,7 +371,7 @@ fn hash_values<'a>(hasher: &ahash::RandomState, values: impl Iterator<Item = &'a
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared::probe::counted;
+    use crate::shared::event_probe::counted;
     use crate::shared::strategy::Strategy;
 
     /// `prerender`: each series' prefix encoded once, when it is created;

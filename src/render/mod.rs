@@ -11,7 +11,7 @@
 //!
 //! Every line is written by the one exposition encoder, [`crate::format::text`]'s
 //! [`FamilyEncoder`] chain; the values come from
-//! [`crate::shared::values`], so this module and [`crate::export`] do not import each
+//! [`crate::shared::metric_values`], so this module and [`crate::export`] do not import each
 //! other's internals.
 //!
 //! # Seams
@@ -28,7 +28,7 @@
 
 use crate::format::registry::{MetricDef, MetricType};
 use crate::format::text::{FamilyEncoder, SampleEncoder, ValueEncoder};
-use crate::shared::values::{Group, MetricValues, RenderedLines, RenderedText};
+use crate::shared::metric_values::{Group, MetricValues, RenderedLines, RenderedText};
 
 pub mod live;
 

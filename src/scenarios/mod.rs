@@ -1,6 +1,6 @@
 //! Scenario generators.
 
-pub mod ops;
+pub mod op_log;
 pub mod rabbitmq;
-pub mod scrape;
-pub mod workload;
+pub mod scrape_to_remote_write;
+pub mod store_workloads;

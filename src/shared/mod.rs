@@ -1,8 +1,8 @@
 //! The small shared core below every stage.
 
 pub mod config_file;
+pub(crate) mod event_probe;
 pub mod mapguard;
-pub(crate) mod probe;
+pub mod metric_values;
 pub mod seams;
 pub mod strategy;
-pub mod values;

@@ -11,8 +11,8 @@
 use crate::format::formenc::{self, Dialect};
 use crate::format::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::format::storefile::{self, entries, file_path, flock, HEADER_SIZE, INITIAL_FILE_SIZE};
+use crate::shared::event_probe::probe;
 use crate::shared::mapguard;
-use crate::shared::probe::probe;
 use crate::shared::seams::{
     ClockReads, ClockSource, KeySource, Lookups, PidSource, Seams, StoreIo, WriteSeams,
 };

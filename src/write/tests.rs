@@ -1,6 +1,6 @@
 use super::*;
 
-use crate::shared::probe::{counted, Counts, ThreadIo};
+use crate::shared::event_probe::{counted, Counts, ThreadIo};
 use crate::shared::strategy::{Stage, Strategy};
 
 /// One kind of public call, repeated by [`costs_of`].

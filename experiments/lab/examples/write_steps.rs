@@ -1,5 +1,5 @@
 //! A small driver for counting the write step's instructions under callgrind
-//! and timing it: a warm long-label writer (`workload::LongLabelWriter`, what
+//! and timing it: a warm long-label writer (`store_workloads::LongLabelWriter`, what
 //! the `write-long-label` scenario runs) takes `steps` more steps inside
 //! `counted_steps`, the one function callgrind collects. The arm `floor` takes
 //! the lock pair alone instead (`harness::floor::WriteFloor`, the ablation's
@@ -14,7 +14,7 @@
 //! Divide the collected instructions by `steps` for a count per step. The
 //! driver prints the wall time per step too (noisy on a loaded machine).
 
-use promlab::scenarios::workload::LongLabelWriter;
+use promlab::scenarios::store_workloads::LongLabelWriter;
 use promlab::shared::strategy::StrategySet;
 use promlab_lab::harness::floor::WriteFloor;
 use std::time::Instant;

@@ -46,7 +46,7 @@ fn export(dir: &Path) -> Vec<u8> {
         assert!(
             out == first,
             "{s}: {}",
-            promlab::reference::compare::first_difference(
+            promlab::reference::first_difference::first_difference(
                 &out,
                 &first,
                 s.to_string().as_str(),
@@ -74,7 +74,12 @@ fn scrape_all(exporters: &mut [promlab::export::Exporter], want: &[u8], when: &s
         assert!(
             out == want,
             "{when}: {}",
-            promlab::reference::compare::first_difference(&out, want, "long-lived", "expected")
+            promlab::reference::first_difference::first_difference(
+                &out,
+                want,
+                "long-lived",
+                "expected"
+            )
         );
     }
 }

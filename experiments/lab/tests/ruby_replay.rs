@@ -66,7 +66,9 @@ fn replaying_the_large_case_rebuilds_its_store_and_exposition() {
             assert!(
                 out == expected,
                 "large replayed, exported with {strategies}: {}",
-                promlab::reference::compare::first_difference(&out, &expected, "ours", "ruby")
+                promlab::reference::first_difference::first_difference(
+                    &out, &expected, "ours", "ruby"
+                )
             );
         }
     }

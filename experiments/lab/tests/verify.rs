@@ -9,7 +9,7 @@
 use generators::value;
 use promlab::format::formenc::Dialect;
 use promlab::reference;
-use promlab::scenarios::ops::OpLog;
+use promlab::scenarios::op_log::OpLog;
 use promlab::shared::strategy::{Strategy as S, StrategySet};
 use promlab::write::{Client, ClientConfig};
 use promlab_lab::verify::{self, generate, Case};
@@ -96,7 +96,7 @@ fn check_write(case: &Case, strategies: StrategySet) -> Result<(), TestCaseError
             &got[name] == bytes,
             "{}: {}",
             name,
-            promlab::reference::compare::first_difference(
+            promlab::reference::first_difference::first_difference(
                 &got[name],
                 bytes,
                 "promlab",
@@ -139,7 +139,12 @@ fn check_export(case: &Case, strategies: StrategySet) -> Result<(), TestCaseErro
                 "{} export after writer {}: {}",
                 what,
                 i + 1,
-                promlab::reference::compare::first_difference(got, &want, "promlab", "reference")
+                promlab::reference::first_difference::first_difference(
+                    got,
+                    &want,
+                    "promlab",
+                    "reference"
+                )
             );
         }
     }
@@ -262,11 +267,11 @@ fn a_difference_names_the_first_set_that_hits_it() {
             extra_values: 0,
         },
     );
-    let bad = promlab::scenarios::ops::Op {
+    let bad = promlab::scenarios::op_log::Op {
         pid: case.processes[1].1.pid,
         metric: "requests_total".into(),
-        op: promlab::scenarios::ops::OpKind::Inc,
-        value: promlab::scenarios::ops::OpValue::new(-1.0),
+        op: promlab::scenarios::op_log::OpKind::Inc,
+        value: promlab::scenarios::op_log::OpValue::new(-1.0),
         labels: vec![("path".into(), "x".into()), ("code".into(), "200".into())],
     };
     case.processes[1].1.ops.push(bad);

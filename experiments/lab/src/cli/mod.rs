@@ -152,7 +152,7 @@ pub fn replay_one(args: ReplayOneArgs) -> Result<()> {
             if line.trim().is_empty() {
                 continue;
             }
-            let op = promlab::scenarios::ops::OpLog::parse(&line)
+            let op = promlab::scenarios::op_log::OpLog::parse(&line)
                 .with_context(|| format!("op {} from stdin", n + 1))?
                 .ops
                 .remove(0);
@@ -160,11 +160,11 @@ pub fn replay_one(args: ReplayOneArgs) -> Result<()> {
                 Some(client) => client,
                 None => client.insert(Client::new(&args.store, &registry, config(op.pid))?),
             };
-            promlab::scenarios::ops::apply(client, &op)
+            promlab::scenarios::op_log::apply(client, &op)
                 .with_context(|| format!("op {} ({:?} {})", n + 1, op.op, op.metric))?;
         }
     } else {
-        let log = promlab::scenarios::ops::OpLog::load(&args.ops)?;
+        let log = promlab::scenarios::op_log::OpLog::load(&args.ops)?;
         let mut client = Client::new(&args.store, &registry, config(log.pid))?;
         log.replay(&mut client)?;
     }

@@ -59,8 +59,8 @@ pub fn expected_answer(params: &Generator) -> Result<Vec<u8>> {
             workloads::generated_store(params).expect("a generated store")
         }
         Generator::LongLabel { steps } => {
-            let log = promlab::scenarios::workload::long_label_log(*steps);
-            let registry = promlab::scenarios::workload::long_label_registry();
+            let log = promlab::scenarios::store_workloads::long_label_log(*steps);
+            let registry = promlab::scenarios::store_workloads::long_label_registry();
             let files = reference::store::files(&registry, &[(Dialect::Uri, log)])?;
             let mut out = Vec::new();
             for (name, region) in files {

@@ -50,7 +50,7 @@ pub fn digest(bytes: &[u8]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub use promlab::reference::compare::first_difference;
+pub use promlab::reference::first_difference::first_difference;
 
 /// A combination's output did not match.
 fn mismatch_report(

@@ -50,7 +50,7 @@ pub enum Generator {
     /// directory of exited workers' files.
     RubyClones { case: String, processes: usize },
     /// Export: `metrics` counters × `processes` processes, one entry per file,
-    /// written by promlab's writer ([`promlab::scenarios::workload::many_metrics`]).
+    /// written by promlab's writer ([`promlab::scenarios::store_workloads::many_metrics`]).
     ManyMetrics { metrics: usize, processes: usize },
     /// Render: RabbitMQ's per-object scrape of `queues` queues.
     Rabbitmq {

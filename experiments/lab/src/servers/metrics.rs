@@ -521,7 +521,7 @@ mod tests {
              promlab_store_scrapes_total{result=\"failed\"} 0\n\
              promlab_store_scrapes_total{result=\"busy\"} 0\n";
         assert_eq!(text, expected);
-        let samples = promlab::scenarios::scrape::parse(&out).unwrap();
+        let samples = promlab::scenarios::scrape_to_remote_write::parse(&out).unwrap();
         assert_eq!(
             samples.len(),
             FileSkip::ALL.len() + EntrySkip::ALL.len() + SCRAPE_RESULTS.len()

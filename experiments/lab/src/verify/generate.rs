@@ -7,7 +7,7 @@ use super::Case;
 use promlab::format::formenc::Dialect;
 use promlab::format::registry::Registry;
 use promlab::ingest::feed::splitmix64;
-use promlab::scenarios::ops::{Op, OpKind, OpLog, OpValue};
+use promlab::scenarios::op_log::{Op, OpKind, OpLog, OpValue};
 
 /// How big a generated case is.
 #[derive(Clone, Copy, Debug)]

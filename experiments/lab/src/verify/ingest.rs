@@ -63,16 +63,16 @@ pub struct IngestInput {
 pub fn ingest_input(sequence: &[Vec<u8>]) -> Result<IngestInput> {
     let mut scrapes = Vec::new();
     for (k, exposition) in sequence.iter().enumerate() {
-        let samples =
-            scrape::parse(exposition).with_context(|| format!("scraping exposition {}", k + 1))?;
+        let samples = scrape_to_remote_write::parse(exposition)
+            .with_context(|| format!("scraping exposition {}", k + 1))?;
         for again in 0..2 {
             let t = FIRST_SCRAPE_MS + (2 * k as i64 + again) * SCRAPE_INTERVAL_MS;
             scrapes.push((t, samples.clone()));
         }
     }
-    let requests = scrape::requests(&scrapes, &TARGET, MAX_SAMPLES_PER_SEND);
+    let requests = scrape_to_remote_write::requests(&scrapes, &TARGET, MAX_SAMPLES_PER_SEND);
     let plan = plan_for(&requests);
-    let bodies: Vec<Vec<u8>> = requests.iter().map(scrape::body).collect();
+    let bodies: Vec<Vec<u8>> = requests.iter().map(scrape_to_remote_write::body).collect();
     // What was sent, as the reference reads it (the wire drops a zero's sign:
     // a double of 0 is the field's default, so `-0.0` arrives as `0.0`).
     let decoded = bodies
@@ -113,7 +113,7 @@ pub(super) fn split_by_hashmod(requests: &[WriteRequest], receivers: usize) -> V
         }
         for (k, part) in parts.iter().enumerate() {
             if !part.timeseries.is_empty() {
-                out[k].push(scrape::body(part));
+                out[k].push(scrape_to_remote_write::body(part));
             }
         }
     }

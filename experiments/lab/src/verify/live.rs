@@ -74,7 +74,7 @@ pub fn check(sets: &[StrategySet], queues: usize, seed: u64) -> Result<LiveRepor
             if got != want {
                 bail!(
                     "live renderer, strategy set `{set}`: the {what} differs from the reference renderer's {}",
-                    promlab::reference::compare::first_difference(got, want, "promlab", "reference")
+                    promlab::reference::first_difference::first_difference(got, want, "promlab", "reference")
                 );
             }
         }

@@ -33,7 +33,7 @@
 //!   under every export subset (folded first with `fold-exited`; and the
 //!   reference exporter) must print Ruby's `expected.prom`;
 //! - **quantiles**: the exposition sequence is scraped (each exposition twice,
-//!   5 s apart), converted to remote-write requests ([`promlab::scenarios::scrape`]) and
+//!   5 s apart), converted to remote-write requests ([`promlab::scenarios::scrape_to_remote_write`]) and
 //!   ingested under a plan with two aggregations per sample name. Every pane
 //!   must hold exactly the panes and counts of the reference
 //!   ([`promlab::reference::ingest`]), every quantile within α of the exact
@@ -79,9 +79,9 @@ use promlab::ingest::plan::{Aggregation, Plan};
 use promlab::ingest::window::PaneReport;
 use promlab::ingest::wire::WriteRequest;
 use promlab::reference;
-use promlab::reference::compare::first_difference;
-use promlab::scenarios::ops::OpLog;
-use promlab::scenarios::scrape;
+use promlab::reference::first_difference::first_difference;
+use promlab::scenarios::op_log::OpLog;
+use promlab::scenarios::scrape_to_remote_write;
 use promlab::shared::strategy::{Stage, Strategy, StrategySet};
 use promlab::write::{Client, ClientConfig};
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -112,7 +112,7 @@ pub(super) fn check(
                 return Err(format!(
                     "{path}({}) differs from query_json: {}",
                     agg.id,
-                    promlab::reference::compare::first_difference(
+                    promlab::reference::first_difference::first_difference(
                         &bytes,
                         &served,
                         path,
@@ -163,7 +163,12 @@ fn compare(got: &impl Answers, what: &str, bytes: &[u8], want: &Value) -> Result
     }
     Err(format!(
         "{what} differs from the reference answer {}",
-        promlab::reference::compare::first_difference(bytes, &want_bytes, "promlab", "reference")
+        promlab::reference::first_difference::first_difference(
+            bytes,
+            &want_bytes,
+            "promlab",
+            "reference"
+        )
     ))
 }
 

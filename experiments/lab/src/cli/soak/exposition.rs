@@ -1,5 +1,5 @@
 //! Checking what the servers expose: each line of the sidecar's scrapes read by
-//! the library's parser (`promlab::scenarios::scrape`, the way Prometheus's scraper reads
+//! the library's parser (`promlab::scenarios::scrape_to_remote_write`, the way Prometheus's scraper reads
 //! the text format), the good counter's total, and the receiver's own counters
 //! from its `/metrics`.
 
@@ -7,7 +7,7 @@ use super::server::Server;
 use super::{truncate, GOOD_COUNTER};
 use crate::http_client::Client;
 use anyhow::Result;
-use promlab::scenarios::scrape::{self, ScrapedSample};
+use promlab::scenarios::scrape_to_remote_write::{self, ScrapedSample};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -53,7 +53,7 @@ pub(super) fn receiver_accounting(rx: &Server) -> Accounting {
 fn samples(text: &str) -> impl Iterator<Item = ScrapedSample> + '_ {
     text.lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|l| scrape::parse_line(l).ok())
+        .filter_map(|l| scrape_to_remote_write::parse_line(l).ok())
 }
 
 /// `promlab_receiver_samples_dropped_total{reason="…"}`, by reason.
@@ -86,7 +86,7 @@ pub(super) struct ScrapeCheck {
 }
 
 /// Reads every line of a scrape with the library's parser
-/// ([`scrape::parse_line`]): the good counter's value, and the first line
+/// ([`scrape_to_remote_write::parse_line`]): the good counter's value, and the first line
 /// Prometheus would reject (an exposition that is not UTF-8 is rejected whole).
 pub(super) fn check_scrape(body: &[u8]) -> ScrapeCheck {
     let text = match std::str::from_utf8(body) {
@@ -106,7 +106,7 @@ pub(super) fn check_scrape(body: &[u8]) -> ScrapeCheck {
         .lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
     {
-        match scrape::parse_line(line) {
+        match scrape_to_remote_write::parse_line(line) {
             Ok(s) if is_good_series(&s) => check.good_total = Some(s.value),
             Ok(_) => {}
             Err(e) if check.invalid.is_none() => {

@@ -23,7 +23,7 @@
 //! - `feeder.rs` and `hostile.rs`: the receiver's clients, good and hostile;
 //! - `sidecar.rs` and `churner.rs`: the sidecar's writers and scrapers, and
 //!   what abuses its store directory;
-//! - `exposition.rs`: the servers' expositions read with `promlab::scenarios::scrape`;
+//! - `exposition.rs`: the servers' expositions read with `promlab::scenarios::scrape_to_remote_write`;
 //! - `tally.rs`: what each client's requests got;
 //! - `report.rs`: the report and its checks.
 

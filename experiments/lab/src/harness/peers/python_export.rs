@@ -11,7 +11,7 @@
 
 use super::{Measure, Peer, PeerContext, PeerOutcome, PeerResult};
 use anyhow::{bail, Context, Result};
-use promlab::scenarios::workload::StoreWorkload;
+use promlab::scenarios::store_workloads::StoreWorkload;
 use promlab::shared::strategy::StrategySet;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@ use anyhow::{ensure, Result};
 use promlab::export::fold::{fold_store, FoldConfig};
 use promlab::export::Exporter;
 use promlab::format::registry::Registry;
-use promlab::scenarios::workload::StoreWorkload;
+use promlab::scenarios::store_workloads::StoreWorkload;
 use promlab::shared::strategy::{Stage, Strategy, StrategySet};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

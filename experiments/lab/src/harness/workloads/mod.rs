@@ -18,7 +18,7 @@ use super::{ArmKind, Generator, Input, Output, Workload};
 use anyhow::Result;
 use export::Export;
 use lanes::Laned;
-use promlab::scenarios::workload;
+use promlab::scenarios::store_workloads;
 use promlab::shared::strategy::StrategySet;
 use render::Render;
 use std::path::Path;
@@ -94,19 +94,19 @@ pub fn write_store(params: &Generator, dir: &Path) -> Result<promlab::format::re
 /// The store promlab's writer writes for a generated export scenario
 /// (`seed-repro`, `large`, `many-metrics`): its registry and one op log per
 /// writer process. `None` for every other generator.
-pub fn generated_store(params: &Generator) -> Option<workload::StoreWorkload> {
+pub fn generated_store(params: &Generator) -> Option<store_workloads::StoreWorkload> {
     Some(match params {
         Generator::SeedRepro {
             processes,
             statements,
-        } => workload::seed_repro(*processes, *statements),
+        } => store_workloads::seed_repro(*processes, *statements),
         Generator::Large {
             processes,
             statements,
             max_len,
-        } => workload::large(*processes, *statements, *max_len),
+        } => store_workloads::large(*processes, *statements, *max_len),
         Generator::ManyMetrics { metrics, processes } => {
-            workload::many_metrics(*metrics, *processes)
+            store_workloads::many_metrics(*metrics, *processes)
         }
         _ => return None,
     })

@@ -2,7 +2,7 @@
 
 use super::{Output, Workload};
 use anyhow::Result;
-use promlab::scenarios::workload::{self, LongLabelWriter};
+use promlab::scenarios::store_workloads::{self, LongLabelWriter};
 use promlab::shared::strategy::StrategySet;
 use std::collections::HashMap;
 
@@ -37,7 +37,7 @@ impl Workload for LongLabel {
             }
         };
         for i in 0..self.steps {
-            writer.step(workload::long_label_step_value(i))?;
+            writer.step(store_workloads::long_label_step_value(i))?;
         }
         Ok(Output::Store(dir.path()))
     }

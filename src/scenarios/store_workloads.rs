@@ -13,7 +13,7 @@
 
 use crate::format::formenc::Dialect;
 use crate::format::registry::Registry;
-use crate::scenarios::ops::{Op, OpKind, OpLog, OpValue};
+use crate::scenarios::op_log::{Op, OpKind, OpLog, OpValue};
 use crate::shared::strategy::StrategySet;
 use crate::write::{Client, ClientConfig};
 use anyhow::Result;

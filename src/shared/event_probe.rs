@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 macro_rules! probe {
     ($event:literal) => {
         #[cfg(test)]
-        $crate::shared::probe::hit($event);
+        $crate::shared::event_probe::hit($event);
     };
 }
 pub(crate) use probe;
