@@ -146,7 +146,8 @@ impl FoldDir {
             None => 0,
         };
         if replaces {
-            std::fs::hard_link(self.store.join(&name), &prev_path)?;
+            std::fs::hard_link(self.store.join(&name), &prev_path)
+                .with_context(|| format!("cannot keep {name} as {}", prev_path.display()))?;
         }
         step(FoldStep::NewWritten);
         // 3. The journal.
@@ -179,14 +180,17 @@ impl FoldDir {
         {
             let _lock = self.lock()?;
             if new_ino != 0 {
-                std::fs::rename(&new_path, self.store.join(&name))?;
+                std::fs::rename(&new_path, self.store.join(&name))
+                    .with_context(|| format!("cannot commit {name}"))?;
             } else if replaces {
-                std::fs::remove_file(self.store.join(&name))?;
+                std::fs::remove_file(self.store.join(&name))
+                    .with_context(|| format!("cannot commit the removal of {name}"))?;
             }
             self.sync(&self.store)?;
             step(FoldStep::Committed);
             for (i, source) in journal.sources.iter().enumerate() {
-                std::fs::rename(self.store.join(&source.name), self.trash_path(&source.name))?;
+                std::fs::rename(self.store.join(&source.name), self.trash_path(&source.name))
+                    .with_context(|| format!("cannot move {} to the trash", source.name))?;
                 if i == 0 {
                     step(FoldStep::FirstTrashed);
                 }
