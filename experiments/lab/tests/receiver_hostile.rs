@@ -941,7 +941,11 @@ fn a_flood_first_then_only_new_groups() {
             }
         });
         let over = "promlab_receiver_samples_dropped_total{reason=\"group_limit\"}";
-        assert_eq!(server.metric("promlab_receiver_groups"), 1000.0, "{lanes} lanes");
+        assert_eq!(
+            server.metric("promlab_receiver_groups"),
+            1000.0,
+            "{lanes} lanes"
+        );
         let mut admitted = None;
         let started = Instant::now();
         for k in 0..5 {
