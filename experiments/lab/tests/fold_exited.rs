@@ -220,16 +220,22 @@ fn a_crash_at_every_step_loses_nothing_and_counts_nothing_twice() {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert!(
-            leftovers.iter().all(|n| n == "lock" || n == "trash"),
+            leftovers
+                .iter()
+                .all(|n| n == "lock" || n == "run.lock" || n == "trash"),
             "{step:?}: {leftovers:?}"
         );
-        // A second batch crashes under exporters that already follow the
-        // store as folded: they must read the new journal, not keep the set
-        // of sources to leave out they read before.
+        // A second fold crashes under exporters that already follow the
+        // store as folded: they must read the new journals, not keep the set
+        // of sources to leave out they read before. Its round has two
+        // batches, one each side of the live `5000`: the fold file and
+        // `320`, and `7777` and `8000`.
         for dir in [&folded, &twin] {
-            let mut exited = Client::new(dir, &registry(), config(320, Dialect::Uri)).unwrap();
-            let id = exited.metric("requests_total").unwrap();
-            exited.increment(id, &[("path", "/a")], 3.0).unwrap();
+            for pid in [320, 8000] {
+                let mut exited = Client::new(dir, &registry(), config(pid, Dialect::Uri)).unwrap();
+                let id = exited.metric("requests_total").unwrap();
+                exited.increment(id, &[("path", "/a")], 3.0).unwrap();
+            }
         }
         let again = export(&twin);
         scrape_all(&mut kept, &again, &format!("{step:?}: a new exited writer"));
@@ -239,6 +245,16 @@ fn a_crash_at_every_step_loses_nothing_and_counts_nothing_twice() {
         assert!(export(&folded) == again, "{step:?}: second crash");
         assert!(fold(None).status.success(), "{step:?}");
         scrape_all(&mut kept, &again, &format!("{step:?}: second recovery"));
+        let files = store_files(&folded);
+        let requests: Vec<_> = files
+            .iter()
+            .filter(|n| n.starts_with("metric_requests_total___"))
+            .collect();
+        assert_eq!(
+            requests.len(),
+            3,
+            "{step:?}: two fold files and the live one: {files:?}"
+        );
     }
 }
 
