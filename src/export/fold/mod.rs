@@ -40,15 +40,21 @@
 //! A batch (one run, or part of one) is:
 //! 1. sources reopened, read leases taken, bytes read again and compared with
 //!    what was planned;
-//! 2. the fold file written to `.fold/<metric>.new` and synced; the
-//!    fold file it replaces, if any, hard-linked to `<metric>.prev`;
-//! 3. the journal `<metric>.journal` written (via a temporary, synced);
+//! 2. the fold file written to `.fold/<key>.new` and synced; the
+//!    fold file it replaces, if any, hard-linked to `<key>.prev`;
+//! 3. the journal `<key>.journal` written (via a temporary, synced);
 //! 4. under the store's fold lock (exclusive): the new file renamed into
 //!    place (**the commit**), then every source renamed to `trash/`;
 //! 5. after a grace period, every lease checked: a writer that started
 //!    opening a source meanwhile (a new process given the dead one's pid)
 //!    rolls the batch back, so it gets the file back with its values;
 //! 6. leases released, `trash/` and `prev` removed, then the journal.
+//!
+//! Batches of different runs of a metric touch different files, so a
+//! *round* of them (up to `max_batch` files) goes through step 4 under one
+//! hold of the lock and shares one grace period; each keeps its own journal
+//! (`<key>` is `<metric>`, then `<metric>.1`, `<metric>.2`, ...). One fold
+//! runs on a store at a time (`.fold/run.lock`).
 //!
 //! [`recover`] finishes or undoes a batch a crash (SIGKILL) interrupted: a
 //! journal whose new file is in place (same inode) is rolled forward, any
@@ -159,7 +165,8 @@ pub struct FoldConfig {
     /// writer that looked a source up just before it moved and is still on
     /// its way into `open` shows up as a broken lease within this time.
     pub grace: Duration,
-    /// Sources per batch at most (each holds a descriptor while it commits).
+    /// Sources per batch, and per round of batches committed together, at
+    /// most (each holds a descriptor and a lease while it commits).
     pub max_batch: usize,
     /// How long to wait for a live file's `flock` (its values are read for
     /// the exactness check) before leaving its metric for the next fold.
