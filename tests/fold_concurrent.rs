@@ -1,7 +1,9 @@
 //! A long-lived exporter beside a store that is being folded, as
 //! `serve --store --fold-exited` runs them: writers (promlab's, one per
 //! simulated process, its files open while it lives, pids reused) come and
-//! go, folds and scrapes run at the same time, interleaved at random by seed.
+//! go (some growing their files from a header's length, past the mappings
+//! readers made), folds and scrapes run at the same time, interleaved at
+//! random by seed.
 //! Every scrape of every exporter must be non-decreasing on every counter,
 //! histogram bucket, count and sum (what writers only increase), and once the
 //! writers stop, the next scrape must equal a fresh export and the sums
@@ -113,6 +115,23 @@ fn client(dir: &Path, registry: &Registry, pid: u32) -> Client {
     Client::new(dir, registry, config).unwrap()
 }
 
+/// Files of `pid` made a header long, where it has none: its writer grows
+/// each (doubling it) as it writes, past the mapping readers made of it.
+fn small_files(dir: &Path, registry: &Registry, pid: u32) {
+    use std::io::Write;
+    for def in &registry.metrics {
+        let path = promlab::format::storefile::file_path(dir, &def.name, pid);
+        let created = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path);
+        if let Ok(mut file) = created {
+            let bytes = promlab::format::storefile::file_bytes(std::iter::empty());
+            file.write_all(&bytes).unwrap();
+        }
+    }
+}
+
 /// The series writers only increase, by name and labels as printed, with their values.
 fn monotone_series(exposition: &[u8]) -> HashMap<String, f64> {
     let text = std::str::from_utf8(exposition).unwrap();
@@ -170,6 +189,9 @@ fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
                             break pid;
                         }
                     };
+                    if rng.below(3) == 0 {
+                        small_files(&dir, &registry, pid);
+                    }
                     short.push((pid, client(&dir, &registry, pid)));
                 }
                 let i = rng.below(short.len() as u64) as usize;
