@@ -16,6 +16,7 @@ use promlab::export::fold::{fold_store, FoldConfig};
 use promlab::export::Exporter;
 use promlab::format::formenc::Dialect;
 use promlab::format::registry::Registry;
+use promlab::ingest::feed::splitmix64;
 use promlab::shared::strategy::{Stage, Strategy, StrategySet};
 use promlab::write::{Client, ClientConfig};
 use std::collections::{BTreeMap, HashMap};
@@ -39,20 +40,17 @@ const OBSERVED: [f64; 4] = [0.0078125, 0.0625, 0.5, 4.0];
 const SHORT_LIVED: usize = 6;
 const PIDS: u32 = 40;
 
-/// splitmix64: a seeded stream, so a failing seed replays its choices.
-struct Rng(u64);
+/// A seeded stream, so a failing seed replays its choices.
+struct Rng(u64, u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+    fn new(seed: u64) -> Rng {
+        Rng(seed, 0)
     }
 
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.1 += 1;
+        splitmix64(self.0 ^ splitmix64(self.1)) % n
     }
 }
 
@@ -176,7 +174,7 @@ fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
     std::thread::scope(|s| {
         // Writers: two live all along, the rest come and go, pids reused.
         let writer = s.spawn(|| {
-            let mut rng = Rng(seed);
+            let mut rng = Rng::new(seed);
             let mut long: Vec<Client> = (0..2).map(|i| client(&dir, &registry, 90 + i)).collect();
             let mut short: Vec<(u32, Client)> = Vec::new();
             let mut next_pid = 0u32;
@@ -221,7 +219,7 @@ fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
             .map(|f| {
                 let (dir, registry, writing) = (&dir, &registry, &writing);
                 s.spawn(move || {
-                    let mut rng = Rng(seed ^ 0xf01d ^ (f << 32));
+                    let mut rng = Rng::new(seed ^ 0xf01d ^ (f << 32));
                     let mut failures = Vec::new();
                     while writing.load(Ordering::Acquire) {
                         let config = FoldConfig {
@@ -243,7 +241,7 @@ fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
             .collect();
         // Scrapes: each exporter's series never go down.
         let scraper = s.spawn(|| {
-            let mut rng = Rng(seed ^ 0x5c4a);
+            let mut rng = Rng::new(seed ^ 0x5c4a);
             let mut exporters: Vec<(StrategySet, Exporter, HashMap<String, f64>)> = strategy_sets()
                 .into_iter()
                 .map(|set| {

@@ -311,35 +311,24 @@ mod tests {
 
     #[test]
     fn a_series_name_of_another_metric_is_refused_naming_both() {
-        for (first, second) in [
-            (
-                r#""x", "type": "histogram""#,
-                r#""x_count", "type": "counter""#,
-            ),
-            (r#""x", "type": "histogram""#, r#""x_sum", "type": "gauge""#),
-            (
-                r#""x", "type": "histogram""#,
-                r#""x_bucket", "type": "histogram""#,
-            ),
-            (r#""x", "type": "summary""#, r#""x_count", "type": "gauge""#),
-            (r#""x", "type": "summary""#, r#""x_sum", "type": "summary""#),
-            (
-                r#""x", "type": "summary""#,
-                r#""x_bucket", "type": "counter""#,
-            ),
-            (r#""x", "type": "gauge""#, r#""x_total", "type": "counter""#),
-            (
-                r#""x", "type": "counter""#,
-                r#""x_created", "type": "gauge""#,
-            ),
-            (r#""x", "type": "gauge""#, r#""x_info", "type": "gauge""#),
-            (
-                r#""x", "type": "histogram""#,
-                r#""x_created", "type": "gauge""#,
-            ),
+        // (name, type) pairs: the second is a series name of the first.
+        for pair in [
+            "x histogram x_count counter",
+            "x histogram x_sum gauge",
+            "x histogram x_bucket histogram",
+            "x summary x_count gauge",
+            "x summary x_sum summary",
+            "x summary x_bucket counter",
+            "x gauge x_total counter",
+            "x counter x_created gauge",
+            "x gauge x_info gauge",
+            "x histogram x_created gauge",
         ] {
+            let w: Vec<&str> = pair.split(' ').collect();
+            let metric = |n: usize| format!(r#""{}", "type": "{}""#, w[n], w[n + 1]);
+            let (first, second) = (metric(0), metric(2));
             // Either order: the parser fails on both.
-            for (a, b) in [(first, second), (second, first)] {
+            for (a, b) in [(&first, &second), (&second, &first)] {
                 let err = refused(&format!(r#"{{"name": {a}}}, {{"name": {b}}}"#));
                 let (na, nb) = (a.split('"').nth(1).unwrap(), b.split('"').nth(1).unwrap());
                 assert!(

@@ -359,28 +359,12 @@ fn a_file_with_a_writer_is_never_folded() {
 /// is counted once.
 #[test]
 fn client_ruby_reads_a_folded_store_and_keeps_writing_into_it() {
-    let Some(shared) = shared_dir() else {
-        common::skip(
-            "client_ruby sources (../shared/upstream/client_ruby-*.tar.gz beside the repository, or PROMLAB_SHARED)",
-            "the shared/ directory of the workplace",
-        );
+    let Some(shared) = ruby_and_client_ruby() else {
         return;
     };
-    if Command::new("ruby").arg("-v").output().is_err() {
-        common::skip("ruby", "apt-get install ruby");
-        return;
-    }
     for revision in ["v4.2.5", "5.x-uri"] {
         let tmp = tempfile::tempdir().unwrap();
-        let status = Command::new("tar")
-            .arg("xzf")
-            .arg(shared.join(format!("upstream/client_ruby-{revision}.tar.gz")))
-            .arg("-C")
-            .arg(tmp.path())
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let lib = tmp.path().join(format!("client_ruby-{revision}/lib"));
+        let lib = client_ruby_lib(&shared, revision, tmp.path());
         let store = tmp.path().join("store");
         std::fs::create_dir(&store).unwrap();
         let registry_file = tmp.path().join("registry.json");
@@ -481,6 +465,36 @@ fn export_rb() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../upstream/client_ruby/export.rb")
 }
 
+/// The shared directory when Ruby and client_ruby's sources are both there;
+/// else `None`, the skip said (a failure under CI).
+fn ruby_and_client_ruby() -> Option<PathBuf> {
+    let Some(shared) = shared_dir() else {
+        common::skip(
+            "client_ruby sources (../shared/upstream/client_ruby-*.tar.gz beside the repository, or PROMLAB_SHARED)",
+            "the shared/ directory of the workplace",
+        );
+        return None;
+    };
+    if Command::new("ruby").arg("-v").output().is_err() {
+        common::skip("ruby", "apt-get install ruby");
+        return None;
+    }
+    Some(shared)
+}
+
+/// client_ruby `revision` unpacked into `into`; its `lib/`.
+fn client_ruby_lib(shared: &Path, revision: &str, into: &Path) -> PathBuf {
+    let status = Command::new("tar")
+        .arg("xzf")
+        .arg(shared.join(format!("upstream/client_ruby-{revision}.tar.gz")))
+        .arg("-C")
+        .arg(into)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    into.join(format!("client_ruby-{revision}/lib"))
+}
+
 /// The workplace's shared directory (client_ruby's sources): `PROMLAB_SHARED`,
 /// or `shared/` beside the repository.
 fn shared_dir() -> Option<PathBuf> {
@@ -531,27 +545,11 @@ fn increasing_series(exposition: &[u8]) -> std::collections::HashMap<String, f64
 /// workers wrote; the fold keeps up (its lag and run time are served).
 #[test]
 fn a_folding_sidecar_under_a_pre_fork_servers_churn_never_goes_backwards() {
-    let Some(shared) = shared_dir() else {
-        common::skip(
-            "client_ruby sources (../shared/upstream/client_ruby-*.tar.gz beside the repository, or PROMLAB_SHARED)",
-            "the shared/ directory of the workplace",
-        );
+    let Some(shared) = ruby_and_client_ruby() else {
         return;
     };
-    if Command::new("ruby").arg("-v").output().is_err() {
-        common::skip("ruby", "apt-get install ruby");
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
-    let status = Command::new("tar")
-        .arg("xzf")
-        .arg(shared.join("upstream/client_ruby-5.x-uri.tar.gz"))
-        .arg("-C")
-        .arg(tmp.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let lib = tmp.path().join("client_ruby-5.x-uri/lib");
+    let lib = client_ruby_lib(&shared, "5.x-uri", tmp.path());
     let store = tmp.path().join("store");
     std::fs::create_dir(&store).unwrap();
     let registry_file = tmp.path().join("registry.json");

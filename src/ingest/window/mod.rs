@@ -267,7 +267,7 @@ impl Accumulator {
         } = self;
         if gid == OVERFLOW {
             stats.over_group_limit += n;
-            refused_without_pane(open, closed, start, n, budget);
+            refused_without_pane(start, n, open, closed, budget);
             return;
         }
         let soft = budget.capacity.bins;
@@ -281,14 +281,14 @@ impl Accumulator {
             while !budget.try_take_bins(PANE_BINS, soft) {
                 if !drop_oldest(closed, budget) {
                     stats.over_bin_limit += n;
-                    refused_without_pane(open, closed, start, n, budget);
+                    refused_without_pane(start, n, open, closed, budget);
                     return;
                 }
             }
             if !make_room(open, closed, start, gid as usize, budget) {
                 budget.give_bins(PANE_BINS);
                 stats.over_pane_limit += n;
-                refused_without_pane(open, closed, start, n, budget);
+                refused_without_pane(start, n, open, closed, budget);
                 return;
             }
             granted = PANE_BINS;
@@ -619,10 +619,10 @@ impl Accumulator {
 /// them) and its answer says what it refused. Without even that slot, the
 /// count is only the request's.
 fn refused_without_pane(
-    open: &mut BTreeMap<i64, OpenWindow>,
-    closed: &mut VecDeque<ClosedWindow>,
     start: i64,
     n: u64,
+    open: &mut BTreeMap<i64, OpenWindow>,
+    closed: &mut VecDeque<ClosedWindow>,
     budget: &Budget,
 ) {
     if open.contains_key(&start) || make_room(open, closed, start, 0, budget) {

@@ -24,12 +24,10 @@ registry = Prometheus::Client.registry
 jobs = registry.counter(:jobs_total, docstring: 'Jobs', labels: [:queue])
 seconds = registry.histogram(:job_seconds, docstring: 'Job time', labels: [:queue],
                                            buckets: [0.01, 0.1, 1, 10])
-depth = registry.gauge(:queue_depth, docstring: 'Depth', labels: [:queue],
-                                     store_settings: { aggregation: :sum })
-peak = registry.gauge(:rss_peak, docstring: 'Peak', labels: [:queue],
-                                 store_settings: { aggregation: :max })
-last = registry.gauge(:last_job, docstring: 'Last', labels: [:queue],
-                                 store_settings: { aggregation: :most_recent })
+# Gauges of three aggregations: a sum only incremented, a max, the newest.
+depth, peak, last = { queue_depth: :sum, rss_peak: :max, last_job: :most_recent }.map do |name, agg|
+  registry.gauge(name, docstring: name.to_s, labels: [:queue], store_settings: { aggregation: agg })
+end
 queues = %w[default mailers low]
 
 work = lambda do |n, seed|
