@@ -190,7 +190,7 @@ proptest! {
         // Nothing of the fold's own is left behind.
         let fold_dir = dir.path().join(promlab::export::fold::FOLD_DIR);
         let leftovers: Vec<_> = std::fs::read_dir(&fold_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-        prop_assert!(leftovers.iter().all(|n| n == "lock" || n == "trash"), "{leftovers:?}");
+        prop_assert!(leftovers.iter().all(|n| n == "lock" || n == "run.lock" || n == "trash"), "{leftovers:?}");
         prop_assert_eq!(std::fs::read_dir(fold_dir.join("trash")).unwrap().count(), 0);
     }
 }

@@ -312,6 +312,61 @@ fn groups_come_back_after_a_flood() {
     }
 }
 
+/// A flood first, then only new groups, each refused at the group limit:
+/// the watermark moved with the refused samples and closed the flood's
+/// window, but a window where every sample was refused was never made, so
+/// no window closed after the flood's and it stayed the one kept for good,
+/// its groups with it. A window of refused samples only is a window (it
+/// closes, is kept and carries its `dropped`), so the flood's ages out.
+#[test]
+fn refused_samples_alone_age_a_flood_out() {
+    let t0 = (NOW - 600_000).div_euclid(1_000) * 1_000;
+    let plan = Plan {
+        lateness_secs: 0,
+        keep_windows: 1,
+        aggregations: vec![promlab::ingest::plan::Aggregation {
+            window_secs: 1,
+            ..Plan::default().aggregations[0].clone()
+        }],
+    };
+    for set in sets() {
+        for lanes in [1, 2, 4] {
+            let what = format!("{set}, {lanes} lanes");
+            let mut limits = serving();
+            limits.capacity.groups = 100;
+            let laned = LanedIngester::new(lanes, || {
+                Ingester::new(plan.clone(), set).with_limits(limits)
+            });
+            let flood: Vec<String> = (0..1_000).map(|i| format!("flood{i}")).collect();
+            for (lane, chunk) in flood.chunks(250).enumerate() {
+                let chunk: Vec<(&str, i64, f64)> =
+                    chunk.iter().map(|g| (g.as_str(), t0 + 10, 1.0)).collect();
+                laned.handle_on(lane, &body(&chunk)).unwrap();
+            }
+            assert_eq!(laned.held().groups, 100, "{what}");
+            let mut admitted = None;
+            for k in 1..=4i64 {
+                let group = format!("newcomer{k}");
+                let ts = t0 + k * 1_200;
+                let stats = laned
+                    .handle_on(k as usize, &body(&[(group.as_str(), ts, 2.0)]))
+                    .unwrap();
+                assert_eq!(laned.watermark(), Some(ts), "{what}: the watermark moves");
+                if stats.accepted == 1 {
+                    admitted = Some(k);
+                    break;
+                }
+                assert_eq!(stats.over_group_limit, 1, "{what}");
+            }
+            assert_eq!(admitted, Some(3), "{what}: {:?}", laned.held());
+            assert_eq!(laned.groups_reclaimed(), 100, "{what}");
+            // The windows of refused samples say so.
+            let refused = laned.query("data", Some(t0 + 2_000)).unwrap();
+            assert_eq!((refused.dropped, refused.groups.len()), (1, 0), "{what}");
+        }
+    }
+}
+
 /// A new series of the group the new series before it resolved to skips the
 /// group table; once groups are reclaimed, their destination ids
 /// may be another group's, so that memory is forgotten with them. Here `x`

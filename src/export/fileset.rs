@@ -138,24 +138,41 @@ impl FileSet {
         }
     }
 
-    /// After [`FileSet::update`]: the fold lock, held shared for a scrape
-    /// that reads the listed files, when the store was folded, and the files
-    /// to leave out ([`FileSet::view`]) brought up to date under it.
-    pub(crate) fn lock_for_scrape(&mut self) -> Option<fold::SharedLock> {
+    /// For a scrape that reads the listed files: the fold lock, held shared
+    /// when the store was folded, then the listing brought up to date
+    /// ([`FileSet::update`]) and the files to leave out ([`FileSet::view`])
+    /// with it, both under the lock. Listed before the lock, a scrape could
+    /// list the store as it was before a batch and read it after: a source
+    /// moved out meanwhile vanished from the scrape, and one still listed
+    /// after its batch's journal went was counted twice, beside the fold file
+    /// holding it (a batch renames in and out under the lock exclusively, and
+    /// inotify has every event of its renames queued before it unlocks).
+    pub(crate) fn lock_for_scrape(&mut self) -> Result<Option<fold::SharedLock>> {
+        let mut lock = if self.folded {
+            self.take_fold_lock()
+        } else {
+            None
+        };
+        self.update()?;
+        if self.folded && lock.is_none() {
+            // Folded since the last scrape (or its lock was not to be had):
+            // the lock, then the listing again under it.
+            lock = self.take_fold_lock();
+            if lock.is_some() {
+                self.update()?;
+            }
+        }
         if !self.folded {
             self.fold_lock = None;
             self.excluded.clear();
-            return None;
-        }
-        let lock = self.take_fold_lock();
-        if lock.is_none() {
+        } else if lock.is_none() {
             self.excluded.clear();
             self.sources_stale = true;
         } else if self.sources_stale || self.listing != Listing::Watched {
             self.excluded = fold::committed_sources(&self.dir);
             self.sources_stale = false;
         }
-        lock
+        Ok(lock)
     }
 
     /// The fold lock, shared. A watched store keeps its descriptor (the

@@ -89,6 +89,44 @@ impl Drop for ReadLease<'_> {
     }
 }
 
+/// A [`ReadLease`] that owns its file, so that many can be held at once
+/// without borrowing (a fold's commit round holds its sources' leases from
+/// their reading to the end of its grace period). Released on drop.
+#[derive(Debug)]
+pub struct HeldLease {
+    file: File,
+}
+
+impl HeldLease {
+    /// Takes a read lease on `file`, as [`ReadLease::take`]; gives the file
+    /// back with the refusal.
+    pub fn take(file: File) -> Result<HeldLease, (File, Writers)> {
+        let taken = ReadLease::take(&file).map(|lease| {
+            // Released by this lease's own drop.
+            std::mem::forget(lease)
+        });
+        match taken {
+            Ok(()) => Ok(HeldLease { file }),
+            Err(writers) => Err((file, writers)),
+        }
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// [`ReadLease::intact`].
+    pub fn intact(&self) -> bool {
+        std::mem::ManuallyDrop::new(ReadLease { file: &self.file }).intact()
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        drop(ReadLease { file: &self.file });
+    }
+}
+
 /// Sets SIGIO to be ignored if it has its default action (which ends the
 /// process), once per process. `F_SETLEASE` makes the caller the file's
 /// owner before [`ReadLease::take`] can clear it, so a writer opening the

@@ -423,8 +423,9 @@ impl Exporter {
     pub fn values(&mut self, def_index: usize) -> Result<MetricValues<'_>> {
         self.report.clear();
         let deadline = self.start_clocks();
-        self.begin_scrape()?;
-        let _fold_lock = self.files.lock_for_scrape();
+        self.reader.start_scrape();
+        let _fold_lock = self.files.lock_for_scrape()?;
+        self.absorb_listing_changes();
         self.scrape(def_index, deadline)?;
         let state = &self.metrics[def_index];
         Ok(metric_values(
@@ -539,15 +540,23 @@ impl Exporter {
         out.clear();
         self.report.clear();
         let deadline = self.start_clocks();
-        self.begin_scrape()?;
+        self.reader.start_scrape();
         // Without the fold lock: a plan reads only the files it holds
         // mapped, whose bytes a fold does not change (it renames a new fold
         // file in and its sources out), so a fold under way leaves it the
-        // store as it was before the fold.
-        if self.run_plan(out) {
-            return Ok(());
+        // store as it was before the fold. It runs only if the listing
+        // changed in nothing since it was made (no event at all); any
+        // change, a batch's first rename included, sends the scrape to the
+        // listing, which is brought up to date under the lock.
+        if self.plan.is_some() {
+            self.files.update()?;
+            self.absorb_listing_changes();
+            if self.run_plan(out) {
+                return Ok(());
+            }
         }
-        let _fold_lock = self.files.lock_for_scrape();
+        let _fold_lock = self.files.lock_for_scrape()?;
+        self.absorb_listing_changes();
         for i in 0..self.registry.metrics.len() {
             self.scrape(i, deadline)?;
             let (def, state) = (&self.registry.metrics[i], &self.metrics[i]);
@@ -583,12 +592,9 @@ impl Exporter {
         true
     }
 
-    /// Brings the file set up to date; the reader forgets files gone or
-    /// replaced. A scrape that reads the listing then holds the fold lock
-    /// ([`FileSet::lock_for_scrape`]).
-    fn begin_scrape(&mut self) -> Result<()> {
-        self.reader.start_scrape();
-        self.files.update()?;
+    /// After the file set was brought up to date: the reader forgets files
+    /// gone or replaced, and probes those whose writer closed them.
+    fn absorb_listing_changes(&mut self) {
         for (metric, slot) in self.files.take_released() {
             self.reader.forget(metric, slot);
             self.metrics[metric].catalogue.raw.forget(slot);
@@ -596,7 +602,6 @@ impl Exporter {
         for (metric, slot) in self.files.take_writer_closed() {
             self.reader.writer_closed(metric, slot);
         }
-        Ok(())
     }
 }
 

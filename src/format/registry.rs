@@ -89,9 +89,13 @@ impl MetricDef {
             MetricType::Summary => &["pid", "quantile"],
             _ => &["pid"],
         };
-        for label in &self.labels {
+        for (i, label) in self.labels.iter().enumerate() {
             validate_label_name(label, reserved)
                 .with_context(|| format!("metric {}", self.name))?;
+            // Prometheus's parser refuses a series naming a label twice.
+            if self.labels[..i].contains(label) {
+                bail!("metric {}: label {label} is declared twice", self.name);
+            }
         }
         let agg = self.aggregation();
         if agg == ProcessAggregation::MostRecent && self.kind != MetricType::Gauge {
@@ -113,8 +117,12 @@ impl MetricDef {
                     .with_context(|| {
                         format!("metric {}: bucket {b:?} is not a finite number", self.name)
                     })?;
-                if bound < previous {
-                    bail!("metric {}: buckets are not sorted", self.name);
+                // An equal bound would print two series with one `le`.
+                if bound <= previous {
+                    bail!(
+                        "metric {}: buckets are not strictly increasing (at {b:?})",
+                        self.name
+                    );
                 }
                 previous = bound;
             }
@@ -164,6 +172,51 @@ pub fn validate_label_name(name: &str, reserved: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// The suffixes past a metric's name that parsers read as the metric's own
+/// series: `_count`, `_sum`, `_bucket` of a histogram or summary (Prometheus's
+/// text parser takes a family `x_count` after histogram `x` for `x`'s count,
+/// and fails the scrape on a second `TYPE` line for `x`), and for any metric
+/// the OpenMetrics names `_total`, `_created` and `_info`.
+pub fn clash_suffixes(kind: MetricType) -> &'static [&'static str] {
+    const ANY: &[&str] = &["_total", "_created", "_info"];
+    const SERIES: &[&str] = &["_total", "_created", "_info", "_count", "_sum", "_bucket"];
+    match kind {
+        MetricType::Histogram | MetricType::Summary => SERIES,
+        MetricType::Counter | MetricType::Gauge => ANY,
+    }
+}
+
+/// Whether two metrics may not share an exposition: equal names, or one named
+/// as the other's series ([`clash_suffixes`]). The error names both.
+pub fn name_clash(a: &str, a_kind: MetricType, b: &str, b_kind: MetricType) -> Result<()> {
+    if a == b {
+        bail!("metric {a} is registered twice");
+    }
+    for (x, x_kind, y, y_kind) in [(a, a_kind, b, b_kind), (b, b_kind, a, a_kind)] {
+        if let Some(suffix) = y.strip_prefix(x) {
+            if clash_suffixes(x_kind).contains(&suffix) {
+                bail!("{}", clash_message(x, x_kind, y, y_kind, suffix));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn clash_message(
+    base: &str,
+    base_kind: MetricType,
+    other: &str,
+    other_kind: MetricType,
+    suffix: &str,
+) -> String {
+    format!(
+        "metrics {base} ({}) and {other} ({}) clash: {other} is {base} with the suffix \
+         {suffix}, which exposition parsers read as one of {base}'s own series",
+        base_kind.name(),
+        other_kind.name()
+    )
+}
+
 /// Every registered metric, in registration order.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct Registry {
@@ -190,12 +243,22 @@ impl Registry {
         Registry::from_json(&text).with_context(|| format!("registry {}", path.display()))
     }
 
+    /// Each metric on its own, then every pair: no name twice, and no name
+    /// that another metric's series would also claim ([`name_clash`]).
     pub fn validate(&mut self) -> Result<()> {
-        let mut seen = std::collections::HashSet::new();
+        let mut kinds = std::collections::HashMap::new();
         for m in &mut self.metrics {
             m.validate()?;
-            if !seen.insert(m.name.clone()) {
+            if kinds.insert(m.name.clone(), m.kind).is_some() {
                 bail!("metric {} is registered twice", m.name);
+            }
+        }
+        for m in &self.metrics {
+            for suffix in clash_suffixes(m.kind) {
+                let claimed = format!("{}{suffix}", m.name);
+                if let Some(&kind) = kinds.get(&claimed) {
+                    bail!("{}", clash_message(&m.name, m.kind, &claimed, kind, suffix));
+                }
             }
         }
         Ok(())
@@ -231,5 +294,85 @@ fn agg_name(a: ProcessAggregation) -> &'static str {
         ProcessAggregation::Min => "min",
         ProcessAggregation::All => "all",
         ProcessAggregation::MostRecent => "most_recent",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(metrics: &str) -> Result<Registry> {
+        Registry::from_json(&format!(r#"{{"metrics": [{metrics}]}}"#))
+    }
+
+    fn refused(metrics: &str) -> String {
+        format!("{:#}", load(metrics).expect_err(metrics))
+    }
+
+    #[test]
+    fn a_series_name_of_another_metric_is_refused_naming_both() {
+        // (name, type) pairs: the second is a series name of the first.
+        for pair in [
+            "x histogram x_count counter",
+            "x histogram x_sum gauge",
+            "x histogram x_bucket histogram",
+            "x summary x_count gauge",
+            "x summary x_sum summary",
+            "x summary x_bucket counter",
+            "x gauge x_total counter",
+            "x counter x_created gauge",
+            "x gauge x_info gauge",
+            "x histogram x_created gauge",
+        ] {
+            let w: Vec<&str> = pair.split(' ').collect();
+            let metric = |n: usize| format!(r#""{}", "type": "{}""#, w[n], w[n + 1]);
+            let (first, second) = (metric(0), metric(2));
+            // Either order: the parser fails on both.
+            for (a, b) in [(&first, &second), (&second, &first)] {
+                let err = refused(&format!(r#"{{"name": {a}}}, {{"name": {b}}}"#));
+                let (na, nb) = (a.split('"').nth(1).unwrap(), b.split('"').nth(1).unwrap());
+                assert!(
+                    err.contains(&format!("metrics {na} ")) || err.contains(&format!(" and {na} ")),
+                    "{err}"
+                );
+                assert!(err.contains(nb) && err.contains("clash"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn suffixes_that_are_no_series_of_the_other_are_kept() {
+        // A counter's `_count` or a gauge's `_sum` is no series of theirs.
+        load(r#"{"name": "x", "type": "counter"}, {"name": "x_count", "type": "counter"}"#)
+            .unwrap();
+        load(r#"{"name": "x", "type": "gauge"}, {"name": "x_sum", "type": "gauge"}"#).unwrap();
+        load(r#"{"name": "x", "type": "histogram"}, {"name": "x_counts", "type": "gauge"}"#)
+            .unwrap();
+        load(r#"{"name": "x_total", "type": "counter"}, {"name": "y_total", "type": "counter"}"#)
+            .unwrap();
+    }
+
+    #[test]
+    fn what_the_parser_refuses_within_one_metric_is_refused() {
+        let err = refused(r#"{"name": "x", "type": "counter"}, {"name": "x", "type": "gauge"}"#);
+        assert!(err.contains("x is registered twice"), "{err}");
+        let err = refused(r#"{"name": "x", "type": "counter", "labels": ["a", "b", "a"]}"#);
+        assert!(err.contains("label a is declared twice"), "{err}");
+        let err = refused(r#"{"name": "x", "type": "histogram", "buckets": ["1", "1.0"]}"#);
+        assert!(err.contains("strictly increasing"), "{err}");
+        let err = refused(r#"{"name": "x", "type": "histogram", "labels": ["le"]}"#);
+        assert!(err.contains("reserved"), "{err}");
+        let err = refused(r#"{"name": "x", "type": "summary", "labels": ["quantile"]}"#);
+        assert!(err.contains("reserved"), "{err}");
+    }
+
+    #[test]
+    fn name_clash_is_symmetric() {
+        use MetricType::*;
+        assert!(name_clash("x", Histogram, "x_count", Counter).is_err());
+        assert!(name_clash("x_count", Counter, "x", Histogram).is_err());
+        assert!(name_clash("x", Counter, "x", Gauge).is_err());
+        assert!(name_clash("x", Counter, "x_count", Counter).is_ok());
+        assert!(name_clash("x", Counter, "xy_total", Counter).is_ok());
     }
 }

@@ -108,8 +108,9 @@ impl LiveRegistry {
                 kind.name()
             );
         }
-        if self.families.iter().any(|f| &*f.name == name.as_bytes()) {
-            bail!("metric {name} is registered twice");
+        for f in &self.families {
+            let other = std::str::from_utf8(&f.name).expect("registered names are ASCII");
+            registry::name_clash(other, f.kind, name, kind)?;
         }
         for (i, label) in label_names.iter().enumerate() {
             registry::validate_label_name(label, &[])

@@ -903,3 +903,67 @@ fn max_ahead_zero_keeps_the_watermark_behind_the_clock() {
         0.0
     );
 }
+
+/// With `--max-groups 1000`, 1 s windows, `keep_windows = 1` and no
+/// lateness, a flood of 80,000 new groups from 4 connections filled the
+/// limit, and a new group sent every 1.2 s after it was never admitted, with
+/// 1, 2 and 4 lanes: only accepted samples moved the watermark, so the
+/// flood's window never closed. Windows close on the clock now: a stream of
+/// refused samples closes them, the flood's groups are reclaimed and a
+/// newcomer gets in within a few windows.
+#[test]
+fn a_flood_first_then_only_new_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = plan_file(dir.path(), 1, 1);
+    for lanes in ["1", "2", "4"] {
+        let server = Server::start(
+            &[
+                "--plan",
+                plan.to_str().unwrap(),
+                "--max-groups",
+                "1000",
+                "--ingest-threads",
+                lanes,
+            ],
+            None,
+        );
+        std::thread::scope(|s| {
+            for sender in 0..4 {
+                let server = &server;
+                s.spawn(move || {
+                    for r in 0..20 {
+                        let now = now_ms();
+                        let body =
+                            request((0..1000).map(|g| (format!("f{sender}r{r}g{g}"), now, 1.0)));
+                        assert_eq!(server.write(&body).0, 204);
+                    }
+                });
+            }
+        });
+        let over = "promlab_receiver_samples_dropped_total{reason=\"group_limit\"}";
+        assert_eq!(
+            server.metric("promlab_receiver_groups"),
+            1000.0,
+            "{lanes} lanes"
+        );
+        let mut admitted = None;
+        let started = Instant::now();
+        for k in 0..5 {
+            std::thread::sleep(Duration::from_millis(1200));
+            let before = server.metric(over);
+            let body = request([(format!("newcomer{k}"), now_ms(), 2.0)]);
+            assert_eq!(server.write(&body).0, 204);
+            if server.metric(over) == before {
+                admitted = Some(k);
+                break;
+            }
+        }
+        assert!(
+            admitted.is_some(),
+            "{lanes} lanes: no newcomer admitted in {:?}; groups {}, reclaimed {}",
+            started.elapsed(),
+            server.metric("promlab_receiver_groups"),
+            server.metric("promlab_receiver_groups_reclaimed_total")
+        );
+    }
+}

@@ -212,6 +212,103 @@ fn store_mode_refuses_a_missing_directory() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
 }
 
+/// (A probe found that a histogram `x` and a counter `x_count` in one
+/// registry made the sidecar serve two `TYPE` lines for `x`, which
+/// `promtool check metrics` refuses.) Such a registry is refused at start,
+/// naming both metrics; each metric alone serves valid exposition.
+#[test]
+fn a_registry_whose_names_clash_is_refused_at_start() {
+    use promlab::format::storefile::{file_bytes, file_path};
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let histogram = r#"{"name": "job_seconds", "type": "histogram", "help": "Job time", "labels": ["queue"], "buckets": ["1"]}"#;
+    let counter =
+        r#"{"name": "job_seconds_count", "type": "counter", "help": "Jobs", "labels": ["queue"]}"#;
+    let registry = |name: &str, metrics: &[&str]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!(r#"{{"metrics": [{}]}}"#, metrics.join(","))).unwrap();
+        path
+    };
+    let both = registry("both.json", &[histogram, counter]);
+    let entries: &[(&[u8], f64)] = &[(b"le=1&queue=default", 1.0), (b"le=sum&queue=default", 0.5)];
+    std::fs::write(
+        file_path(&store, "job_seconds", 10),
+        file_bytes(entries.iter().copied()),
+    )
+    .unwrap();
+    std::fs::write(
+        file_path(&store, "job_seconds_count", 10),
+        file_bytes([(&b"queue=default"[..], 3.0)]),
+    )
+    .unwrap();
+    let run = |command: &str, registry: &Path| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_promlab"))
+            .args([command, "--store"])
+            .arg(&store)
+            .arg("--registry")
+            .arg(registry)
+            .args(if command == "serve" {
+                &["--listen", "127.0.0.1:0"][..]
+            } else {
+                &[]
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("promlab {command} did not refuse the registry within 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
+    };
+    for command in ["serve", "export"] {
+        let out = run(command, &both);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command}: {stderr}");
+        assert!(
+            stderr
+                .contains("metrics job_seconds (histogram) and job_seconds_count (counter) clash"),
+            "{command}: {stderr}"
+        );
+    }
+    // What serving both would print: each metric's own exposition, one after the other.
+    let mut joined = Vec::new();
+    for (name, metric) in [("h.json", histogram), ("c.json", counter)] {
+        let out = run("export", &registry(name, &[metric]));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        joined.extend_from_slice(&out.stdout);
+    }
+    let Some(promtool) = tool("promtool") else {
+        return;
+    };
+    let mut child = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&joined).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("second TYPE line for metric name \"job_seconds\""),
+        "promtool: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&joined)
+    );
+}
+
 #[test]
 fn unknown_scenario_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_promlab"))

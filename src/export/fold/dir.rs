@@ -60,6 +60,26 @@ impl FoldDir {
         Ok(())
     }
 
+    /// The run lock, if no other fold holds it: held for the whole fold.
+    pub(super) fn run_lock(&self) -> Result<Option<File>> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(self.path.join(RUN_LOCK_FILE))
+            .with_context(|| format!("cannot open {}", self.path.join(RUN_LOCK_FILE).display()))?;
+        // SAFETY: flock on a descriptor we hold.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(Some(file));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        Err(anyhow!(err).context("cannot take the fold's run lock"))
+    }
+
     /// The fold lock, taken exclusively.
     pub(super) fn lock(&self) -> Result<File> {
         let file = std::fs::OpenOptions::new()
@@ -72,37 +92,68 @@ impl FoldDir {
         Ok(file)
     }
 
-    pub(super) fn journal_path(&self, metric: &str) -> PathBuf {
-        self.path.join(format!("{metric}.journal"))
+    /// A batch's journal, `.fold/<key>.journal` (see [`batch_key`]).
+    pub(super) fn journal_path(&self, key: &str) -> PathBuf {
+        self.path.join(format!("{key}.journal"))
     }
 
-    pub(super) fn new_path(&self, metric: &str) -> PathBuf {
-        self.path.join(format!("{metric}.new"))
+    pub(super) fn new_path(&self, key: &str) -> PathBuf {
+        self.path.join(format!("{key}.new"))
     }
 
-    pub(super) fn prev_path(&self, metric: &str) -> PathBuf {
-        self.path.join(format!("{metric}.prev"))
+    pub(super) fn prev_path(&self, key: &str) -> PathBuf {
+        self.path.join(format!("{key}.prev"))
     }
 
     pub(super) fn trash_path(&self, name: &str) -> PathBuf {
         self.path.join(TRASH_DIR).join(name)
     }
 
-    /// Runs one batch; `Ok(false)` when it was given up (nothing changed).
-    pub(super) fn commit(
+    /// Runs one round of batches of one metric, each of its own run (their
+    /// files and fold files apart): each prepared (steps 1 to 3), then all
+    /// committed under one hold of the lock (step 4), then one grace period
+    /// for all (step 5) and each finished (step 6). Per batch, whether it
+    /// was folded; `false` when it was given up (nothing of it changed).
+    pub(super) fn fold_round(
         &self,
         metric: &str,
         files: &[FileSnapshot],
-        batch: &Batch,
+        batches: &[Batch],
         config: &FoldConfig,
         kill_at: &mut Option<FoldStep>,
-    ) -> Result<bool> {
-        let step = |reached: FoldStep| {
-            if *kill_at == Some(reached) {
-                // SAFETY: raise has no preconditions; this is the test's crash.
-                unsafe { libc::raise(libc::SIGKILL) };
+    ) -> Result<Vec<bool>> {
+        let mut prepared = Vec::with_capacity(batches.len());
+        for (n, batch) in batches.iter().enumerate() {
+            prepared.push(self.prepare(batch_key(metric, n), files, batch, kill_at)?);
+        }
+        // A writer may have come for a batch's sources since: that batch
+        // is undone rather than committed.
+        for slot in &mut prepared {
+            if slot.as_ref().is_some_and(|batch| !batch.intact()) {
+                let batch = slot.take().expect("checked");
+                self.undo(&batch.key)?;
             }
-        };
+        }
+        let ready: Vec<Prepared> = prepared.iter_mut().filter_map(Option::take).collect();
+        let mut folded = vec![false; batches.len()];
+        let done = self.commit(ready, config, kill_at)?;
+        for (n, ok) in done {
+            folded[n] = ok;
+        }
+        Ok(folded)
+    }
+
+    /// Steps 1 to 3 of a batch: its sources reopened, leased and read again
+    /// (exactly as planned, else `None`: given up, nothing changed), its fold
+    /// file written as `<key>.new`, the one it replaces kept as `<key>.prev`,
+    /// its journal `<key>.journal` in place.
+    fn prepare(
+        &self,
+        key: String,
+        files: &[FileSnapshot],
+        batch: &Batch,
+        kill_at: &mut Option<FoldStep>,
+    ) -> Result<Option<Prepared>> {
         let members = &files[batch.members.clone()];
         let name = String::from_utf8(batch.name.clone()).context("fold file name")?;
         // 1. Sources reopened, leased and read again: exactly as planned.
@@ -110,26 +161,26 @@ impl FoldDir {
         for member in members {
             let path = self.store.join(os(&member.name));
             let Some(file) = open_regular(&path)? else {
-                return Ok(false);
+                return Ok(None);
             };
             if file.metadata()?.ino() != member.ino {
-                return Ok(false);
+                return Ok(None);
             }
             opened.push(file);
         }
         let mut leases = Vec::with_capacity(opened.len());
-        for (file, member) in opened.iter().zip(members) {
-            let Ok(lease) = ReadLease::take(file) else {
-                return Ok(false);
+        for (file, member) in opened.into_iter().zip(members) {
+            let Ok(lease) = HeldLease::take(file) else {
+                return Ok(None);
             };
-            if read_used(file)? != member.bytes {
-                return Ok(false);
+            if read_used(lease.file())? != member.bytes {
+                return Ok(None);
             }
             leases.push(lease);
         }
         // 2. The new fold file, and the one it replaces kept aside.
-        let new_path = self.new_path(metric);
-        let prev_path = self.prev_path(metric);
+        let new_path = self.new_path(&key);
+        let prev_path = self.prev_path(&key);
         let _ = std::fs::remove_file(&prev_path);
         // The name holds a fold file already: one of the run's (its first
         // batch), or the run's own from its batch before.
@@ -146,9 +197,10 @@ impl FoldDir {
             None => 0,
         };
         if replaces {
-            std::fs::hard_link(self.store.join(&name), &prev_path)?;
+            std::fs::hard_link(self.store.join(&name), &prev_path)
+                .with_context(|| format!("cannot keep {name} as {}", prev_path.display()))?;
         }
-        step(FoldStep::NewWritten);
+        step(kill_at, FoldStep::NewWritten);
         // 3. The journal.
         let journal = Journal {
             name: name.clone(),
@@ -165,70 +217,106 @@ impl FoldDir {
                 })
                 .collect::<Result<_>>()?,
         };
-        let journal_path = self.journal_path(metric);
+        let journal_path = self.journal_path(&key);
         let tmp = journal_path.with_extension("journal-tmp");
         write_synced(&tmp, &serde_json::to_vec(&journal)?, self.durable)?;
         std::fs::rename(&tmp, &journal_path)?;
         self.sync(&self.path)?;
-        step(FoldStep::JournalWritten);
-        if !leases.iter().all(ReadLease::intact) {
-            self.undo(metric, &journal)?;
-            return Ok(false);
+        step(kill_at, FoldStep::JournalWritten);
+        let batch = Prepared {
+            key,
+            journal,
+            leases,
+        };
+        if !batch.intact() {
+            self.undo(&batch.key)?;
+            return Ok(None);
         }
-        // 4. The commit, then the sources out of the store, under the lock.
+        Ok(Some(batch))
+    }
+
+    /// Steps 4 to 6 of prepared batches (by their place in the round):
+    /// committed together under the lock, one grace period, then each
+    /// kept, or rolled back if a writer came for one of its sources.
+    fn commit(
+        &self,
+        batches: Vec<Prepared>,
+        config: &FoldConfig,
+        kill_at: &mut Option<FoldStep>,
+    ) -> Result<Vec<(usize, bool)>> {
+        if batches.is_empty() {
+            return Ok(Vec::new());
+        }
+        // 4. The commits, then the sources out of the store, under the lock.
         {
             let _lock = self.lock()?;
-            if new_ino != 0 {
-                std::fs::rename(&new_path, self.store.join(&name))?;
-            } else if replaces {
-                std::fs::remove_file(self.store.join(&name))?;
+            for batch in &batches {
+                let name = &batch.journal.name;
+                if batch.journal.new_ino != 0 {
+                    std::fs::rename(self.new_path(&batch.key), self.store.join(name))
+                        .with_context(|| format!("cannot commit {name}"))?;
+                } else if batch.journal.had_prev {
+                    std::fs::remove_file(self.store.join(name))
+                        .with_context(|| format!("cannot commit the removal of {name}"))?;
+                }
             }
             self.sync(&self.store)?;
-            step(FoldStep::Committed);
-            for (i, source) in journal.sources.iter().enumerate() {
-                std::fs::rename(self.store.join(&source.name), self.trash_path(&source.name))?;
-                if i == 0 {
-                    step(FoldStep::FirstTrashed);
+            step(kill_at, FoldStep::Committed);
+            let mut first = true;
+            for source in batches.iter().flat_map(|b| &b.journal.sources) {
+                std::fs::rename(self.store.join(&source.name), self.trash_path(&source.name))
+                    .with_context(|| format!("cannot move {} to the trash", source.name))?;
+                if std::mem::take(&mut first) {
+                    step(kill_at, FoldStep::FirstTrashed);
                 }
             }
             self.sync(&self.store)?;
         }
-        step(FoldStep::Trashed);
+        step(kill_at, FoldStep::Trashed);
         // 5. A writer on its way into a source's `open` shows up by now.
         std::thread::sleep(config.grace);
-        let intact = leases.iter().all(ReadLease::intact);
-        if !intact {
+        let intact: Vec<bool> = batches.iter().map(Prepared::intact).collect();
+        if intact.contains(&false) {
             let _lock = self.lock()?;
-            self.roll_back(metric, &journal)?;
+            for (batch, _) in batches.iter().zip(&intact).filter(|(_, ok)| !**ok) {
+                self.roll_back(&batch.key, &batch.journal)?;
+            }
         }
-        drop(leases);
-        drop(opened);
-        step(FoldStep::Released);
-        if !intact {
-            return Ok(false);
+        let batches: Vec<(String, Journal)> = batches
+            .into_iter()
+            .map(|batch| (batch.key, batch.journal))
+            .collect();
+        step(kill_at, FoldStep::Released);
+        // 6. Clean up; the journals last.
+        for ((key, journal), _) in batches.iter().zip(&intact).filter(|(_, ok)| **ok) {
+            for source in &journal.sources {
+                remove_if_there(&self.trash_path(&source.name))?;
+            }
+            remove_if_there(&self.prev_path(key))?;
         }
-        // 6. Clean up; the journal last.
-        for source in &journal.sources {
-            remove_if_there(&self.trash_path(&source.name))?;
+        step(kill_at, FoldStep::Cleaned);
+        for ((key, _), _) in batches.iter().zip(&intact).filter(|(_, ok)| **ok) {
+            std::fs::remove_file(self.journal_path(key))?;
         }
-        remove_if_there(&prev_path)?;
-        step(FoldStep::Cleaned);
-        std::fs::remove_file(&journal_path)?;
         self.sync(&self.path)?;
-        Ok(true)
+        Ok(batches
+            .iter()
+            .map(|(key, _)| batch_index(key))
+            .zip(intact)
+            .collect())
     }
 
     /// Undoes a batch that did not commit: its new file, `prev` and journal go.
-    pub(super) fn undo(&self, metric: &str, _journal: &Journal) -> Result<()> {
-        remove_if_there(&self.new_path(metric))?;
-        remove_if_there(&self.prev_path(metric))?;
-        remove_if_there(&self.journal_path(metric))?;
+    pub(super) fn undo(&self, key: &str) -> Result<()> {
+        remove_if_there(&self.new_path(key))?;
+        remove_if_there(&self.prev_path(key))?;
+        remove_if_there(&self.journal_path(key))?;
         self.sync(&self.path)
     }
 
     /// Undoes a committed batch: sources back from `trash/` (never over a
     /// file created at their name since), the fold file back to what it was.
-    pub(super) fn roll_back(&self, metric: &str, journal: &Journal) -> Result<()> {
+    pub(super) fn roll_back(&self, key: &str, journal: &Journal) -> Result<()> {
         for source in &journal.sources {
             let trashed = self.trash_path(&source.name);
             if trashed.exists() {
@@ -236,15 +324,15 @@ impl FoldDir {
             }
         }
         let target = self.store.join(&journal.name);
-        let prev = self.prev_path(metric);
+        let prev = self.prev_path(key);
         if journal.had_prev && prev.exists() {
             std::fs::rename(&prev, &target)?;
         } else if journal.new_ino != 0 && ino_of(&target) == Some(journal.new_ino) {
             std::fs::remove_file(&target)?;
         }
         self.sync(&self.store)?;
-        remove_if_there(&self.new_path(metric))?;
-        remove_if_there(&self.journal_path(metric))?;
+        remove_if_there(&self.new_path(key))?;
+        remove_if_there(&self.journal_path(key))?;
         self.sync(&self.path)
     }
 
@@ -273,7 +361,7 @@ impl FoldDir {
             recovered += 1;
             if !is_committed(&self.store, &journal) {
                 // Sources move only after the commit: they are all in place.
-                self.undo(metric, &journal)?;
+                self.undo(metric)?;
                 continue;
             }
             // Committed: each source still in the store must be exited to
@@ -309,6 +397,48 @@ impl FoldDir {
             self.sync(&self.path)?;
         }
         Ok(recovered)
+    }
+}
+
+/// A batch of a round prepared for its commit: its `.fold/` files' key,
+/// its journal, and its sources, each leased until the batch is final.
+pub(super) struct Prepared {
+    key: String,
+    journal: Journal,
+    leases: Vec<HeldLease>,
+}
+
+impl Prepared {
+    /// Whether no writer has come for any of its sources.
+    fn intact(&self) -> bool {
+        self.leases.iter().all(HeldLease::intact)
+    }
+}
+
+/// The key of a round's `n`-th batch of `metric`: its files in `.fold/` are
+/// `<key>.new`, `<key>.prev`, `<key>.journal`. Metric names have no dot, so
+/// `<metric>` (the first) and `<metric>.<n>` are every batch's own.
+pub(super) fn batch_key(metric: &str, n: usize) -> String {
+    if n == 0 {
+        metric.to_owned()
+    } else {
+        format!("{metric}.{n}")
+    }
+}
+
+/// A batch's place in its round, from its key.
+fn batch_index(key: &str) -> usize {
+    key.rsplit_once('.')
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Kills this process when a test asked for it at `reached` (the first
+/// batch to get there).
+fn step(kill_at: &Option<FoldStep>, reached: FoldStep) {
+    if *kill_at == Some(reached) {
+        // SAFETY: raise has no preconditions; this is the test's crash.
+        unsafe { libc::raise(libc::SIGKILL) };
     }
 }
 

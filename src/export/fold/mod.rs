@@ -40,15 +40,21 @@
 //! A batch (one run, or part of one) is:
 //! 1. sources reopened, read leases taken, bytes read again and compared with
 //!    what was planned;
-//! 2. the fold file written to `.fold/<metric>.new` and synced; the
-//!    fold file it replaces, if any, hard-linked to `<metric>.prev`;
-//! 3. the journal `<metric>.journal` written (via a temporary, synced);
+//! 2. the fold file written to `.fold/<key>.new` and synced; the
+//!    fold file it replaces, if any, hard-linked to `<key>.prev`;
+//! 3. the journal `<key>.journal` written (via a temporary, synced);
 //! 4. under the store's fold lock (exclusive): the new file renamed into
 //!    place (**the commit**), then every source renamed to `trash/`;
 //! 5. after a grace period, every lease checked: a writer that started
 //!    opening a source meanwhile (a new process given the dead one's pid)
 //!    rolls the batch back, so it gets the file back with its values;
 //! 6. leases released, `trash/` and `prev` removed, then the journal.
+//!
+//! Batches of different runs of a metric touch different files, so a
+//! *round* of them (up to `max_batch` files) goes through step 4 under one
+//! hold of the lock and shares one grace period; each keeps its own journal
+//! (`<key>` is `<metric>`, then `<metric>.1`, `<metric>.2`, ...). One fold
+//! runs on a store at a time (`.fold/run.lock`).
 //!
 //! [`recover`] finishes or undoes a batch a crash (SIGKILL) interrupted: a
 //! journal whose new file is in place (same inode) is rolled forward, any
@@ -62,7 +68,7 @@
 //! see during a fold).
 
 use crate::export::aggregate::Aggregate;
-use crate::export::liveness::{self, ReadLease, Writers};
+use crate::export::liveness::{self, HeldLease, Writers};
 use crate::format::formenc;
 use crate::format::registry::{is_label_name, ProcessAggregation, Registry};
 use crate::format::storefile::{
@@ -74,7 +80,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 mod dir;
 mod plan;
@@ -90,6 +96,9 @@ pub const FOLD_DIR: &str = ".fold";
 /// The fold lock: exclusive while a batch commits, shared by promlab's
 /// exporters for a scrape.
 const LOCK_FILE: &str = "lock";
+/// Held exclusively by the one fold that runs on a store (whoever runs it:
+/// sidecars, `promlab fold`); another finds it held and leaves the store to it.
+const RUN_LOCK_FILE: &str = "run.lock";
 const TRASH_DIR: &str = "trash";
 
 /// Where a fold can be stopped by a test (`promlab fold --kill-at STEP`),
@@ -156,7 +165,8 @@ pub struct FoldConfig {
     /// writer that looked a source up just before it moved and is still on
     /// its way into `open` shows up as a broken lease within this time.
     pub grace: Duration,
-    /// Sources per batch at most (each holds a descriptor while it commits).
+    /// Sources per batch, and per round of batches committed together, at
+    /// most (each holds a descriptor and a lease while it commits).
     pub max_batch: usize,
     /// How long to wait for a live file's `flock` (its values are read for
     /// the exactness check) before leaving its metric for the next fold.
@@ -205,12 +215,28 @@ pub struct FoldReport {
     /// Metrics left for the next fold, and why (a live file stayed locked, a
     /// file could not be read).
     pub metrics_skipped: Vec<String>,
+    /// How far behind the fold is: of the processes' files it folded, the
+    /// longest one waited, from its writer's last write to the end of this
+    /// fold (`None` when it folded none).
+    pub lag: Option<Duration>,
+    /// Another fold of the store was running: this one did nothing.
+    pub another_running: bool,
 }
 
 /// Folds the exited processes' files of every metric of `registry` in the
-/// store `dir`. Finishes interrupted folds first ([`recover`]).
+/// store `dir`. Finishes interrupted folds first ([`recover`]). One fold
+/// runs on a store at a time: if another is running (another sidecar,
+/// `promlab fold`), this one does nothing and says so
+/// ([`FoldReport::another_running`]); two at once would finish and undo
+/// each other's batches.
 pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Result<FoldReport> {
     let fold_dir = FoldDir::create(dir, config.durable)?;
+    let Some(_running) = fold_dir.run_lock()? else {
+        return Ok(FoldReport {
+            another_running: true,
+            ..FoldReport::default()
+        });
+    };
     let mut report = FoldReport {
         recovered: fold_dir.recover()?,
         ..FoldReport::default()
@@ -230,6 +256,8 @@ pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Resul
         }
     }
     let mut killer = config.kill_at;
+    // The last write of the longest-waiting process's file folded.
+    let mut oldest: Option<SystemTime> = None;
     for def in &registry.metrics {
         let Some(mut files) = by_metric.remove(def.name.as_bytes()) else {
             continue;
@@ -254,48 +282,86 @@ pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Resul
         let mode = def.aggregation();
         let plan = plan_metric(&snapshot, mode, config.max_batch);
         report.files_left += plan.left as u64;
-        'runs: for run in &plan.runs {
-            // A long run commits batch by batch; each batch's fold file holds
-            // the run's aggregate so far and replaces the one before it (the
-            // same name), so the store between batches is exact too.
-            let mut start = run.files.start;
-            while start < run.files.end {
-                let end = (start + config.max_batch).min(run.files.end);
-                let batch = Batch {
-                    members: start..end,
-                    name: run.name.clone(),
-                    entries: run_entries(&snapshot, run.files.start..end, mode),
-                };
-                match fold_dir.commit(&def.name, &snapshot, &batch, config, &mut killer) {
-                    Ok(true) => {
-                        report.files_folded += (end - start) as u64;
-                        if end == run.files.end {
+        // A long run commits batch by batch; each batch's fold file holds
+        // the run's aggregate so far and replaces the one before it (the
+        // same name), so the store between batches is exact too. Batches of
+        // different runs (files and fold files apart) commit together, up
+        // to `max_batch` files a round, sharing the lock and one grace.
+        let max = config.max_batch.max(1);
+        // Per run, the first file of its next batch (past its end once
+        // folded or given up).
+        let mut next: Vec<usize> = plan.runs.iter().map(|run| run.files.start).collect();
+        'rounds: loop {
+            let mut round: Vec<(usize, Batch)> = Vec::new();
+            let mut size = 0;
+            for (r, run) in plan.runs.iter().enumerate() {
+                let start = next[r];
+                if start >= run.files.end {
+                    continue;
+                }
+                let end = (start + max).min(run.files.end);
+                if size > 0 && size + (end - start) > max {
+                    continue;
+                }
+                size += end - start;
+                round.push((
+                    r,
+                    Batch {
+                        members: start..end,
+                        name: run.name.clone(),
+                        entries: run_entries(&snapshot, run.files.start..end, mode),
+                    },
+                ));
+            }
+            if round.is_empty() {
+                break;
+            }
+            let batches: Vec<Batch> = round.iter().map(|(_, batch)| batch.clone()).collect();
+            match fold_dir.fold_round(&def.name, &snapshot, &batches, config, &mut killer) {
+                Ok(folded) => {
+                    for ((r, batch), ok) in round.into_iter().zip(folded) {
+                        let run = &plan.runs[r];
+                        if !ok {
+                            report.batches_abandoned += 1;
+                            next[r] = run.files.end;
+                            continue;
+                        }
+                        report.files_folded += batch.members.len() as u64;
+                        for file in &snapshot[batch.members.clone()] {
+                            let waiting =
+                                parse_file_name(&file.name).is_some_and(|(_, id)| !is_fold_id(id));
+                            if let (true, Some(mtime)) = (waiting, file.mtime) {
+                                oldest = Some(oldest.map_or(mtime, |o: SystemTime| o.min(mtime)));
+                            }
+                        }
+                        next[r] = batch.members.end;
+                        if batch.members.end == run.files.end {
                             report.fold_files_written += u64::from(batch.entries.is_some());
                         }
                     }
-                    Ok(false) => {
-                        report.batches_abandoned += 1;
-                        continue 'runs;
-                    }
-                    Err(err) => {
-                        report
-                            .metrics_skipped
-                            .push(format!("{}: {err:#}", def.name));
-                        break 'runs;
-                    }
                 }
-                start = end;
+                Err(err) => {
+                    report
+                        .metrics_skipped
+                        .push(format!("{}: {err:#}", def.name));
+                    break 'rounds;
+                }
             }
         }
     }
+    report.lag = oldest.map(|mtime| mtime.elapsed().unwrap_or_default());
     Ok(report)
 }
 
 /// Finishes or undoes the batches that interrupted folds left (their
-/// journals); returns how many.
+/// journals); returns how many. Nothing while another fold runs (it
+/// recovers first itself).
 pub fn recover(dir: &Path) -> Result<u64> {
     match FoldDir::open(dir)? {
-        Some(fold_dir) => fold_dir.recover(),
+        Some(fold_dir) => match fold_dir.run_lock()? {
+            Some(_running) => fold_dir.recover(),
+            None => Ok(0),
+        },
         None => Ok(0),
     }
 }

@@ -16,7 +16,7 @@ pub(super) struct RunPlan {
 
 /// One commit of a run: some of its files, and the fold file that then holds
 /// the run's aggregate from its first file to the batch's last.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Batch {
     /// Indices of the files this batch moves out.
     pub(super) members: std::ops::Range<usize>,

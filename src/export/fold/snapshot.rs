@@ -33,6 +33,8 @@ pub(super) struct FileSnapshot {
     pub(super) entries: Vec<(usize, f64, f64)>,
     /// Per entry of `entries`: its raw key's place in `bytes`.
     pub(super) keys: Vec<(usize, usize)>,
+    /// When it was last written (its writer's last write, for an exited one).
+    pub(super) mtime: Option<std::time::SystemTime>,
 }
 
 /// Reads every file of one metric: exited ones under a read lease taken for
@@ -52,7 +54,9 @@ pub(super) fn read_metric(
             Ok(None) => continue,
             Err(err) => return Err(err.context(format!("cannot open {}", path.display()))),
         };
-        let ino = file.metadata().map(|m| m.ino()).unwrap_or(*ino);
+        let meta = file.metadata().ok();
+        let ino = meta.as_ref().map_or(*ino, |m| m.ino());
+        let mtime = meta.and_then(|m| m.modified().ok());
         let (state, bytes) = match liveness::ReadLease::take(&file) {
             Ok(_lease) => (FileState::Exited, read_used(&file)?),
             Err(writers) => {
@@ -70,7 +74,9 @@ pub(super) fn read_metric(
                 (state, bytes?)
             }
         };
-        out.push(series.snapshot(name.clone(), ino, state, bytes));
+        let mut snapshot = series.snapshot(name.clone(), ino, state, bytes);
+        snapshot.mtime = mtime;
+        out.push(snapshot);
     }
     Ok(out)
 }
@@ -146,6 +152,7 @@ impl SeriesIds {
             bytes: Vec::new(),
             entries: Vec::new(),
             keys: Vec::new(),
+            mtime: None,
         };
         if bytes.len() < HEADER_SIZE {
             // Shorter than a header: empty (and nothing to keep of it).

@@ -267,7 +267,7 @@ impl Accumulator {
         } = self;
         if gid == OVERFLOW {
             stats.over_group_limit += n;
-            refused_without_pane(open, start, n);
+            refused_without_pane(start, n, open, closed, budget);
             return;
         }
         let soft = budget.capacity.bins;
@@ -281,14 +281,14 @@ impl Accumulator {
             while !budget.try_take_bins(PANE_BINS, soft) {
                 if !drop_oldest(closed, budget) {
                     stats.over_bin_limit += n;
-                    refused_without_pane(open, start, n);
+                    refused_without_pane(start, n, open, closed, budget);
                     return;
                 }
             }
             if !make_room(open, closed, start, gid as usize, budget) {
                 budget.give_bins(PANE_BINS);
                 stats.over_pane_limit += n;
-                refused_without_pane(open, start, n);
+                refused_without_pane(start, n, open, closed, budget);
                 return;
             }
             granted = PANE_BINS;
@@ -612,11 +612,21 @@ impl Accumulator {
     }
 }
 
-/// Samples of window `start` refused for a group without a pane there
-/// (remembered when the window exists: a window is never made for them).
-fn refused_without_pane(open: &mut BTreeMap<i64, OpenWindow>, start: i64, n: u64) {
-    if let Some(window) = open.get_mut(&start) {
-        window.dropped += n;
+/// Samples of window `start` refused for a group without a pane there. A
+/// window where every sample is refused is made too, with one pane slot
+/// from the budget and no pane: it closes and is kept like any other, so the
+/// windows before it age out of `keep_windows` on time (a flood's groups with
+/// them) and its answer says what it refused. Without even that slot, the
+/// count is only the request's.
+fn refused_without_pane(
+    start: i64,
+    n: u64,
+    open: &mut BTreeMap<i64, OpenWindow>,
+    closed: &mut VecDeque<ClosedWindow>,
+    budget: &Budget,
+) {
+    if open.contains_key(&start) || make_room(open, closed, start, 0, budget) {
+        open.get_mut(&start).expect("made").dropped += n;
     }
 }
 

@@ -739,6 +739,13 @@ pub fn fold(args: FoldArgs) -> Result<()> {
         ..promlab::export::fold::FoldConfig::default()
     };
     let report = promlab::export::fold::fold_store(&args.store, &registry, &config)?;
+    if report.another_running {
+        println!(
+            "promlab fold: another fold of {} is running (a sidecar's?); nothing done",
+            args.store.display()
+        );
+        return Ok(());
+    }
     println!(
         "promlab fold: {} files folded into {} fold files; {} live, {} without a lease to tell (left as live), {} exited left as they are; {} batches given up; {} interrupted batches finished or undone",
         report.files_folded,

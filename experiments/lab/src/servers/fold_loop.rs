@@ -18,6 +18,8 @@ use std::time::Duration;
 pub struct FoldStats {
     runs_ok: AtomicU64,
     runs_failed: AtomicU64,
+    /// Runs that found another fold of the store running (and did nothing).
+    runs_busy: AtomicU64,
     files_folded: AtomicU64,
     fold_files_written: AtomicU64,
     batches_abandoned: AtomicU64,
@@ -27,11 +29,20 @@ pub struct FoldStats {
     live_files: AtomicU64,
     unknown_files: AtomicU64,
     files_left: AtomicU64,
+    /// Of the last fold (f64 bits): how long it took, how long the file it
+    /// folded that waited longest had waited, and when it ended (Unix time).
+    last_run_seconds: AtomicU64,
+    lag_seconds: AtomicU64,
+    last_run_end: AtomicU64,
 }
 
 impl FoldStats {
-    fn add(&self, report: &FoldReport) {
+    fn add(&self, report: &FoldReport, took: Duration) {
         let add = |counter: &AtomicU64, n: u64| counter.fetch_add(n, Ordering::Relaxed);
+        if report.another_running {
+            add(&self.runs_busy, 1);
+            return;
+        }
         add(&self.runs_ok, 1);
         add(&self.files_folded, report.files_folded);
         add(&self.fold_files_written, report.fold_files_written);
@@ -41,6 +52,15 @@ impl FoldStats {
         self.unknown_files
             .store(report.unknown_files, Ordering::Relaxed);
         self.files_left.store(report.files_left, Ordering::Relaxed);
+        let seconds = |counter: &AtomicU64, d: Duration| {
+            counter.store(d.as_secs_f64().to_bits(), Ordering::Relaxed)
+        };
+        seconds(&self.last_run_seconds, took);
+        seconds(&self.lag_seconds, report.lag.unwrap_or_default());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        seconds(&self.last_run_end, now);
     }
 
     /// The counters, in the text format, through the library's one encoder.
@@ -57,10 +77,11 @@ impl FoldStats {
             (
                 "promlab_fold_runs_total",
                 "counter",
-                "Folds of exited processes' files, by result.",
+                "Folds of exited processes' files, by result (busy: another fold of the store was running, nothing done).",
                 vec![
                     (Some(("result", "ok")), get(&self.runs_ok)),
                     (Some(("result", "failed")), get(&self.runs_failed)),
+                    (Some(("result", "busy")), get(&self.runs_busy)),
                 ],
             ),
             (
@@ -108,6 +129,30 @@ impl FoldStats {
                 sample.value().integer(value);
             }
         }
+        // How far behind the fold is (falling behind, it takes longer and
+        // the files it folds have waited longer).
+        for (name, help, counter) in [
+            (
+                "promlab_fold_last_run_seconds",
+                "How long the last fold took.",
+                &self.last_run_seconds,
+            ),
+            (
+                "promlab_fold_lag_seconds",
+                "Of the processes' files the last fold folded, the longest one had waited this long since its writer's last write (0 when it folded none).",
+                &self.lag_seconds,
+            ),
+            (
+                "promlab_fold_last_run_timestamp_seconds",
+                "When the last fold ended (Unix time; 0 before the first).",
+                &self.last_run_end,
+            ),
+        ] {
+            FamilyEncoder::new(out, name.as_bytes(), "gauge", help.as_bytes())
+                .sample(b"")
+                .value()
+                .ruby_float(f64::from_bits(get(counter)));
+        }
     }
 }
 
@@ -124,12 +169,13 @@ pub fn start(dir: PathBuf, registry: Registry, every: Duration) -> anyhow::Resul
     std::thread::Builder::new()
         .name("fold".into())
         .spawn(move || loop {
+            let started = std::time::Instant::now();
             match fold_store(&dir, &registry, &FoldConfig::default()) {
                 Ok(report) => {
                     for skipped in &report.metrics_skipped {
                         eprintln!("promlab: fold left a metric for next time: {skipped}");
                     }
-                    thread_stats.add(&report);
+                    thread_stats.add(&report, started.elapsed());
                 }
                 Err(err) => {
                     thread_stats.runs_failed.fetch_add(1, Ordering::Relaxed);
