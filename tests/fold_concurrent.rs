@@ -294,7 +294,9 @@ fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
             if out != fresh {
                 problems.push(format!(
                     "{set}: the scrape after the writers stopped is not a fresh export's: {}",
-                    promlab::reference::compare::first_difference(&out, &fresh, "scrape", "fresh")
+                    promlab::reference::first_difference::first_difference(
+                        &out, &fresh, "scrape", "fresh"
+                    )
                 ));
             }
             let now = monotone_series(&out);

@@ -523,7 +523,7 @@ const PUMA_REGISTRY: &str = r#"{"metrics": [
 /// The series writers only increase (counters, histogram buckets, counts and
 /// sums, a `sum` gauge only incremented), by line name and labels.
 fn increasing_series(exposition: &[u8]) -> std::collections::HashMap<String, f64> {
-    promlab::scenarios::scrape::parse(exposition)
+    promlab::scenarios::scrape_to_remote_write::parse(exposition)
         .unwrap()
         .into_iter()
         .filter(|s| {
@@ -639,7 +639,12 @@ fn a_folding_sidecar_under_a_pre_fork_servers_churn_never_goes_backwards() {
     assert!(
         scraped == out.stdout,
         "{}",
-        promlab::reference::compare::first_difference(&scraped, &out.stdout, "sidecar", "export")
+        promlab::reference::first_difference::first_difference(
+            &scraped,
+            &out.stdout,
+            "sidecar",
+            "export"
+        )
     );
     let series = increasing_series(&scraped);
     for name in ["jobs_total", "job_seconds_count"] {
