@@ -174,32 +174,35 @@ pub fn lock_exclusive_until(
     fd: std::os::fd::RawFd,
     deadline: impl FnOnce(Instant) -> Instant,
 ) -> std::io::Result<LockWait> {
+    let try_lock = || match flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
+        Ok(()) => Ok(true),
+        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+        Err(err) => Err(err),
+    };
+    if try_lock()? {
+        return Ok(LockWait {
+            locked: true,
+            waited: Duration::ZERO,
+        });
+    }
+    let first = Instant::now();
+    let until = deadline(first);
     let mut pause = Duration::from_micros(50);
-    let mut since: Option<(Instant, Instant)> = None;
-    let mut deadline = Some(deadline);
     loop {
-        match flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => {
-                let waited = since.map_or(Duration::ZERO, |(since, _)| since.elapsed());
-                return Ok(LockWait {
-                    locked: true,
-                    waited,
-                });
-            }
-            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
-                let now = Instant::now();
-                let (first, until) = *since
-                    .get_or_insert_with(|| (now, (deadline.take().expect("asked once"))(now)));
-                if now >= until {
-                    return Ok(LockWait {
-                        locked: false,
-                        waited: now - first,
-                    });
-                }
-                std::thread::sleep(pause.min(until - now));
-                pause = (pause * 2).min(Duration::from_millis(5));
-            }
-            Err(err) => return Err(err),
+        let now = Instant::now();
+        if now >= until {
+            return Ok(LockWait {
+                locked: false,
+                waited: now - first,
+            });
+        }
+        std::thread::sleep(pause.min(until - now));
+        pause = (pause * 2).min(Duration::from_millis(5));
+        if try_lock()? {
+            return Ok(LockWait {
+                locked: true,
+                waited: first.elapsed(),
+            });
         }
     }
 }
