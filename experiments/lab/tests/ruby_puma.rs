@@ -4,11 +4,12 @@
 //! plugin starts the real binary with `--fold-exited` from the master, and
 //! the app writes its registry with promlab's Ruby library; a real
 //! Prometheus scrapes the sidecar every second while a load generator sends
-//! a known number of requests. Prometheus saw `up == 1` throughout and no
+//! a known number of requests; halfway, a phased restart (a hot restart
+//! under `preload_app!`). Prometheus saw `up == 1` throughout and no
 //! counter or histogram reset; the final values are the requests answered,
 //! exactly; client_ruby's own Rack exporter prints the same bytes from the
-//! same directory; folds keep the store at O(live workers) files; stopping
-//! Puma stops the sidecar.
+//! same directory; folds keep the store at O(live workers) files; the
+//! restarted master supervises the same sidecar; stopping Puma stops it.
 //!
 //! About 40 s. Without Ruby, Puma, puma_worker_killer, Prometheus or
 //! client_ruby's sources it is skipped with a notice, and fails under `CI`.
@@ -170,6 +171,33 @@ fn store_files(store: &Path) -> Vec<String> {
     names
 }
 
+/// Puma and, should it outlive Puma (a failed test), the sidecar it started:
+/// stopped when dropped, so no test leaves one behind.
+struct Puma {
+    child: std::process::Child,
+    store: PathBuf,
+}
+
+impl Drop for Puma {
+    fn drop(&mut self) {
+        // SAFETY: signals to our own child and to the sidecar it started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let pid = std::fs::read_to_string(self.store.join(".promlab-serve.pid"));
+        if let Some(pid) = pid.ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if cmdline.windows(5).any(|w| w == b"serve") {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
 fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + within;
     loop {
@@ -199,8 +227,8 @@ fn puma_recycling_workers_scraped_by_prometheus_stays_exact() {
 
     let puma_log = tmp.path().join("puma.log");
     let rubylib = format!("{}:{}", lib.display(), ruby::promlab_ruby_lib().display());
-    let mut server = support::Reaped(
-        Command::new(&puma)
+    let mut server = Puma {
+        child: Command::new(&puma)
             .arg("-C")
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/puma_app/puma.rb"))
             .env("RUBYLIB", rubylib)
@@ -216,7 +244,8 @@ fn puma_recycling_workers_scraped_by_prometheus_stays_exact() {
             .stdin(Stdio::null())
             .spawn()
             .unwrap(),
-    );
+        store: store.clone(),
+    };
     let log = || {
         format!(
             "{}\n{}",
@@ -287,9 +316,20 @@ fn puma_recycling_workers_scraped_by_prometheus_stays_exact() {
             })
         })
         .collect();
+    // Halfway, SIGUSR1: a phased restart, which Puma does as a hot restart
+    // under preload_app! (the master re-executes itself; the sidecar keeps
+    // serving and the new master supervises it).
+    std::thread::sleep(Duration::from_secs(LOAD_SECS / 2));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGUSR1) };
     for c in clients {
         c.join().unwrap();
     }
+    assert!(
+        log().contains("supervising the sidecar an earlier master left running"),
+        "the restarted master did not take the sidecar over:\n{}",
+        log()
+    );
     let failed = failed.lock().unwrap().clone();
     assert!(failed.is_empty(), "requests failed: {failed:?}");
     let sent = answered.load(Ordering::Relaxed) as f64 + warmed;
@@ -372,9 +412,9 @@ fn puma_recycling_workers_scraped_by_prometheus_stays_exact() {
 
     // Stopping Puma stops its sidecar.
     // SAFETY: kill on our own child's pid.
-    unsafe { libc::kill(server.0.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
     wait_for("Puma to stop", Duration::from_secs(30), || {
-        server.0.try_wait().unwrap()
+        server.child.try_wait().unwrap()
     });
     wait_for(
         "the sidecar to stop with Puma",

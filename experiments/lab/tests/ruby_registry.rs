@@ -4,7 +4,8 @@
 //! sidecar prints the fixture's exposition; an app with every kind of metric
 //! (preset labels, every gauge aggregation, integer, float and default
 //! buckets, a summary, a metric registered by a worker after the fork) is
-//! served byte for byte as client_ruby's own exporter prints the same store.
+//! served byte for byte as client_ruby's own exporter prints the same store;
+//! and `gem build` makes the gem.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -110,5 +111,42 @@ fn the_written_registry_serves_what_client_ruby_prints() {
         ] {
             assert!(text.contains(series), "{revision}: no {series} in\n{text}");
         }
+    }
+}
+
+/// `gem build` makes the gem, with the library, the Puma plugin and the launcher.
+#[test]
+fn the_gem_builds() {
+    if Command::new("gem").arg("--version").output().is_err() {
+        common::skip("gem (RubyGems), so the gem is not built", "apt-get install ruby");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let gem = tmp.path().join("promlab.gem");
+    let out = Command::new("gem")
+        .arg("build")
+        .arg("-C")
+        .arg(ruby::promlab_ruby_lib().join(".."))
+        .arg("promlab.gemspec")
+        .arg("--output")
+        .arg(&gem)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let files = Command::new("gem")
+        .args(["spec"])
+        .arg(&gem)
+        .arg("files")
+        .output()
+        .unwrap();
+    let files = String::from_utf8(files.stdout).unwrap();
+    for file in [
+        "lib/promlab.rb",
+        "lib/promlab/registry_file.rb",
+        "lib/promlab/sidecar.rb",
+        "lib/puma/plugin/promlab.rb",
+        "exe/promlab-sidecar",
+    ] {
+        assert!(files.contains(file), "{file} not in the gem: {files}");
     }
 }

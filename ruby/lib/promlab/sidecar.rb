@@ -8,7 +8,9 @@ module Promlab
   # restarted with exponential backoff when it exits, stopped (SIGTERM, then
   # SIGKILL past a timeout) on #stop or when the process that started it
   # exits — never by a forked worker, which inherits the object but is not
-  # its owner. It runs in a process group of its own, so a signal meant for
+  # its owner. A sidecar of the same store and flags that an earlier master
+  # left running (a hot restart re-executes the master; a SIGKILL leaves it)
+  # is supervised in place, not started twice. It runs in a process group of its own, so a signal meant for
   # the server's group (a terminal's Ctrl-C) reaches it only through #stop.
   #
   # Every option has an environment variable, so a deployment configures it
@@ -137,17 +139,18 @@ module Promlab
       pid = @lock.synchronize do
         return "stopping" if @stopping
 
-        end_leftover
-        @starts += 1
-        @pid = Process.spawn(*command, in: File::NULL, close_others: true, pgroup: true)
-        File.write(pidfile, "#{@pid}\n") if File.directory?(store)
+        adopted = leftover
+        if adopted
+          @pid = adopted
+        else
+          @starts += 1
+          @pid = Process.spawn(*command, in: File::NULL, close_others: true, pgroup: true)
+          File.write(pidfile, "#{@pid}\n") if File.directory?(store)
+        end
         @pid
       end
       begin
-        _, status = Process.wait2(pid)
-        status
-      rescue Errno::ECHILD
-        "reaped elsewhere"
+        wait_for_exit(pid)
       ensure
         @lock.synchronize { @pid = nil }
       end
@@ -156,30 +159,61 @@ module Promlab
       "not started: #{e.message}"
     end
 
-    # Where the running sidecar's pid is kept, so a master killed with
-    # SIGKILL (which leaves its sidecar running, holding the port) has it
-    # stopped by the next one.
+    # Its exit status once it has exited: a child is waited for; a sidecar
+    # adopted from an earlier master (not a child after a SIGKILL; still one
+    # after an exec) is polled.
+    def wait_for_exit(pid)
+      _, status = Process.wait2(pid)
+      status
+    rescue Errno::ECHILD
+      loop do
+        Process.kill(0, pid)
+        @stopping ? sleep(0.05) : pause(0.5)
+      end
+    rescue Errno::ESRCH
+      "exited"
+    end
+
+    # Where the running sidecar's pid is kept, so the next master finds the
+    # sidecar this one leaves: across a hot restart (the master re-executes
+    # itself) or after a SIGKILL.
     def pidfile
       File.join(store, ".promlab-serve.pid")
     end
 
-    # A sidecar of this store left by a master that died without stopping it.
-    def end_leftover
+    # The pid of a sidecar of this store an earlier master left running, to
+    # supervise in place of starting another (a hot restart keeps serving);
+    # one started with other flags is stopped first, and nil returned.
+    def leftover
       old = Integer(File.read(pidfile).strip, exception: false) if File.file?(pidfile)
       return unless old && old != Process.pid
 
+      # An exited child of this process (before an exec) is reaped, not adopted.
+      Process.waitpid(old, Process::WNOHANG) rescue nil
       cmdline = File.binread("/proc/#{old}/cmdline").split("\0")
       return unless cmdline.include?("serve") && cmdline.include?(store)
+      if cmdline == command && !zombie?(old)
+        @logger.call("supervising the sidecar an earlier master left running (pid #{old})")
+        return old
+      end
 
-      @logger.call("stopping the sidecar a previous master left running (pid #{old})")
+      @logger.call("stopping the sidecar an earlier master left running with other flags (pid #{old})")
       Process.kill("TERM", old)
       50.times do
         sleep 0.1
+        Process.waitpid(old, Process::WNOHANG) rescue nil
         Process.kill(0, old)
       end
       Process.kill("KILL", old)
+      nil
     rescue Errno::ENOENT, Errno::ESRCH, Errno::EPERM
       nil
+    end
+
+    def zombie?(pid)
+      File.read("/proc/#{pid}/stat").split(") ").last.start_with?("Z")
+    rescue Errno::ENOENT
+      true
     end
 
     def signal(name)

@@ -5,8 +5,8 @@ require "promlab/sidecar"
 
 # Puma starts promlab's /metrics sidecar from its master process (never in a
 # worker) and supervises it: restarted with backoff if it dies, stopped when
-# Puma stops and before a hot restart re-executes the master (which starts a
-# new one). Workers recycled by phased restarts or puma_worker_killer leave
+# Puma stops, kept serving across a hot restart (the re-executed master
+# supervises the same process). Workers recycled by phased restarts or puma_worker_killer leave
 # it running; their store files are what it folds with `fold_exited`.
 #
 #   # config/puma.rb
@@ -33,6 +33,8 @@ Puma::Plugin.create do
     log.call("starting #{sidecar.command.join(' ')}")
     sidecar.start
     launcher.events.on_stopped { sidecar.stop }
-    launcher.events.on_restart { sidecar.stop }
+    # A hot restart re-executes the master, which finds this sidecar through
+    # its pid file and supervises it: scrapes go on being answered meanwhile.
+    launcher.events.on_restart { log.call("left running for the restarted master") }
   end
 end
