@@ -72,12 +72,12 @@ arms = [
     'PUMA_PORT' => port.to_s, 'PUMA_WORKERS' => opts[:workers].to_s,
     'PUMA_RECYCLE_SECS' => opts[:recycle].to_s, 'APP_RU' => ru, 'PROMLAB_STORE' => store,
     'PROMLAB_SIDECAR' => sidecar ? '1' : '0', 'PROMLAB_LISTEN' => "127.0.0.1:#{scrape_port}",
-    'PROMLAB_BIN' => opts[:promlab], 'PROMLAB_FOLD_EXITED' => '1', 'PROMLAB_FOLD_EVERY' => opts[:fold].to_s,
+    'PROMLAB_BIN' => opts[:promlab], 'PROMLAB_FOLD_EVERY' => opts[:fold].to_s,
     # client-mmap comes from Ruby's vendor path: client_ruby must not shadow it.
     'RUBYLIB' => name == 'client-mmap' ? File.join(ROOT, 'ruby/lib') : "#{client_ruby}:#{File.join(ROOT, 'ruby/lib')}"
   }
   log = File.join(tmp, "#{name}.log")
-  pid = Process.spawn(env, 'puma', '-C', File.join(__dir__, 'puma.rb'), out: log, err: %i[child out], pgroup: true)
+  pid = Process.spawn(env, 'puma', '-C', File.join(ROOT, 'experiments/lab/tests/support/puma_app/puma.rb'), out: log, err: %i[child out], pgroup: true)
   Arm.new(name: name, port: port, scrape_port: scrape_port, store: store, pid: pid, log: log,
           answered: 0, failed: 0)
 end

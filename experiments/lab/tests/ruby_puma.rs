@@ -21,7 +21,7 @@ mod ruby;
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,14 +41,6 @@ const MONOTONIC: [&str; 5] = [
     "app_request_seconds_sum",
     "app_requests_seen",
 ];
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -220,10 +212,9 @@ fn puma_recycling_workers_scraped_by_prometheus_stays_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let lib = ruby::client_ruby_lib(&shared, "5.x-uri", tmp.path());
     let store = tmp.path().join("store");
-    let (app_port, sidecar_port, prometheus_port) = (free_port(), free_port(), free_port());
+    let (app_port, sidecar_port) = (support::free_port(), support::free_port());
     let app: SocketAddr = format!("127.0.0.1:{app_port}").parse().unwrap();
     let sidecar: SocketAddr = format!("127.0.0.1:{sidecar_port}").parse().unwrap();
-    let prom: SocketAddr = format!("127.0.0.1:{prometheus_port}").parse().unwrap();
 
     let puma_log = tmp.path().join("puma.log");
     let rubylib = format!("{}:{}", lib.display(), ruby::promlab_ruby_lib().display());
@@ -274,19 +265,8 @@ fn puma_recycling_workers_scraped_by_prometheus_stays_exact() {
         ),
     )
     .unwrap();
-    let _prometheus = support::Reaped(
-        Command::new(&prometheus)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                tmp.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom}"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(tmp.path().join("prometheus.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let log_file = std::fs::File::create(tmp.path().join("prometheus.log")).unwrap();
+    let (_prometheus, prom) = support::prometheus(&prometheus, &config, log_file.into());
     wait_for("Prometheus's first scrape", Duration::from_secs(40), || {
         support::try_get(prom, "/-/ready", &[])
             .ok()

@@ -118,7 +118,10 @@ fn the_written_registry_serves_what_client_ruby_prints() {
 #[test]
 fn the_gem_builds() {
     if Command::new("gem").arg("--version").output().is_err() {
-        common::skip("gem (RubyGems), so the gem is not built", "apt-get install ruby");
+        common::skip(
+            "gem (RubyGems), so the gem is not built",
+            "apt-get install ruby",
+        );
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

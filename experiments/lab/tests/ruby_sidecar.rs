@@ -11,7 +11,7 @@ mod support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -115,14 +115,23 @@ fn sidecar_pid(store: &Path) -> i32 {
         .unwrap()
 }
 
-#[test]
-fn the_supervisor_restarts_the_sidecar_and_stops_it() {
+/// A scratch store directory (in the returned temporary directory), or
+/// `None` without Ruby (the skip said).
+fn scratch_store() -> Option<(tempfile::TempDir, PathBuf)> {
     if !have_ruby() {
-        return;
+        return None;
     }
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
     std::fs::create_dir(&store).unwrap();
+    Some((tmp, store))
+}
+
+#[test]
+fn the_supervisor_restarts_the_sidecar_and_stops_it() {
+    let Some((_tmp, store)) = scratch_store() else {
+        return;
+    };
     let addr = free_addr();
     let mut driver = Driver::start(&store, addr, env!("CARGO_BIN_EXE_promlab"));
     // No registry yet: nothing started.
@@ -160,12 +169,9 @@ fn the_supervisor_restarts_the_sidecar_and_stops_it() {
 
 #[test]
 fn a_failing_binary_is_restarted_with_backoff() {
-    if !have_ruby() {
+    let Some((_tmp, store)) = scratch_store() else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let store = tmp.path().join("store");
-    std::fs::create_dir(&store).unwrap();
+    };
     std::fs::write(store.join("registry.json"), r#"{"metrics": []}"#).unwrap();
     // `false` exits at once with status 1: the backoff doubles from 0.5 s.
     let mut driver = Driver::start(&store, free_addr(), "false");
