@@ -2,7 +2,8 @@
 //! plugin and `promlab-sidecar` run) with the real binary: it waits for the
 //! registry, starts the sidecar, starts it again after a SIGKILL, backs off
 //! when the binary keeps failing, is not stopped by a forked worker, and
-//! stops it on `stop`. About 3 s. Without Ruby it is skipped with a notice,
+//! stops it on `stop`; the plain launcher serves until SIGTERM. About 3 s.
+//! Without Ruby it is skipped with a notice,
 //! and fails under `CI`.
 
 #[path = "../../../tests/common/mod.rs"]
@@ -180,4 +181,41 @@ fn a_failing_binary_is_restarted_with_backoff() {
     // Runs at 0, 0.5, 1.5 s (then 3.5 s): three, give or take a slow start.
     assert!((2..=4).contains(&starts), "{starts} starts in 2.5 s");
     assert_eq!(driver.ask("stop"), "stopped");
+}
+
+/// `ruby/exe/promlab-sidecar`, the plain launcher: serves with its flags,
+/// and SIGTERM stops it and its sidecar.
+#[test]
+fn the_launcher_serves_until_sigterm() {
+    let Some((_tmp, store)) = scratch_store() else {
+        return;
+    };
+    std::fs::write(store.join("registry.json"), r#"{"metrics": []}"#).unwrap();
+    let addr = free_addr();
+    let mut launcher = support::Reaped(
+        Command::new("ruby")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ruby/exe/promlab-sidecar"))
+            .arg("--store")
+            .arg(&store)
+            .args([
+                "--listen",
+                &addr.to_string(),
+                "--fold-exited",
+                "--fold-every",
+                "1",
+            ])
+            .args(["--binary", env!("CARGO_BIN_EXE_promlab")])
+            .spawn()
+            .expect("ruby"),
+    );
+    wait_for("the launcher's sidecar", Duration::from_secs(20), || {
+        serving(addr)
+    });
+    let own = support::get(addr, "/metrics/promlab", &[]).text();
+    assert!(own.contains("promlab_fold_runs_total"), "{own}");
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(launcher.0.id() as i32, libc::SIGTERM) };
+    let status = launcher.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err());
 }
