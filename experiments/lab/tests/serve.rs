@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{get, serve, try_get, Reaped};
+use support::{get, serve, try_get};
 
 const QUEUES: usize = 50;
 const SERIES_PER_QUEUE: usize = promlab::scenarios::rabbitmq::SERIES_PER_QUEUE;
