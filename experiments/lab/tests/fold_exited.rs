@@ -8,14 +8,18 @@
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
+#[path = "support/ruby.rs"]
+mod ruby;
 mod support;
+
+use ruby::{client_ruby_lib, export_rb, ruby_and_client_ruby};
 
 use promlab::export::fold::{FoldConfig, FoldStep};
 use promlab::format::formenc::Dialect;
 use promlab::format::registry::Registry;
 use promlab::shared::strategy::{Stage, StrategySet};
 use promlab::write::{Client, ClientConfig};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 const REGISTRY: &str = r#"{"metrics": [
@@ -464,52 +468,6 @@ fn finish_app(app: &mut App) {
     stdin.write_all(b"go\n").unwrap();
     drop(stdin);
     assert!(app.child.wait().unwrap().success());
-}
-
-fn export_rb() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../upstream/client_ruby/export.rb")
-}
-
-/// The shared directory when Ruby and client_ruby's sources are both there;
-/// else `None`, the skip said (a failure under CI).
-fn ruby_and_client_ruby() -> Option<PathBuf> {
-    let Some(shared) = shared_dir() else {
-        common::skip(
-            "client_ruby sources (../shared/upstream/client_ruby-*.tar.gz beside the repository, or PROMLAB_SHARED)",
-            "the shared/ directory of the workplace",
-        );
-        return None;
-    };
-    if Command::new("ruby").arg("-v").output().is_err() {
-        common::skip("ruby", "apt-get install ruby");
-        return None;
-    }
-    Some(shared)
-}
-
-/// client_ruby `revision` unpacked into `into`; its `lib/`.
-fn client_ruby_lib(shared: &Path, revision: &str, into: &Path) -> PathBuf {
-    let status = Command::new("tar")
-        .arg("xzf")
-        .arg(shared.join(format!("upstream/client_ruby-{revision}.tar.gz")))
-        .arg("-C")
-        .arg(into)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    into.join(format!("client_ruby-{revision}/lib"))
-}
-
-/// The workplace's shared directory (client_ruby's sources): `PROMLAB_SHARED`,
-/// or `shared/` beside the repository.
-fn shared_dir() -> Option<PathBuf> {
-    let candidates = std::env::var_os("PROMLAB_SHARED")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")]);
-    candidates
-        .into_iter()
-        .find(|dir| dir.join("upstream/client_ruby-5.x-uri.tar.gz").is_file())
 }
 
 const PUMA_REGISTRY: &str = r#"{"metrics": [

@@ -11,11 +11,11 @@ mod common;
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{get, serve, try_get, Reaped};
+use support::{get, serve, try_get};
 
 const QUEUES: usize = 50;
 const SERIES_PER_QUEUE: usize = promlab::scenarios::rabbitmq::SERIES_PER_QUEUE;
@@ -319,14 +319,6 @@ fn unknown_scenario_is_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scenario `kafka`"));
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Prometheus' instant query API, parsed.
 fn query(prometheus: SocketAddr, expr: &str) -> Option<serde_json::Value> {
     let path = format!("/api/v1/query?query={expr}");
@@ -387,20 +379,7 @@ fn real_prometheus_scrapes_both_modes() {
         ),
     )
     .unwrap();
-    let web: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let _prometheus = Reaped(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                data.path().join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address={web}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn prometheus"),
-    );
+    let (_prometheus, web) = support::prometheus(&prometheus, &config, Stdio::null());
 
     let expected: std::collections::BTreeMap<String, f64> = [
         ("detailed".to_owned(), (5 * QUEUES) as f64),
@@ -541,20 +520,7 @@ fn only_valid_exposition_reaches_prometheus() {
         ),
     )
     .unwrap();
-    let web: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let _prometheus = Reaped(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                data.path().join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address={web}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn prometheus"),
-    );
+    let (_prometheus, web) = support::prometheus(&prometheus, &config, Stdio::null());
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut ingested = 0.0;
     while Instant::now() < deadline {

@@ -153,6 +153,36 @@ impl Drop for Served {
     }
 }
 
+/// A real Prometheus (`binary`) with `config`, its data in `tsdb/` beside
+/// the config, its web interface on a free loopback port (returned), its log
+/// to `log`; killed and reaped when dropped.
+pub fn prometheus(
+    binary: &std::path::Path,
+    config: &std::path::Path,
+    log: Stdio,
+) -> (Reaped, SocketAddr) {
+    let web: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let data = config.with_file_name("tsdb");
+    let child = Command::new(binary)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", data.display()))
+        .arg(format!("--web.listen-address={web}"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn prometheus");
+    (Reaped(child), web)
+}
+
+/// A loopback port nothing listens on (as of now).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// The lab's client with a 30 s bound on every request.
 pub fn client() -> Client {
     Client::new(Some(Duration::from_secs(30)), 1)
