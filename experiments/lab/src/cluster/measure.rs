@@ -103,8 +103,10 @@ impl Drop for Receiver {
 
 impl Receiver {
     fn start(promlab: &Path, plan: &Path, extra: &[String]) -> Result<Receiver> {
+        // Room for every group's bins: the serving default (12 Mi bins) refuses
+        // samples of 100,000 groups, and an answer with groups missing is not the one timed.
         let mut child = Command::new(promlab)
-            .args(["serve", "--listen", "127.0.0.1:0", "--plan"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--max-bins", "100000000", "--plan"])
             .arg(plan)
             .args(extra)
             .stdout(Stdio::null())
@@ -190,7 +192,7 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
     std::fs::write(
         &plan_path,
         format!(
-            "lateness_secs = 5\nkeep_windows = 10\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\n\
+            "lateness_secs = 5\nkeep_windows = 4\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\n\
              group_by = [\"label_0\"]\nwindow_secs = {}\n",
             opts.window_secs
         ),

@@ -122,26 +122,33 @@ pub fn answer(
     agg: &Aggregation,
     window: Option<i64>,
 ) -> Result<Answer> {
-    let lives = lives(ch, schema, agg)?;
     let window_ms = agg.window_ms();
-    let start = match window {
-        Some(start) => Some(start),
-        None => newest_written(ch, schema, agg, &lives)?,
-    };
+    let rows = |start: i64| merged_panes(ch, schema, agg, &format!("window_start = {start}"));
     let mut json = Vec::new();
-    let Some(start) = start else {
-        // No such window: the receiver's answer for none (its start `null`).
-        encode_answer(agg, 0, Vec::new(), 0, &mut json);
-        return Ok(Answer {
-            window_start: None,
-            json,
-            incomplete: Vec::new(),
-        });
+    // Told the window, the receivers' lives and its rows are read at once.
+    let (lives, start, panes) = match window {
+        Some(start) => std::thread::scope(|s| {
+            let panes = s.spawn(|| rows(start));
+            let lives = lives(ch, schema, agg);
+            let panes = panes.join().map_err(|_| anyhow!("the rows' reader panicked"))?;
+            anyhow::Ok((lives?, start, panes?))
+        })?,
+        None => {
+            let lives = lives(ch, schema, agg)?;
+            let Some(start) = newest_written(ch, schema, agg, &lives)? else {
+                // No such window: the receiver's answer for none (its start `null`).
+                encode_answer(agg, 0, Vec::new(), 0, &mut json);
+                return Ok(Answer {
+                    window_start: None,
+                    json,
+                    incomplete: Vec::new(),
+                });
+            };
+            let panes = rows(start)?;
+            (lives, start, panes)
+        }
     };
-    let filter = format!("window_start = {start}");
-    let groups = merged_panes(ch, schema, agg, &filter)?
-        .into_iter()
-        .map(|((_, key), bins)| (key, bins));
+    let groups = panes.into_iter().map(|((_, key), bins)| (key, bins));
     encode_answer(agg, start, groups, refused(&lives, start), &mut json);
     let incomplete = incomplete(&lives, start, window_ms);
     append_incomplete(&mut json, &incomplete)?;
@@ -179,22 +186,35 @@ pub fn group_answers(
     newest: Option<i64>,
     windows: u64,
 ) -> Result<Vec<Answer>> {
-    let lives = lives(ch, schema, agg)?;
     let window_ms = agg.window_ms();
-    let newest = match newest {
-        Some(start) => Some(start),
-        None => newest_written(ch, schema, agg, &lives)?,
-    };
-    let Some(newest) = newest else {
-        return Ok(Vec::new());
-    };
     let span = window_ms.saturating_mul(windows.saturating_sub(1).min(i64::MAX as u64) as i64);
+    let rows = |newest: i64| {
+        let filter = format!(
+            "group_key = {} AND window_start >= {} AND window_start <= {newest}",
+            literal_bytes(group_key),
+            newest.saturating_sub(span)
+        );
+        merged_panes(ch, schema, agg, &filter)
+    };
+    // Told the newest window, the receivers' lives and the rows are read at once.
+    let (lives, newest, panes) = match newest {
+        Some(newest) => std::thread::scope(|s| {
+            let panes = s.spawn(|| rows(newest));
+            let lives = lives(ch, schema, agg);
+            let panes = panes.join().map_err(|_| anyhow!("the rows' reader panicked"))?;
+            anyhow::Ok((lives?, newest, panes?))
+        })?,
+        None => {
+            let lives = lives(ch, schema, agg)?;
+            let Some(newest) = newest_written(ch, schema, agg, &lives)? else {
+                return Ok(Vec::new());
+            };
+            let panes = rows(newest)?;
+            (lives, newest, panes)
+        }
+    };
     let oldest = newest.saturating_sub(span);
-    let filter = format!(
-        "group_key = {} AND window_start >= {oldest} AND window_start <= {newest}",
-        literal_bytes(group_key)
-    );
-    let mut panes = merged_panes(ch, schema, agg, &filter)?.into_iter().peekable();
+    let mut panes = panes.into_iter().peekable();
     let mut out = Vec::new();
     let mut start = oldest;
     while start <= newest {
