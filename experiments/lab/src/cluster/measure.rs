@@ -106,7 +106,14 @@ impl Receiver {
         // Room for every group's bins: the serving default (12 Mi bins) refuses
         // samples of 100,000 groups, and an answer with groups missing is not the one timed.
         let mut child = Command::new(promlab)
-            .args(["serve", "--listen", "127.0.0.1:0", "--max-bins", "100000000", "--plan"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--max-bins",
+                "100000000",
+                "--plan",
+            ])
             .arg(plan)
             .args(extra)
             .stdout(Stdio::null())
@@ -362,14 +369,21 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
             let fed_from = workload.timestamp(0, 0).div_euclid(agg.window_ms()) * agg.window_ms();
             let windows = ((last - fed_from) / agg.window_ms() + 1).clamp(1, 10) as u64;
             for k in 0..opts.queries as u64 {
-                let labels = [("label_0".to_string(), format!("g{}", k * 7919 % opts.groups))];
+                let labels = [(
+                    "label_0".to_string(),
+                    format!("g{}", k * 7919 % opts.groups),
+                )];
                 let key = promlab::ingest::distributed::group_key(&agg, &labels.into());
                 let t = Instant::now();
                 let answers = query::group_answers(&ch, &schema, &agg, &key, Some(last), windows)?;
                 q.group.push(t.elapsed());
                 for a in &answers {
                     if !a.incomplete.is_empty() {
-                        bail!("one group's answer for {:?} is incomplete: {:?}", a.window_start, a.incomplete);
+                        bail!(
+                            "one group's answer for {:?} is incomplete: {:?}",
+                            a.window_start,
+                            a.incomplete
+                        );
                     }
                     check_groups("one group's answer", &a.json, 1)?;
                 }
@@ -412,21 +426,19 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
         ("memory_window", opts.groups, 1, &q.memory),
         ("cluster_window", opts.groups, 1, &q.cluster),
         ("cluster_group", 1, q.group_windows, &q.group),
-        ("cluster_window_summap_sql_only", opts.groups, 1, &q.server_merge),
+        (
+            "cluster_window_summap_sql_only",
+            opts.groups,
+            1,
+            &q.server_merge,
+        ),
     ] {
         for (i, t) in times.iter().enumerate() {
             queries_csv.push_str(&format!("{name},{groups},{windows},{i},{:.3}\n", ms(*t)));
         }
     }
     Ok(Measured {
-        report: report(
-            opts,
-            &version,
-            idle,
-            &arms,
-            &q,
-            chdb,
-        ),
+        report: report(opts, &version, idle, &arms, &q, chdb),
         arms_csv,
         queries_csv,
     })
@@ -434,8 +446,8 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
 
 /// Fails unless the answer `json` holds `groups` groups (what was timed is a whole answer).
 fn check_groups(what: &str, json: &[u8], groups: u64) -> Result<()> {
-    let value: serde_json::Value = serde_json::from_slice(json)
-        .with_context(|| format!("{what} is not JSON"))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(json).with_context(|| format!("{what} is not JSON"))?;
     let got = value["groups"].as_array().map_or(0, Vec::len) as u64;
     if got != groups {
         bail!("{what} holds {got} groups, not {groups}");

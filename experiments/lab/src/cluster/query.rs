@@ -130,7 +130,9 @@ pub fn answer(
         Some(start) => std::thread::scope(|s| {
             let panes = s.spawn(|| rows(start));
             let lives = lives(ch, schema, agg);
-            let panes = panes.join().map_err(|_| anyhow!("the rows' reader panicked"))?;
+            let panes = panes
+                .join()
+                .map_err(|_| anyhow!("the rows' reader panicked"))?;
             anyhow::Ok((lives?, start, panes?))
         })?,
         None => {
@@ -201,7 +203,9 @@ pub fn group_answers(
         Some(newest) => std::thread::scope(|s| {
             let panes = s.spawn(|| rows(newest));
             let lives = lives(ch, schema, agg);
-            let panes = panes.join().map_err(|_| anyhow!("the rows' reader panicked"))?;
+            let panes = panes
+                .join()
+                .map_err(|_| anyhow!("the rows' reader panicked"))?;
             anyhow::Ok((lives?, newest, panes?))
         })?,
         None => {
@@ -263,7 +267,6 @@ fn append_incomplete(json: &mut Vec<u8>, incomplete: &[Incomplete]) -> Result<()
     json.extend_from_slice(b"]}");
     Ok(())
 }
-
 
 /// Every receiver's incarnations (in start order), and the lost rows of `agg`.
 fn lives(ch: &ClickHouse, schema: &Schema, agg: &Aggregation) -> Result<Lives> {
@@ -450,6 +453,9 @@ fn through_text(through: Option<i64>) -> String {
     through.map_or("nothing".into(), |t| format!("{t} ms"))
 }
 
+/// A group's pane of a window, merged over receivers: ((window start, group key), bins).
+type MergedPane = ((i64, Vec<u8>), PaneBins);
+
 /// Every group's pane of the rows of `agg` that `filter` selects, merged
 /// over receivers, by (window, group key) ascending.
 fn merged_panes(
@@ -457,7 +463,7 @@ fn merged_panes(
     schema: &Schema,
     agg: &Aggregation,
     filter: &str,
-) -> Result<Vec<((i64, Vec<u8>), PaneBins)>> {
+) -> Result<Vec<MergedPane>> {
     let sql = format!(
         "SELECT {PANE_BINS_COLUMNS} FROM {} WHERE aggregation = {} AND {filter} FORMAT RowBinary",
         schema.table("pane_bins"),
@@ -480,7 +486,12 @@ fn merged_panes(
         rows.push(row);
     }
     fn id<'a>(row: &PaneRow<'a>) -> (i64, &'a [u8], &'a [u8], u64) {
-        (row.window_start, row.group_key, row.receiver, row.incarnation)
+        (
+            row.window_start,
+            row.group_key,
+            row.receiver,
+            row.incarnation,
+        )
     }
     rows.sort_unstable_by(|a, b| id(a).cmp(&id(b)));
     // A repeated insert: rows equal key and all; one is kept.

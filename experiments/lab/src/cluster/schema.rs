@@ -253,7 +253,12 @@ impl Batch {
         pane: &PaneRows,
     ) {
         let count = pane.zero_count
-            + pane.positive.iter().chain(&pane.negative).map(|b| b.1).sum::<u64>();
+            + pane
+                .positive
+                .iter()
+                .chain(&pane.negative)
+                .map(|b| b.1)
+                .sum::<u64>();
         let w = &mut self.panes;
         w.string(aggregation.as_bytes())
             .i64(window_start)
@@ -344,7 +349,12 @@ mod tests {
         let mut r = Reader::new(&batch.panes.buf);
         let row = PaneRow::read(&mut r).unwrap();
         assert_eq!(
-            (row.aggregation, row.window_start, row.group_key, row.receiver),
+            (
+                row.aggregation,
+                row.window_start,
+                row.group_key,
+                row.receiver
+            ),
             (&b"data"[..], 60_000, &b"\"g\""[..], &b"r1"[..])
         );
         assert_eq!((row.incarnation, row.count, row.alpha), (7, 19, 0.01));
