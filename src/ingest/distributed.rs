@@ -4,13 +4,14 @@
 //!
 //! Each receiver holds some of a group's series (Prometheus's `hashmod`
 //! spreads series, not groups), so each closes its own part of a window's
-//! pane, hands it out as [`PaneBins`] ([`super::bins`]) and writes it as rows:
-//! one per (sign, bin key) with its count, and one with the zero count, min,
-//! max and samples refused. The store adds the receivers' rows key by key —
-//! `sum(n) … GROUP BY group, sign, bin`, `min(min)`, `max(max)`, integer sums
-//! that no order changes — which is [`PaneBins::merge`] of every receiver's
-//! part ([`merge_as_rows`] does exactly that, row by row, and is what the
-//! property test holds to the single pane). The answer is then encoded by the
+//! pane, hands it out as [`PaneBins`] ([`super::bins`]) and writes it as one
+//! row ([`PaneRows`]): per sign its bins' keys and counts as two arrays, the
+//! zero count, min, max and samples refused. The receivers' rows of a group
+//! are merged key by key — counts summed per (sign, key), zero counts
+//! summed, the least min and the greatest max, integer sums that no order
+//! changes — which is [`PaneBins::merge`] of every receiver's part
+//! ([`merge_as_rows`] does exactly that, the cluster's query calls it, and
+//! the property test holds it to the single pane). The answer is then encoded by the
 //! receiver's own encoder ([`encode_answer`]): the bytes of one receiver fed
 //! every sample, except which of two equal extremes `0.0` and `-0.0` is kept
 //! as min or max (as across lanes).
@@ -38,11 +39,13 @@ pub fn group_key(aggregation: &Aggregation, labels: &BTreeMap<String, String>) -
     key
 }
 
-/// One receiver's part of a group's pane as the rows it writes: ((sign, key,
-/// count) per non-empty bin, with `1` positive and `-1` negative; the zero
-/// count, min, max, and samples refused).
+/// One receiver's part of a group's pane as the row it writes: per sign,
+/// (key, count) of each non-empty bin, keys ascending; the zero count, min,
+/// max, and samples refused.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PaneRows {
-    pub bins: Vec<(i8, i32, u64)>,
+    pub positive: Vec<(i32, u64)>,
+    pub negative: Vec<(i32, u64)>,
     pub zero_count: u64,
     pub min: f64,
     pub max: f64,
@@ -51,10 +54,9 @@ pub struct PaneRows {
 
 impl PaneRows {
     pub fn of(bins: &PaneBins) -> PaneRows {
-        let positive = bins.positive.iter().map(|(k, n)| (1, k, n));
-        let negative = bins.negative.iter().map(|(k, n)| (-1, k, n));
         PaneRows {
-            bins: positive.chain(negative).collect(),
+            positive: bins.positive.iter().collect(),
+            negative: bins.negative.iter().collect(),
             zero_count: bins.zero_count,
             min: bins.min,
             max: bins.max,
@@ -63,15 +65,17 @@ impl PaneRows {
     }
 }
 
-/// The pane the store's SQL makes of every receiver's rows of one group: the
-/// counts summed per (sign, key), zero counts and refused samples summed, the
-/// least min and the greatest max.
+/// The pane of every receiver's row of one group: the counts summed per
+/// (sign, key), zero counts and refused samples summed, the least min and
+/// the greatest max.
 pub fn merge_as_rows<'a>(parts: impl IntoIterator<Item = &'a PaneRows>) -> PaneBins {
     let mut sums: BTreeMap<(i8, i32), u64> = BTreeMap::new();
     let mut merged = PaneBins::default();
     for part in parts {
-        for &(sign, key, n) in &part.bins {
-            *sums.entry((sign, key)).or_default() += n;
+        for (sign, bins) in [(1, &part.positive), (-1, &part.negative)] {
+            for &(key, n) in bins {
+                *sums.entry((sign, key)).or_default() += n;
+            }
         }
         merged.zero_count += part.zero_count;
         merged.dropped += part.dropped;
@@ -147,12 +151,12 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
         /// Any split of a group's samples over N receivers, each part
-        /// written as rows and the rows merged as the cluster's SQL merges
-        /// them, is the single pane's bins — counts, zero count, every
+        /// written as its row and the rows merged as the cluster's query
+        /// merges them, is the single pane's bins — counts, zero count, every
         /// quantile bit for bit (the extremes by value: of `0.0` and `-0.0`
         /// either may be kept), for both sketch seams, over the whole f64 range.
         #[test]
-        fn any_split_merged_as_the_sql_merges_is_the_single_pane(
+        fn any_split_merged_as_the_query_merges_is_the_single_pane(
             values in prop::collection::vec(value(), 0..300),
             receiver_of in prop::collection::vec(0usize..8, 300),
             receivers in 1usize..=8,

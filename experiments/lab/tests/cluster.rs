@@ -336,8 +336,10 @@ fn a_repeated_insert_never_changes_an_answer() {
     }
     let schema = env.schema();
     let columns = [
-        ("bins_local", promlab_lab::cluster::schema::BINS_COLUMNS),
-        ("panes_local", promlab_lab::cluster::schema::PANES_COLUMNS),
+        (
+            "pane_bins_local",
+            promlab_lab::cluster::schema::PANE_BINS_COLUMNS,
+        ),
         (
             "receivers_local",
             promlab_lab::cluster::schema::RECEIVERS_COLUMNS,
@@ -389,6 +391,41 @@ fn a_repeated_insert_never_changes_an_answer() {
         }
     }
     check("after the engine merged its parts");
+    // One group over every window: each line the single receiver's answer with that group alone.
+    let windows: Vec<i64> = closed
+        .iter()
+        .copied()
+        .chain([closed.last().unwrap() + WINDOW_MS])
+        .collect();
+    for value in ["g0", "g7"] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_promlab"));
+        command.args(["query", "--clickhouse", &env.url(1), "--agg", "data"]);
+        command.args(["--plan", env.plan.to_str().unwrap()]);
+        command.args(["--clickhouse-database", &env.database]);
+        command.args(["--group", &format!("label_0={value}")]);
+        command.args(["--window", &windows.last().unwrap().to_string()]);
+        command.args(["--windows", &windows.len().to_string()]);
+        let out = command.output().expect("run promlab query --group");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<serde_json::Value> = text(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), windows.len());
+        for (line, &w) in lines.iter().zip(&windows) {
+            let mut want: serde_json::Value = serde_json::from_slice(&answer(&single, w)).unwrap();
+            want["groups"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|g| g["labels"]["label_0"] == value);
+            assert_eq!(want["groups"].as_array().unwrap().len(), 1, "{want}");
+            assert_eq!(line, &want, "group label_0={value}, window {w}");
+        }
+    }
 }
 
 /// A node down fails the query and names the shard — never a

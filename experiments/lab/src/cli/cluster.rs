@@ -21,8 +21,16 @@ pub struct QueryArgs {
     #[arg(long)]
     pub agg: String,
     /// The window's start (ms since the epoch); default: the newest window every receiver has written.
+    /// With `--group`: the newest of the windows answered.
     #[arg(long, value_name = "START_MS")]
     pub window: Option<i64>,
+    /// One group only, by its group-by labels' values (repeat for each label; one left out
+    /// is the empty value): its answer in each of the last `--windows` windows, one JSON a line.
+    #[arg(long, value_name = "LABEL=VALUE")]
+    pub group: Vec<String>,
+    /// With `--group`: how many windows, the newest last.
+    #[arg(long, default_value_t = 10, value_name = "K")]
+    pub windows: u64,
     /// The receivers' aggregation plan (TOML); default: the feeder's.
     #[arg(long)]
     pub plan: Option<PathBuf>,
@@ -40,6 +48,7 @@ pub struct QueryArgs {
 /// Prints the answer: exactly the bytes a single receiver's
 /// `GET /api/v1/quantiles?agg=ID&window=START_MS` answers (no newline). An
 /// incomplete answer is printed with its `"incomplete"` list and fails.
+/// With `--group`, one such answer a line per window, with that group alone.
 pub fn query(args: QueryArgs) -> Result<()> {
     let plan = Plan::load_or_default(args.plan.as_deref())?;
     let Some(agg) = plan.aggregations.iter().find(|a| a.id == args.agg) else {
@@ -50,21 +59,55 @@ pub fn query(args: QueryArgs) -> Result<()> {
         database: args.clickhouse_database,
         cluster: args.clickhouse_cluster,
     };
-    let answer = query::answer(&ch, &schema, agg, args.window)?;
+    let answers = if args.group.is_empty() {
+        vec![query::answer(&ch, &schema, agg, args.window)?]
+    } else {
+        let mut labels = std::collections::BTreeMap::new();
+        for pair in &args.group {
+            let Some((name, value)) = pair.split_once('=') else {
+                bail!("--group {pair:?}: expected LABEL=VALUE");
+            };
+            if !agg.group_by.iter().any(|l| l == name) {
+                bail!(
+                    "--group {pair:?}: `{}` groups by {:?}, not `{name}`",
+                    agg.id,
+                    agg.group_by
+                );
+            }
+            labels.insert(name.to_string(), value.to_string());
+        }
+        if args.windows == 0 || args.windows > 10_000 {
+            bail!("--windows {}: expected 1 to 10000", args.windows);
+        }
+        let key = promlab::ingest::distributed::group_key(agg, &labels);
+        query::group_answers(&ch, &schema, agg, &key, args.window, args.windows)?
+    };
     let mut out = std::io::stdout().lock();
-    out.write_all(&answer.json)?;
+    let mut incomplete = Vec::new();
+    for (i, answer) in answers.iter().enumerate() {
+        if i > 0 {
+            out.write_all(b"\n")?;
+        }
+        out.write_all(&answer.json)?;
+        if !answer.incomplete.is_empty() {
+            let who: Vec<String> = answer
+                .incomplete
+                .iter()
+                .map(|i| format!("{} ({})", i.receiver, i.reason))
+                .collect();
+            incomplete.push(format!(
+                "window {} is incomplete: {}",
+                answer.window_start.unwrap_or_default(),
+                who.join("; ")
+            ));
+        }
+    }
+    if answers.len() > 1 {
+        out.write_all(b"\n")?;
+    }
     out.flush()?;
-    if !answer.incomplete.is_empty() {
-        let who: Vec<String> = answer
-            .incomplete
-            .iter()
-            .map(|i| format!("{} ({})", i.receiver, i.reason))
-            .collect();
-        bail!(
-            "window {} is incomplete: {}",
-            answer.window_start.unwrap_or_default(),
-            who.join("; ")
-        );
+    if !incomplete.is_empty() {
+        bail!("{}", incomplete.join("\n"));
     }
     Ok(())
 }
@@ -221,7 +264,8 @@ fn measure(a: MeasureArgs) -> Result<()> {
     };
     let load = || crate::machine::LoadAverage::read().map_or("?".into(), |l| l.to_string());
     let before = load();
-    let body = crate::cluster::measure::run(&opts)?;
+    let measured = crate::cluster::measure::run(&opts)?;
+    let body = measured.report;
     let text = format!(
         "# Cluster costs, {}\n\n`{}` on {hostname} ({} cores, {}; revision {}); load average before {before}, after {}.\n\n{body}",
         crate::machine::utc_now(),
@@ -233,6 +277,22 @@ fn measure(a: MeasureArgs) -> Result<()> {
     );
     std::fs::create_dir_all(&out)?;
     std::fs::write(out.join("README.md"), &text)?;
+    std::fs::write(out.join("arms.csv"), &measured.arms_csv)?;
+    std::fs::write(out.join("queries.csv"), &measured.queries_csv)?;
+    let unknown = || "unknown".to_string();
+    std::fs::write(
+        out.join("machine.txt"),
+        format!(
+            "cpu: {}\ncores: {}\nmemory: {}\nkernel: {}\ngit revision: {}\nload average before (1, 5, 15 min): {before}\nload average after: {}\ncommand: {}\n",
+            host.cpu.clone().unwrap_or_else(unknown),
+            host.cores,
+            host.memory_kib.map_or_else(unknown, |k| format!("MemTotal: {k} kB")),
+            host.kernel.clone().unwrap_or_else(unknown),
+            crate::machine::BUILD.git_revision,
+            load(),
+            command.join(" "),
+        ),
+    )?;
     println!(
         "{text}
 (written to {})",

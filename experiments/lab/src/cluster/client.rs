@@ -178,6 +178,22 @@ pub fn literal(s: &str) -> String {
     out
 }
 
+/// Any bytes as a ClickHouse string literal: printable ASCII as it is
+/// (quotes and backslashes escaped), every other byte `\xHH`.
+pub fn literal_bytes(key: &[u8]) -> String {
+    let mut out = String::from("'");
+    for &b in key {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b'\'' => out.push_str("\\'"),
+            0x20..=0x7e => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02X}")),
+        }
+    }
+    out.push('\'');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,5 +227,6 @@ mod tests {
         assert_eq!(error_code("Code: x"), None);
         assert_eq!(error_code("oops"), None);
         assert_eq!(literal("a'b\\c"), "'a\\'b\\\\c'");
+        assert_eq!(literal_bytes(b"\"a'b\\c\xff\n"), "'\"a\\'b\\\\c\\xFF\\x0A'");
     }
 }

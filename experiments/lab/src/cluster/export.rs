@@ -207,7 +207,7 @@ impl Exporter {
             ),
             (
                 "rows_written_total",
-                "Bin and pane rows the node took.",
+                "Pane rows (one per group of each window) the node took.",
                 load(&s.rows_written),
             ),
             (

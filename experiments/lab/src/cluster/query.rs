@@ -1,13 +1,18 @@
 //! `promlab query --clickhouse URL --agg ID [--window START_MS]`: one
 //! window's answer from the cluster, the bytes one receiver fed every sample
-//! answers.
+//! answers; with `--group`, one group's answers over its last K windows.
 //!
-//! The merge is two `GROUP BY`s through the `Distributed` tables: the inner
-//! keeps one of any equal rows (`any(n)` per whole key: a repeated insert),
-//! the outer adds the receivers' rows of each group and bin (`sum`, and
-//! `min`/`max` of the extremes) — integer sums, exact in any order. The
-//! library turns each group's summed bins back into a sketch and encodes the
-//! answer with the receiver's own encoder (`promlab::ingest::bins`).
+//! A window's rows are one per (receiver incarnation, group), read through
+//! the `Distributed` table with the window (or the group) in the sorting
+//! key's prefix. The merge is in Rust: one row kept per (group, receiver,
+//! incarnation) — a repeated insert — then the receivers' rows of each group
+//! added bin by bin ([`merge_as_rows`]: integer sums, exact in any order, the
+//! function the property test holds to the single pane). `sumMap` on the
+//! server ([`server_merge_sql`]) would first have to keep one of any equal
+//! rows (a `GROUP BY` of every row) and then sort its maps' keys; `promlab
+//! cluster measure` times it beside this path. The library
+//! encodes the answer with the receiver's own encoder
+//! (`promlab::ingest::bins`).
 //!
 //! Never a silently partial quantile: a shard that does not answer fails
 //! the query, naming it; a window some receiver has not written (it is
@@ -15,12 +20,12 @@
 //! window open) is answered with an `"incomplete"` list naming the receivers
 //! and why, and the command fails after printing it.
 
-use super::client::{literal, ClickHouse, Error};
+use super::client::{literal, literal_bytes, ClickHouse, Error};
 use super::rowbinary::Reader;
-use super::schema::{Event, Schema};
-use anyhow::{anyhow, bail, Context, Result};
-use promlab::ingest::bins::{Bins, PaneBins};
-use promlab::ingest::distributed::encode_answer;
+use super::schema::{Event, PaneRow, Schema, PANE_BINS_COLUMNS};
+use anyhow::{anyhow, bail, Result};
+use promlab::ingest::bins::PaneBins;
+use promlab::ingest::distributed::{encode_answer, merge_as_rows};
 use promlab::ingest::plan::Aggregation;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -117,47 +122,38 @@ pub fn answer(
     agg: &Aggregation,
     window: Option<i64>,
 ) -> Result<Answer> {
-    let lives = lives(ch, schema, agg)?;
     let window_ms = agg.window_ms();
-    let start = match window {
-        Some(start) => Some(start),
-        None => newest_written(ch, schema, agg, &lives)?,
-    };
+    let rows = |start: i64| merged_panes(ch, schema, agg, &format!("window_start = {start}"));
     let mut json = Vec::new();
-    let Some(start) = start else {
-        // No such window: the receiver's answer for none (its start `null`).
-        encode_answer(agg, 0, Vec::new(), 0, &mut json);
-        return Ok(Answer {
-            window_start: None,
-            json,
-            incomplete: Vec::new(),
-        });
-    };
-    let groups = merged_bins(ch, schema, agg, start)?;
-    // The samples the window refused for groups without a pane, over receivers.
-    let refused: u64 = lives
-        .1
-        .iter()
-        .filter(|r| r.event == Event::Refused as i8 && r.window_start == start)
-        .map(|r| r.samples)
-        .sum();
-    encode_answer(agg, start, groups, refused, &mut json);
-    let incomplete = incomplete(&lives, start, window_ms);
-    if !incomplete.is_empty() {
-        json.pop(); // the closing `}`
-        json.extend_from_slice(b",\"incomplete\":[");
-        for (i, inc) in incomplete.iter().enumerate() {
-            if i > 0 {
-                json.push(b',');
-            }
-            let mut entry = serde_json::json!({ "receiver": inc.receiver, "reason": inc.reason });
-            if let Some(n) = inc.samples_lost {
-                entry["samples_lost"] = n.into();
-            }
-            serde_json::to_writer(&mut json, &entry)?;
+    // Told the window, the receivers' lives and its rows are read at once.
+    let (lives, start, panes) = match window {
+        Some(start) => std::thread::scope(|s| {
+            let panes = s.spawn(|| rows(start));
+            let lives = lives(ch, schema, agg);
+            let panes = panes
+                .join()
+                .map_err(|_| anyhow!("the rows' reader panicked"))?;
+            anyhow::Ok((lives?, start, panes?))
+        })?,
+        None => {
+            let lives = lives(ch, schema, agg)?;
+            let Some(start) = newest_written(ch, schema, agg, &lives)? else {
+                // No such window: the receiver's answer for none (its start `null`).
+                encode_answer(agg, 0, Vec::new(), 0, &mut json);
+                return Ok(Answer {
+                    window_start: None,
+                    json,
+                    incomplete: Vec::new(),
+                });
+            };
+            let panes = rows(start)?;
+            (lives, start, panes)
         }
-        json.extend_from_slice(b"]}");
-    }
+    };
+    let groups = panes.into_iter().map(|((_, key), bins)| (key, bins));
+    encode_answer(agg, start, groups, refused(&lives, start), &mut json);
+    let incomplete = incomplete(&lives, start, window_ms);
+    append_incomplete(&mut json, &incomplete)?;
     Ok(Answer {
         window_start: Some(start),
         json,
@@ -165,12 +161,126 @@ pub fn answer(
     })
 }
 
+/// The server-side alternative to the merge in Rust, for `promlab cluster
+/// measure` to time beside it: one row kept per (group, receiver,
+/// incarnation), then `sumMap` of the bins per group, as `RowBinary` (not decoded).
+pub fn server_merge_sql(schema: &Schema, agg: &Aggregation, start: i64) -> String {
+    format!(
+        "SELECT group_key, sumMap(pk, pc), sumMap(nk, nc), sum(pn), sum(pz), min(pmin), max(pmax), sum(pd) FROM (\
+           SELECT group_key, any(positive_keys) AS pk, any(positive_counts) AS pc, \
+                  any(negative_keys) AS nk, any(negative_counts) AS nc, any(n) AS pn, any(zero_n) AS pz, \
+                  any(min_value) AS pmin, any(max_value) AS pmax, any(dropped) AS pd \
+           FROM {} WHERE aggregation = {} AND window_start = {start} \
+           GROUP BY group_key, receiver, incarnation) \
+         GROUP BY group_key FORMAT RowBinary",
+        schema.table("pane_bins"),
+        literal(&agg.id)
+    )
+}
+
+/// One group's answers over windows: per window, oldest first, what a
+/// receiver fed every sample answers for it with only this group in it.
+pub fn group_answers(
+    ch: &ClickHouse,
+    schema: &Schema,
+    agg: &Aggregation,
+    group_key: &[u8],
+    newest: Option<i64>,
+    windows: u64,
+) -> Result<Vec<Answer>> {
+    let window_ms = agg.window_ms();
+    let span = window_ms.saturating_mul(windows.saturating_sub(1).min(i64::MAX as u64) as i64);
+    let rows = |newest: i64| {
+        let filter = format!(
+            "group_key = {} AND window_start >= {} AND window_start <= {newest}",
+            literal_bytes(group_key),
+            newest.saturating_sub(span)
+        );
+        merged_panes(ch, schema, agg, &filter)
+    };
+    // Told the newest window, the receivers' lives and the rows are read at once.
+    let (lives, newest, panes) = match newest {
+        Some(newest) => std::thread::scope(|s| {
+            let panes = s.spawn(|| rows(newest));
+            let lives = lives(ch, schema, agg);
+            let panes = panes
+                .join()
+                .map_err(|_| anyhow!("the rows' reader panicked"))?;
+            anyhow::Ok((lives?, newest, panes?))
+        })?,
+        None => {
+            let lives = lives(ch, schema, agg)?;
+            let Some(newest) = newest_written(ch, schema, agg, &lives)? else {
+                return Ok(Vec::new());
+            };
+            let panes = rows(newest)?;
+            (lives, newest, panes)
+        }
+    };
+    let oldest = newest.saturating_sub(span);
+    let mut panes = panes.into_iter().peekable();
+    let mut out = Vec::new();
+    let mut start = oldest;
+    while start <= newest {
+        let mut json = Vec::new();
+        let pane = panes.next_if(|((w, _), _)| *w == start);
+        let groups = pane.map(|((_, key), bins)| (key, bins));
+        // The window-level refused count belongs to no group: left out here.
+        encode_answer(agg, start, groups, 0, &mut json);
+        let incomplete = incomplete(&lives, start, window_ms);
+        append_incomplete(&mut json, &incomplete)?;
+        out.push(Answer {
+            window_start: Some(start),
+            json,
+            incomplete,
+        });
+        start += window_ms;
+    }
+    Ok(out)
+}
+
+/// The samples window `start` refused for groups without a pane, over receivers.
+fn refused((_, rows): &Lives, start: i64) -> u64 {
+    rows.iter()
+        .filter(|r| r.event == Event::Refused as i8 && r.window_start == start)
+        .map(|r| r.samples)
+        .sum()
+}
+
+/// Adds the `"incomplete"` list to an answer's JSON when it is not empty.
+fn append_incomplete(json: &mut Vec<u8>, incomplete: &[Incomplete]) -> Result<()> {
+    if incomplete.is_empty() {
+        return Ok(());
+    }
+    json.pop(); // the closing `}`
+    json.extend_from_slice(b",\"incomplete\":[");
+    for (i, inc) in incomplete.iter().enumerate() {
+        if i > 0 {
+            json.push(b',');
+        }
+        let mut entry = serde_json::json!({ "receiver": inc.receiver, "reason": inc.reason });
+        if let Some(n) = inc.samples_lost {
+            entry["samples_lost"] = n.into();
+        }
+        serde_json::to_writer(&mut *json, &entry)?;
+    }
+    json.extend_from_slice(b"]}");
+    Ok(())
+}
+
 /// Every receiver's incarnations (in start order), and the lost rows of `agg`.
 fn lives(ch: &ClickHouse, schema: &Schema, agg: &Aggregation) -> Result<Lives> {
+    // Progress rows (one a close) collapse to their furthest per incarnation;
+    // every other event's `closed_through_ms` is 0, and equal rows (repeats) one.
     let sql = format!(
-        "SELECT receiver, incarnation, event, aggregation, window_start, closed_through_ms, samples \
-         FROM {} FORMAT RowBinary",
-        schema.table("receivers")
+        "SELECT receiver, incarnation, event, aggregation, window_start, max(closed_through_ms), samples \
+         FROM {} WHERE event IN ({}, {}, {}) OR aggregation = {} \
+         GROUP BY receiver, incarnation, event, aggregation, window_start, samples FORMAT RowBinary",
+        schema.table("receivers"),
+        Event::Started as i8,
+        Event::Progress as i8,
+        Event::Stopped as i8,
+        literal(&agg.id)
     );
     let body = select(ch, schema, &sql)?;
     let mut rows = BTreeSet::new();
@@ -185,19 +295,6 @@ fn lives(ch: &ClickHouse, schema: &Schema, agg: &Aggregation) -> Result<Lives> {
             closed_through_ms: r.i64()?,
             samples: r.u64()?,
         });
-    }
-    let sql = format!(
-        "SELECT receiver, incarnation, min(window_start) FROM {} WHERE aggregation = {} \
-         GROUP BY receiver, incarnation FORMAT RowBinary",
-        schema.table("panes"),
-        literal(&agg.id)
-    );
-    let body = select(ch, schema, &sql)?;
-    let mut first: BTreeMap<(String, u64), i64> = BTreeMap::new();
-    let mut r = Reader::new(&body);
-    while !r.is_done() {
-        let receiver = String::from_utf8_lossy(r.string()?).into_owned();
-        first.insert((receiver, r.u64()?), r.i64()?);
     }
     let mut lives: BTreeMap<String, BTreeMap<u64, Life>> = BTreeMap::new();
     let mut lost = Vec::new();
@@ -216,18 +313,47 @@ fn lives(ch: &ClickHouse, schema: &Schema, agg: &Aggregation) -> Result<Lives> {
             _ => {}
         }
     }
-    for ((receiver, incarnation), start) in first {
-        if let Some(life) = lives
-            .get_mut(&receiver)
-            .and_then(|l| l.get_mut(&incarnation))
-        {
-            life.first_window = Some(start);
-        }
-    }
-    let lives = lives
+    let mut lives: BTreeMap<String, Vec<(u64, Life)>> = lives
         .into_iter()
         .map(|(r, l)| (r, l.into_iter().collect()))
         .collect();
+    // The first window written matters only for an incarnation that follows
+    // an unclean stop; only those are looked up (no scan in the usual case).
+    let after_unclean: Vec<String> = lives
+        .iter()
+        .flat_map(|(receiver, l)| {
+            l.windows(2)
+                .filter(|pair| !pair[0].1.stopped)
+                .map(move |pair| {
+                    format!(
+                        "(receiver = {} AND incarnation = {})",
+                        literal(receiver),
+                        pair[1].0
+                    )
+                })
+        })
+        .collect();
+    if !after_unclean.is_empty() {
+        let sql = format!(
+            "SELECT receiver, incarnation, min(window_start) FROM {} WHERE aggregation = {} \
+             AND ({}) GROUP BY receiver, incarnation FORMAT RowBinary",
+            schema.table("pane_bins"),
+            literal(&agg.id),
+            after_unclean.join(" OR ")
+        );
+        let body = select(ch, schema, &sql)?;
+        let mut r = Reader::new(&body);
+        while !r.is_done() {
+            let receiver = String::from_utf8_lossy(r.string()?).into_owned();
+            let (incarnation, start) = (r.u64()?, r.i64()?);
+            if let Some((_, life)) = lives
+                .get_mut(&receiver)
+                .and_then(|l| l.iter_mut().find(|(i, _)| *i == incarnation))
+            {
+                life.first_window = Some(start);
+            }
+        }
+    }
     Ok((lives, lost))
 }
 
@@ -263,7 +389,7 @@ fn newest_written(
     };
     let sql = format!(
         "SELECT max(window_start), count() FROM {} WHERE aggregation = {} AND window_start <= {} FORMAT RowBinary",
-        schema.table("panes"),
+        schema.table("pane_bins"),
         literal(&agg.id),
         through.saturating_sub(agg.window_ms())
     );
@@ -327,94 +453,62 @@ fn through_text(through: Option<i64>) -> String {
     through.map_or("nothing".into(), |t| format!("{t} ms"))
 }
 
-/// Every group's bins of window `start`, summed over receivers as the SQL sums them.
-fn merged_bins(
+/// A group's pane of a window, merged over receivers: ((window start, group key), bins).
+type MergedPane = ((i64, Vec<u8>), PaneBins);
+
+/// Every group's pane of the rows of `agg` that `filter` selects, merged
+/// over receivers, by (window, group key) ascending.
+fn merged_panes(
     ch: &ClickHouse,
     schema: &Schema,
     agg: &Aggregation,
-    start: i64,
-) -> Result<BTreeMap<Vec<u8>, PaneBins>> {
-    let filter = format!(
-        "aggregation = {} AND window_start = {start}",
+    filter: &str,
+) -> Result<Vec<MergedPane>> {
+    let sql = format!(
+        "SELECT {PANE_BINS_COLUMNS} FROM {} WHERE aggregation = {} AND {filter} FORMAT RowBinary",
+        schema.table("pane_bins"),
         literal(&agg.id)
     );
-    let panes_sql = format!(
-        "SELECT group_key, sum(pn), sum(pz), min(pmin), max(pmax), sum(pd), min(pa), max(pa) FROM (\
-           SELECT group_key, receiver, incarnation, any(n) AS pn, any(zero_n) AS pz, \
-                  any(min_value) AS pmin, any(max_value) AS pmax, any(dropped) AS pd, any(alpha) AS pa \
-           FROM {} WHERE {filter} GROUP BY group_key, receiver, incarnation) \
-         GROUP BY group_key FORMAT RowBinary",
-        schema.table("panes")
-    );
-    let bins_sql = format!(
-        "SELECT group_key, sign, bin, sum(bn) FROM (\
-           SELECT group_key, receiver, incarnation, sign, bin, any(n) AS bn \
-           FROM {} WHERE {filter} GROUP BY group_key, receiver, incarnation, sign, bin) \
-         GROUP BY group_key, sign, bin FORMAT RowBinary",
-        schema.table("bins")
-    );
-    // Per group: its pane's summary and (sign, key) → count, keys ascending.
-    #[allow(clippy::type_complexity)]
-    let mut groups: BTreeMap<Vec<u8>, (PaneBins, u64, BTreeMap<(i8, i32), u64>)> = BTreeMap::new();
-    let body = select(ch, schema, &panes_sql)?;
+    let body = select(ch, schema, &sql)?;
+    let mut rows = Vec::new();
     let mut r = Reader::new(&body);
     while !r.is_done() {
-        let key = r.string()?.to_vec();
-        let (count, zero_count, min, max) = (r.u64()?, r.u64()?, r.f64()?, r.f64()?);
-        let dropped = r.u64()?;
-        let (alpha_lo, alpha_hi) = (r.f64()?, r.f64()?);
-        if alpha_lo != agg.relative_accuracy || alpha_hi != agg.relative_accuracy {
+        let row = PaneRow::read(&mut r)?;
+        if row.alpha != agg.relative_accuracy {
             bail!(
-                "window {start} of `{}` was written with relative_accuracy {alpha_lo}{}, the plan says {}: its bins mean other values",
+                "window {} of `{}` was written with relative_accuracy {}, the plan says {}: its bins mean other values",
+                row.window_start,
                 agg.id,
-                if alpha_hi != alpha_lo { format!(" to {alpha_hi}") } else { String::new() },
+                row.alpha,
                 agg.relative_accuracy
             );
         }
-        let bins = PaneBins {
-            zero_count,
-            min,
-            max,
-            dropped,
-            ..PaneBins::default()
-        };
-        groups.insert(key, (bins, count, BTreeMap::new()));
+        rows.push(row);
     }
-    let body = select(ch, schema, &bins_sql)?;
-    let mut r = Reader::new(&body);
-    while !r.is_done() {
-        let key = r.string()?;
-        let (sign, bin, n) = (r.i8()?, r.i32()?, r.u64()?);
-        let (_, _, sums) = groups.get_mut(key).with_context(|| {
-            format!(
-                "group {} of window {start} has bins but no pane row",
-                String::from_utf8_lossy(key)
-            )
-        })?;
-        if sign != 1 && sign != -1 {
-            bail!("a bin row of sign {sign}");
-        }
-        sums.insert((sign, bin), n);
+    fn id<'a>(row: &PaneRow<'a>) -> (i64, &'a [u8], &'a [u8], u64) {
+        (
+            row.window_start,
+            row.group_key,
+            row.receiver,
+            row.incarnation,
+        )
     }
-    groups
-        .into_iter()
-        .map(|(key, (mut bins, count, sums))| {
-            let of_sign = |s: i8| {
-                Bins::from_sorted(
-                    sums.range((s, i32::MIN)..=(s, i32::MAX))
-                        .map(|(&(_, k), &n)| (k, n)),
-                )
-            };
-            bins.positive = of_sign(1);
-            bins.negative = of_sign(-1);
-            if bins.count() != count {
+    rows.sort_unstable_by(|a, b| id(a).cmp(&id(b)));
+    // A repeated insert: rows equal key and all; one is kept.
+    rows.dedup_by(|a, b| id(a) == id(b));
+    rows.chunk_by(|a, b| (a.window_start, a.group_key) == (b.window_start, b.group_key))
+        .map(|parts| {
+            let merged = merge_as_rows(parts.iter().map(|row| &row.pane));
+            let (start, key) = (parts[0].window_start, parts[0].group_key);
+            let count: u64 = parts.iter().map(|row| row.count).sum();
+            if merged.count() != count {
                 bail!(
-                    "group {} of window {start}: its bins count {} values, its panes {count}",
-                    String::from_utf8_lossy(&key),
-                    bins.count()
+                    "group {} of window {start}: its bins count {} values, its rows say {count}",
+                    String::from_utf8_lossy(key),
+                    merged.count()
                 );
             }
-            Ok((key, bins))
+            Ok(((start, key.to_vec()), merged))
         })
         .collect()
 }

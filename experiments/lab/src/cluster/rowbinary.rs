@@ -13,7 +13,15 @@ pub struct Writer {
 
 impl Writer {
     pub fn string(&mut self, s: &[u8]) -> &mut Self {
-        let mut n = s.len() as u64;
+        self.len(s.len());
+        self.buf.extend_from_slice(s);
+        self
+    }
+
+    /// A length in unsigned LEB128: a `String`'s before its bytes, an
+    /// `Array`'s before its elements.
+    pub fn len(&mut self, len: usize) -> &mut Self {
+        let mut n = len as u64;
         loop {
             let byte = (n & 0x7f) as u8;
             n >>= 7;
@@ -23,7 +31,6 @@ impl Writer {
             }
             self.buf.push(byte | 0x80);
         }
-        self.buf.extend_from_slice(s);
         self
     }
 
@@ -58,7 +65,7 @@ impl Writer {
 pub enum ReadError {
     #[error("RowBinary answer ends inside a value at byte {0}")]
     Truncated(usize),
-    #[error("RowBinary string at byte {0} announces {1} bytes, more than the answer holds")]
+    #[error("RowBinary string or array at byte {0} announces {1} bytes or elements, more than the answer holds")]
     StringTooLong(usize, u64),
 }
 
@@ -89,6 +96,29 @@ impl<'a> Reader<'a> {
 
     pub fn string(&mut self) -> Result<&'a [u8], ReadError> {
         let start = self.at;
+        let len = self.leb128()?;
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|len| self.at.checked_add(len))
+            .filter(|&end| end <= self.buf.len())
+            .ok_or(ReadError::StringTooLong(start, len))?;
+        let s = &self.buf[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    /// An `Array`'s length: at most what the rest of the answer can hold at
+    /// `width` bytes an element.
+    pub fn len(&mut self, width: usize) -> Result<usize, ReadError> {
+        let start = self.at;
+        let len = self.leb128()?;
+        usize::try_from(len)
+            .ok()
+            .filter(|&n| n.saturating_mul(width) <= self.buf.len() - self.at)
+            .ok_or(ReadError::StringTooLong(start, len))
+    }
+
+    fn leb128(&mut self) -> Result<u64, ReadError> {
         let mut len = 0u64;
         let mut shift = 0;
         loop {
@@ -98,17 +128,9 @@ impl<'a> Reader<'a> {
             }
             shift += 7;
             if byte & 0x80 == 0 {
-                break;
+                return Ok(len);
             }
         }
-        let end = usize::try_from(len)
-            .ok()
-            .and_then(|len| self.at.checked_add(len))
-            .filter(|&end| end <= self.buf.len())
-            .ok_or(ReadError::StringTooLong(start, len))?;
-        let s = &self.buf[self.at..end];
-        self.at = end;
-        Ok(s)
     }
 
     pub fn i8(&mut self) -> Result<i8, ReadError> {

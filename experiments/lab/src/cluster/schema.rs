@@ -1,27 +1,30 @@
 //! The cluster's tables and their rows.
 //!
-//! Three tables, each a `*_local` `ReplacingMergeTree` on every node and a
+//! Two tables, each a `*_local` `ReplacingMergeTree` on every node and a
 //! `Distributed` table of the same columns over the cluster, which queries read:
 //!
-//! - `bins`: one row per (receiver incarnation, aggregation, window, group,
-//!   sign, bin key) with the bin's count `n`;
-//! - `panes`: one row per (receiver incarnation, aggregation, window, group)
-//!   with the pane's count, zero count, min, max, samples refused and relative accuracy;
+//! - `pane_bins`: one row per (receiver incarnation, aggregation, window,
+//!   group): the pane's count, zero count, min, max, samples refused,
+//!   relative accuracy, and its bins as arrays (per sign, the keys ascending
+//!   and their counts) — the granularity a query reads, one row a group;
 //! - `receivers`: each incarnation's life: started, progress (every window
 //!   ending at or before `closed_through_ms` has been written), windows lost
 //!   (dropped past the queue's bound, with their samples), samples a window
 //!   refused for groups without a pane, stopped.
 //!
 //! A receiver writes to the local tables of the node it is pointed at.
-//! Every column is in the sorting key but the counts (and `at_ms`), so a
-//! retried or repeated insert writes rows equal to rows already there: the
+//! An incarnation writes a group's pane of a window once, so a retried or
+//! repeated insert writes rows equal to rows already there, key and all: the
 //! engine keeps one of them when it merges parts, and the query keeps one
-//! of them before it merges receivers (`any(n) … GROUP BY` the whole key), so
-//! a repeat never counts twice wherever it lands. Receivers never share a
-//! key: it holds the receiver's id and its incarnation (its start time, ns).
+//! per key before it merges receivers, so a repeat never counts twice
+//! wherever it lands. Receivers never share a key: it holds the receiver's
+//! id and its incarnation (its start time, ns).
+//!
+//! Earlier releases wrote a row per bin (`bins`, `panes`); those tables are
+//! left alone and no longer read.
 
 use super::client::{literal, ClickHouse, Error};
-use super::rowbinary::Writer;
+use super::rowbinary::{ReadError, Reader, Writer};
 use promlab::ingest::distributed::PaneRows;
 
 /// Where the tables live: a database on every node, and the cluster (a
@@ -35,9 +38,7 @@ pub struct Schema {
 pub const DEFAULT_DATABASE: &str = "promlab";
 pub const DEFAULT_CLUSTER: &str = "promlab";
 
-pub const BINS_COLUMNS: &str =
-    "aggregation, window_start, group_key, receiver, incarnation, sign, bin, n";
-pub const PANES_COLUMNS: &str = "aggregation, window_start, group_key, receiver, incarnation, n, zero_n, min_value, max_value, dropped, alpha";
+pub const PANE_BINS_COLUMNS: &str = "aggregation, window_start, group_key, receiver, incarnation, n, zero_n, min_value, max_value, dropped, alpha, positive_keys, positive_counts, negative_keys, negative_counts";
 pub const RECEIVERS_COLUMNS: &str =
     "receiver, incarnation, event, at_ms, aggregation, window_start, closed_through_ms, samples";
 
@@ -97,16 +98,12 @@ impl Schema {
         let mut out = vec![format!("CREATE DATABASE IF NOT EXISTS {db}")];
         let tables = [
             (
-                "bins",
-                "aggregation String, window_start Int64, group_key String, receiver String, \
-                 incarnation UInt64, sign Int8, bin Int32, n UInt64",
-                format!("{day} ORDER BY ({key}, sign, bin)"),
-            ),
-            (
-                "panes",
+                "pane_bins",
                 "aggregation String, window_start Int64, group_key String, receiver String, \
                  incarnation UInt64, n UInt64, zero_n UInt64, min_value Float64, \
-                 max_value Float64, dropped UInt64, alpha Float64",
+                 max_value Float64, dropped UInt64, alpha Float64, \
+                 positive_keys Array(Int32), positive_counts Array(UInt64), \
+                 negative_keys Array(Int32), negative_counts Array(UInt64)",
                 format!("{day} ORDER BY ({key})"),
             ),
             (
@@ -158,18 +155,78 @@ impl Schema {
     }
 }
 
-/// One close's rows, `RowBinary`, for the three local tables.
+/// One close's rows, `RowBinary`, for the two local tables.
 #[derive(Default)]
 pub struct Batch {
-    pub bins: Writer,
     pub panes: Writer,
     pub receivers: Writer,
-    /// Rows in `bins` and `panes`.
+    /// Rows in `panes` (one a group's pane).
     pub rows: u64,
     /// (aggregation, window start, samples) of each window in the batch.
     pub windows: Vec<(String, i64, u64)>,
     /// The `closed_through_ms` of its progress row, if it has one.
     pub progress: Option<i64>,
+}
+
+/// A `pane_bins` row read back ([`PANE_BINS_COLUMNS`], `RowBinary`).
+pub struct PaneRow<'a> {
+    pub aggregation: &'a [u8],
+    pub window_start: i64,
+    pub group_key: &'a [u8],
+    pub receiver: &'a [u8],
+    pub incarnation: u64,
+    /// Values in the pane (its bins' counts and its zero count).
+    pub count: u64,
+    pub alpha: f64,
+    pub pane: PaneRows,
+}
+
+/// Why a `pane_bins` row could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RowError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("a pane_bins row with {0} bin keys and {1} counts")]
+    Unpaired(usize, usize),
+}
+
+impl<'a> PaneRow<'a> {
+    /// The next row of `r`, as [`Batch::pane`] writes it.
+    pub fn read(r: &mut Reader<'a>) -> Result<PaneRow<'a>, RowError> {
+        let (aggregation, window_start) = (r.string()?, r.i64()?);
+        let (group_key, receiver, incarnation) = (r.string()?, r.string()?, r.u64()?);
+        let (count, zero_count, min, max) = (r.u64()?, r.u64()?, r.f64()?, r.f64()?);
+        let (dropped, alpha) = (r.u64()?, r.f64()?);
+        let mut pane = PaneRows {
+            zero_count,
+            min,
+            max,
+            dropped,
+            ..PaneRows::default()
+        };
+        for bins in [&mut pane.positive, &mut pane.negative] {
+            let keys = (0..r.len(4)?)
+                .map(|_| r.i32())
+                .collect::<Result<Vec<_>, _>>()?;
+            let n = r.len(8)?;
+            if n != keys.len() {
+                return Err(RowError::Unpaired(keys.len(), n));
+            }
+            for key in keys {
+                bins.push((key, r.u64()?));
+            }
+        }
+        Ok(PaneRow {
+            aggregation,
+            window_start,
+            group_key,
+            receiver,
+            incarnation,
+            count,
+            alpha,
+            pane,
+        })
+    }
 }
 
 /// Who writes: a receiver's id and its incarnation.
@@ -182,7 +239,7 @@ pub struct Origin {
 impl Batch {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.bins.buf.len() + self.panes.buf.len() + self.receivers.buf.len()
+        self.panes.buf.len() + self.receivers.buf.len()
     }
 
     /// One group's pane of a window.
@@ -195,22 +252,15 @@ impl Batch {
         alpha: f64,
         pane: &PaneRows,
     ) {
-        let mut count = pane.zero_count;
-        for &(sign, bin, n) in &pane.bins {
-            self.bins
-                .string(aggregation.as_bytes())
-                .i64(window_start)
-                .string(group_key)
-                .string(who.receiver.as_bytes())
-                .u64(who.incarnation)
-                .i8(sign)
-                .i32(bin)
-                .u64(n);
-            count += n;
-            self.rows += 1;
-        }
-        self.panes
-            .string(aggregation.as_bytes())
+        let count = pane.zero_count
+            + pane
+                .positive
+                .iter()
+                .chain(&pane.negative)
+                .map(|b| b.1)
+                .sum::<u64>();
+        let w = &mut self.panes;
+        w.string(aggregation.as_bytes())
             .i64(window_start)
             .string(group_key)
             .string(who.receiver.as_bytes())
@@ -221,6 +271,16 @@ impl Batch {
             .f64(pane.max)
             .u64(pane.dropped)
             .f64(alpha);
+        for bins in [&pane.positive, &pane.negative] {
+            w.len(bins.len());
+            for &(key, _) in bins {
+                w.i32(key);
+            }
+            w.len(bins.len());
+            for &(_, n) in bins {
+                w.u64(n);
+            }
+        }
         self.rows += 1;
     }
 
@@ -250,12 +310,11 @@ impl Batch {
             .u64(samples);
     }
 
-    /// Inserts the batch into the node's local tables: bins and panes before
-    /// the `receivers` rows that claim them, so a claim is never ahead of its rows.
+    /// Inserts the batch into the node's local tables: panes before the
+    /// `receivers` rows that claim them, so a claim is never ahead of its rows.
     pub fn insert(&self, ch: &ClickHouse, schema: &Schema) -> Result<(), Error> {
         for (table, columns, rows) in [
-            ("bins_local", BINS_COLUMNS, &self.bins),
-            ("panes_local", PANES_COLUMNS, &self.panes),
+            ("pane_bins_local", PANE_BINS_COLUMNS, &self.panes),
             ("receivers_local", RECEIVERS_COLUMNS, &self.receivers),
         ] {
             if !rows.buf.is_empty() {
@@ -263,5 +322,49 @@ impl Batch {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pane_row_reads_back_as_written() {
+        let who = Origin {
+            receiver: "r1".into(),
+            incarnation: 7,
+        };
+        let pane = PaneRows {
+            positive: vec![(-3, 2), (5, 1), (300, 9)],
+            negative: vec![(4, 4)],
+            zero_count: 3,
+            min: -2.5,
+            max: f64::MAX,
+            dropped: 1,
+        };
+        let mut batch = Batch::default();
+        batch.pane(&who, "data", 60_000, b"\"g\"", 0.01, &pane);
+        batch.pane(&who, "data", 120_000, b"", 0.01, &PaneRows::default());
+        let mut r = Reader::new(&batch.panes.buf);
+        let row = PaneRow::read(&mut r).unwrap();
+        assert_eq!(
+            (
+                row.aggregation,
+                row.window_start,
+                row.group_key,
+                row.receiver
+            ),
+            (&b"data"[..], 60_000, &b"\"g\""[..], &b"r1"[..])
+        );
+        assert_eq!((row.incarnation, row.count, row.alpha), (7, 19, 0.01));
+        assert_eq!(row.pane, pane);
+        let empty = PaneRow::read(&mut r).unwrap();
+        assert_eq!((empty.count, empty.pane), (0, PaneRows::default()));
+        assert!(r.is_done());
+        // Cut anywhere, the row is an error, never a panic.
+        for cut in 0..batch.panes.buf.len() / 2 {
+            assert!(PaneRow::read(&mut Reader::new(&batch.panes.buf[..cut])).is_err());
+        }
     }
 }

@@ -122,8 +122,8 @@ pub(super) fn split_by_hashmod(requests: &[WriteRequest], receivers: usize) -> V
 
 /// The split-and-merge path: the input's series spread over
 /// [`RECEIVERS`] ingesters of the ingest subset `i`, every window closed,
-/// each receiver's panes written as rows and merged as the cluster's SQL
-/// merges them, must be the single ingester's closed windows: the same
+/// each receiver's panes written as the cluster's rows, read back and
+/// merged as the cluster's query merges them, must be the single ingester's closed windows: the same
 /// groups, bins, zero counts and extremes (of `0.0` and `-0.0` either may be
 /// kept), and every quantile bit for bit. Returns the windows compared.
 pub fn split_and_merge_check(input: &IngestInput, i: StrategySet) -> Result<usize, String> {
@@ -157,14 +157,27 @@ pub fn split_and_merge_check(input: &IngestInput, i: StrategySet) -> Result<usiz
         let want = single.closed_bins(&agg.id).expect("the plan's aggregation");
         let mut rows: BTreeMap<(i64, Vec<u8>), Vec<PaneRows>> = BTreeMap::new();
         let mut dropped: BTreeMap<i64, u64> = BTreeMap::new();
-        for part in &parts {
+        for (k, part) in parts.iter().enumerate() {
+            // Each receiver's panes written as the cluster's rows and read back as the query reads them.
+            let who = Origin {
+                receiver: format!("r{k}"),
+                incarnation: 1,
+            };
+            let mut batch = Batch::default();
             for w in part.closed_bins(&agg.id).expect("the plan's aggregation") {
                 *dropped.entry(w.start).or_default() += w.dropped;
                 for (labels, bins) in &w.groups {
-                    rows.entry((w.start, group_key(agg, labels)))
-                        .or_default()
-                        .push(PaneRows::of(bins));
+                    let key = group_key(agg, labels);
+                    let pane = PaneRows::of(bins);
+                    batch.pane(&who, &agg.id, w.start, &key, agg.relative_accuracy, &pane);
                 }
+            }
+            let mut r = Reader::new(&batch.panes.buf);
+            while !r.is_done() {
+                let row = PaneRow::read(&mut r).map_err(|e| format!("{}: {e}", agg.id))?;
+                rows.entry((row.window_start, row.group_key.to_vec()))
+                    .or_default()
+                    .push(row.pane);
             }
         }
         let config = promlab::ingest::bins::sketch_config(agg.relative_accuracy);

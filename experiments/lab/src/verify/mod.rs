@@ -41,8 +41,8 @@
 //!   be bit-identical to the baseline's;
 //! - **split and merge**: the same requests, their
 //!   series spread over three ingesters by Prometheus's `hashmod`, every
-//!   window closed and each receiver's panes merged as the cluster's SQL merges
-//!   their rows, must give every closed window of the single ingester: the
+//!   window closed and each receiver's panes written as the cluster's rows,
+//!   read back and merged as the cluster's query merges them, must give every closed window of the single ingester: the
 //!   same bins and every quantile bit for bit ([`split_and_merge_check`]).
 //! - **queries** ([`query`]): the query path the receiver serves and
 //!   `promlab ablate` times — `query_json`, `encode_query`, `query` through
@@ -69,6 +69,8 @@ mod query;
 pub use ingest::*;
 
 use crate::cluster::hashmod;
+use crate::cluster::rowbinary::Reader;
+use crate::cluster::schema::{Batch, Origin, PaneRow};
 use anyhow::{bail, Context, Result};
 use promlab::export::{self, Exporter};
 use promlab::format::formenc::Dialect;
