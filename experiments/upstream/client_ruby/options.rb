@@ -18,6 +18,9 @@
 #     writes SRC_STORE (one file per metric and process) into DST through LIB's own
 #     DirectFileStore, process by process in file-name order, each value `set` under its
 #     file's pid: the same data in LIB's layout.
+#   ruby -I LIB options.rb unused-metric DIR
+#     exports a registry of two labelled counters of which only one was ever incremented;
+#     prints its first line, or the error.
 #   ruby -I LIB options.rb write KIND THREADS STEPS DIR
 #     the write path: KIND inc (Counter#increment, short labels) or observe (Histogram#observe,
 #     one 195-character label); THREADS threads, each on its own metric; prints
@@ -257,6 +260,19 @@ when "export"
   puts "#{wall} #{cpu} #{text.count("\n")} #{peak_rss_kb} #{before}"
 when "replay"
   replay(*ARGV)
+when "unused-metric"
+  Prometheus::Client.config.data_store = DFS.new(dir: ARGV[0])
+  registry = Prometheus::Client::Registry.new
+  used, _unused = %i[used_total unused_total].map do |n|
+    registry.register(Prometheus::Client::Counter.new(n, docstring: n.to_s, labels: [:x]))
+  end
+  used.increment(labels: { x: "1" })
+  begin
+    text = Prometheus::Client::Formats::Text.marshal(registry)
+    puts "exported #{text.lines.size} lines"
+  rescue StandardError => e
+    puts "#{e.class}: #{e.message.lines.first.strip}"
+  end
 when "write"
   kind, threads, steps, dir = ARGV
   write_bench(kind, Integer(threads), Integer(steps), dir)

@@ -11,7 +11,8 @@
 #       [--workers W] [--samples 1,24,72,120,168] [--many-metrics full|quick] [--only PARTS]
 #
 # PARTS (comma-separated, default all): rspec, write, fixed (many-metrics and the seed repro),
-# churn. The churn: W workers (default 200) recycled every simulated hour for H hours
+# churn, compat (untimed: a directory mixing the layouts, an older release's store, folded
+# stores read by the unpatched exporter, a registered metric with no series). The churn: W workers (default 200) recycled every simulated hour for H hours
 # (default 168, a week); after every recycle the fold arms fold; at each sample hour every
 # option exports its store once. Every export is compared byte for byte: fixed stores with
 # their expected.prom, churn exports with v4.2.5's (whose counter lines are checked against
@@ -31,7 +32,7 @@ SHARED = ENV["PROMLAB_SHARED"] || [File.join(ROOT, "../shared"), File.join(ROOT,
                                   .find { |d| File.directory?(d) } || File.join(ROOT, "../shared")
 
 opts = { hours: 168, workers: 200, samples: [1, 24, 72, 120, 168], many: "full",
-         only: %w[rspec write fixed churn], out: nil }
+         only: %w[rspec write fixed churn compat], out: nil }
 OptionParser.new do |o|
   o.on("--out DIR") { |v| opts[:out] = v }
   o.on("--hours N", Integer) { |v| opts[:hours] = v }
@@ -322,6 +323,62 @@ if opts[:only].include?("churn")
   end
   fold_log.close
 end
+# ------------------------------------------------------------------------------ compat
+if opts[:only].include?("compat")
+  wait_not_quiet
+  base = File.join(TMP, "compat")
+  reg = File.join(base, "registry.json")
+  FileUtils.mkdir_p(base)
+  ruby_in("v4.2.5", "churn-registry", reg)
+  # A store (root/store, root/registry.json) of hours written by the given arms, one
+  # arm per hour, 5 workers each, all exited.
+  store = lambda do |name, writers|
+    root = File.join(base, name)
+    FileUtils.mkdir_p(File.join(root, "store"))
+    FileUtils.cp(reg, root)
+    writers.each_with_index do |arm, hour|
+      o, e, st = Open3.capture3("ruby", "-I", lib(arm), OPTIONS_RB, "write-hour", File.join(root, "store"),
+                                hour.to_s, "5", stdin_data: "")
+      raise "write-hour: #{e}" unless st.success? && o == "ready\n"
+    end
+    root
+  end
+  series = 'http_requests_total{path="/api/v1/accounts/:account_id/orders",status="200"}'
+  truth = ruby_in("v4.2.5", "churn-expected", "2", "5").lines.first.chomp
+  # [the series' line or the exporter's error, whether it is the true value, exposition]
+  read = lambda do |arm, root|
+    got = File.join(TMP, "compat-#{arm}-#{File.basename(root)}-#{rand(1 << 30)}.prom")
+    _, e, st = Open3.capture3("ruby", "-I", lib(arm), OPTIONS_RB, "export", File.join(root, "store"), reg, "1", got)
+    unless st.success?
+      err = e.lines.grep(/Error/).first.to_s
+      next ["#{err[/: (.*\))/, 1] || err.strip} (in #{err[%r{(formats/\w+\.rb:\d+)}, 1]})", false, nil]
+    end
+    line = File.readlines(got, chomp: true).find { |l| l.start_with?(series) } || "(no #{series} line)"
+    [line, line == truth, got]
+  end
+  CSV.open(File.join(OUT, "compat.csv"), "w") do |csv|
+    csv << %w[case exporter result true_value]
+    mixed = store.("mixed", %w[v4.2.5 poc])  # a rolling deploy: hour 0 old layout, hour 1 new
+    %w[v4.2.5 list-once poc].each { |arm| line, ok, = read.(arm, mixed); csv << ["mixed layouts (hour 0 v4.2.5, hour 1 poc)", arm, line, ok] }
+    old = store.("old", %w[v4.2.5 v4.2.5])
+    %w[list-once-fold poc].each { |arm| line, ok, = read.(arm, old); csv << ["store written by v4.2.5", arm, line, ok] }
+    [["list-once-fold", "v4.2.5"], ["poc-fold", "poc"]].each do |folder, reader|
+      d = store.("fold-#{folder}", [folder, folder])
+      _, before_ok, before = read.(reader, d)
+      _, folded = fold("compat", "-", folder, d)
+      _, after_ok, after = read.(reader, d)
+      same = before && after && File.binread(before) == File.binread(after)
+      csv << ["folded by #{folder} (#{folded} files), read by unpatched #{reader}", reader,
+              same ? "identical to before the fold" : "DIFFERENT", before_ok && after_ok]
+    end
+    ARMS.each_key do |arm|
+      d = Dir.mktmpdir("u", TMP)
+      csv << ["a registered labelled metric with no series", arm, ruby_in(arm, "unused-metric", d).strip, ""]
+    end
+  end
+  log("compat: #{File.join(OUT, 'compat.csv')}")
+end
+
 EXPORT_CSV.close
 FOLD_CSV.close
 log("results in #{OUT}")
