@@ -9,16 +9,19 @@
 #
 #   ruby experiments/upstream/client_ruby/options_bench.rb [--out DIR] [--hours H]
 #       [--workers W] [--samples 1,24,72,120,168] [--many-metrics full|quick] [--only PARTS]
+#       [--keep-churn DIR]
 #
 # PARTS (comma-separated, default all): rspec, write, fixed (many-metrics and the seed repro),
 # churn, compat (untimed: a directory mixing the layouts, an older release's store, folded
-# stores read by the unpatched exporter, a registered metric with no series). The churn: W workers (default 200) recycled every simulated hour for H hours
-# (default 168, a week); after every recycle the fold arms fold; at each sample hour every
-# option exports its store once. Every export is compared byte for byte: fixed stores with
-# their expected.prom, churn exports with v4.2.5's (whose counter lines are checked against
-# the workload's own totals). Timed steps run inside the QUIET protocol when PROMLAB_QUIET
-# names the lock file (PROMLAB_QUIET_NAME: who holds it). Needs ruby, rspec, patch, tar, du,
-# and target/release/promlab (for the many-metrics store).
+# stores read by the unpatched exporter, a registered metric with no series). The churn: W
+# workers (default 200) recycled every simulated hour for H hours (default 168, a week); after
+# every recycle the fold arms fold; at each sample hour every option exports its store once.
+# Every export is compared byte for byte: fixed stores with their expected.prom, churn exports
+# with v4.2.5's (whose counter lines are checked against the workload's own totals).
+# --keep-churn keeps the churn's last stores and v4.2.5's last exposition (hard links) for
+# options_sidecar.sh. Timed steps run inside the QUIET protocol when PROMLAB_QUIET names the
+# lock file (PROMLAB_QUIET_NAME: who holds it). Needs ruby, rspec, patch, tar, du, and
+# target/release/promlab (for the many-metrics store).
 require 'fileutils'
 require 'optparse'
 require 'open3'
@@ -40,6 +43,7 @@ OptionParser.new do |o|
   o.on("--samples LIST") { |v| opts[:samples] = v.split(",").map { |s| Integer(s) } }
   o.on("--many-metrics SIZE") { |v| opts[:many] = v }
   o.on("--only PARTS") { |v| opts[:only] = v.split(",") }
+  o.on("--keep-churn DIR") { |v| opts[:keep] = v }
 end.parse!
 opts[:samples] = opts[:samples].select { |h| h <= opts[:hours] }
 out = opts[:out] || File.join(ROOT, "experiments/upstream/results",
@@ -322,6 +326,11 @@ if opts[:only].include?("churn")
     th.value
   end
   fold_log.close
+  if opts[:keep]
+    FileUtils.mkdir_p(opts[:keep])
+    sh!("cp", "-al", base, opts[:keep])
+    FileUtils.cp(File.join(TMP, "churn-hour #{opts[:hours]}-v4.2.5.prom"), File.join(opts[:keep], "reference.prom"))
+  end
 end
 # ------------------------------------------------------------------------------ compat
 if opts[:only].include?("compat")
