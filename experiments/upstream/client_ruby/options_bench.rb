@@ -9,7 +9,7 @@
 #
 #   ruby experiments/upstream/client_ruby/options_bench.rb [--out DIR] [--hours H]
 #       [--workers W] [--samples 1,24,72,120,168] [--many-metrics full|quick] [--only PARTS]
-#       [--keep-churn DIR]
+#       [--keep-churn DIR] [--quiet-wait SECS]
 #
 # PARTS (comma-separated, default all): rspec, write, fixed (many-metrics and the seed repro),
 # churn, compat (untimed: a directory mixing the layouts, an older release's store, folded
@@ -20,7 +20,8 @@
 # with v4.2.5's (whose counter lines are checked against the workload's own totals).
 # --keep-churn keeps the churn's last stores and v4.2.5's last exposition (hard links) for
 # options_sidecar.sh. Timed steps run inside the QUIET protocol when PROMLAB_QUIET names the
-# lock file (PROMLAB_QUIET_NAME: who holds it). Needs ruby, rspec, patch, tar, du, and
+# lock file (PROMLAB_QUIET_NAME: who holds it); untimed work waits for others' windows
+# --quiet-wait seconds at most over the whole run (default 600). Needs ruby, rspec, patch, tar, du, and
 # target/release/promlab (for the many-metrics store).
 require 'fileutils'
 require 'optparse'
@@ -44,7 +45,9 @@ OptionParser.new do |o|
   o.on("--many-metrics SIZE") { |v| opts[:many] = v }
   o.on("--only PARTS") { |v| opts[:only] = v.split(",") }
   o.on("--keep-churn DIR") { |v| opts[:keep] = v }
+  o.on("--quiet-wait SECS", Integer) { |v| opts[:quiet_wait] = v }
 end.parse!
+$quiet_wait_left = Float(opts[:quiet_wait]) if opts[:quiet_wait]
 opts[:samples] = opts[:samples].select { |h| h <= opts[:hours] }
 out = opts[:out] || File.join(ROOT, "experiments/upstream/results",
                               "#{Time.now.utc.strftime('%Y-%m-%dT%H%M%SZ')}-#{`hostname`.strip}-options")
@@ -76,7 +79,7 @@ end
 
 # Before heavy work: wait while someone else measures, 10 minutes at most over the whole run
 # (then the untimed work goes on; timed steps still wait for their own window).
-$quiet_wait_left = 600.0
+$quiet_wait_left = 600.0  # --quiet-wait
 def wait_not_quiet
   while (h = quiet_holder) && h != QUIET_NAME && $quiet_wait_left > 0
     sleep 20
