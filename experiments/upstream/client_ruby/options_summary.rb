@@ -118,3 +118,24 @@ if (hourly = read(dir, "fold-hourly.csv"))
   end.compact
   puts table(["option", "folds", "CPU total", "CPU median", "CPU max", "files folded", "a fold with nothing to fold (median of samples)"], rows)
 end
+
+if (side = read(dir, "sidecar.csv"))
+  puts "\n## promlab's sidecar on the churn's last stores (options_sidecar.sh)\n\n"
+  puts "One-shot `promlab export` (median of 3; CPU = user + sys of the process, 10 ms resolution) and `promlab serve --store` " \
+       "(the first scrape, then the median of 5 warm ones; CPU = the server's ticks during the scrape).\n\n"
+  stores = { "per-metric" => "one file per metric and process", "per-metric-folded" => "… folded",
+             "poc" => "one file per process (PoC)", "poc-folded" => "… folded" }
+  rows = stores.map do |s, label|
+    rs = side.select { |r| r["store"] == s }
+    next if rs.empty?
+    cell = lambda do |mode, strategies, reps|
+      x = rs.select { |r| r["mode"] == mode && r["strategies"] == strategies && reps.include?(r["rep"].to_i) }
+      format("%.3f s wall, %.2f s CPU", median(x.map { |r| r["wall_s"].to_f }), median(x.map { |r| r["cpu_s"].to_f }))
+    end
+    [label, cell.("export", "none", 1..3), cell.("export", "default", 1..3), cell.("serve", "default", [0]),
+     cell.("serve", "default", 1..5), format("%.0f MiB", rs.map { |r| r["peak_rss_kb"].to_f }.max / 1024),
+     rs.all? { |r| r["result"] == "identical" } ? "all #{rs.size} identical" : "DIFFERENT"]
+  end.compact
+  puts table(["store", "export, baseline strategies", "export, default strategies", "serve: first scrape",
+              "serve: warm scrape", "peak RSS", "bytes vs client_ruby 4.2.5"], rows)
+end
