@@ -70,6 +70,19 @@ def own_files(dir)
     Dir.glob(File.join(dir, "metrics___#{Process.pid}.bin"))
 end
 
+# The stores hold files named after pids this machine also hands out (the churn's simulated
+# pids wrap below pid_max), so a process that deletes its own registration files first moves
+# to a child whose pid has none in the store.
+def under_a_pid_the_store_lacks(dir)
+  while own_files(dir).any?
+    child = Process.fork
+    next if child.nil?
+
+    Process.wait(child)
+    exit($?.exitstatus || 1)
+  end
+end
+
 # --------------------------------------------------------------------------- churn workload
 # A web app's workers: every request counted by path and status, its duration observed by
 # path (durations are multiples of 2^-7 s, so every sum is exact in any order and an option
@@ -241,6 +254,7 @@ when "churn-expected"
   puts churn_expected(Integer(ARGV[0]), Integer(ARGV[1]))
 when "fold"
   dir, registry_json = ARGV
+  under_a_pid_the_store_lacks(dir)
   registry_over(dir, registry_json)
   store = Prometheus::Client.config.data_store
   own_files(dir).each { |f| File.delete(f) }
@@ -250,6 +264,7 @@ when "fold"
   puts "#{cpu_ns - c0} #{now_ns - t0} #{folded}"
 when "export"
   dir, registry_json, reps, out = ARGV
+  under_a_pid_the_store_lacks(dir)
   registry = registry_over(dir, registry_json)
   own_files(dir).each { |f| File.delete(f) }
   before = peak_rss_kb
