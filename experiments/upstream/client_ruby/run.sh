@@ -13,9 +13,12 @@
 # target/release/promlab; checked against their expected.prom first), full size by default.
 # --only-many: rspec, then only that (no fixture identity, no seed/large/write timings).
 #
-# --src may be repeated (default: the two archives in ../shared/upstream/ beside the repo).
-# The patch series is chosen from the source: `require "cgi"` keys (4.x) get patches/v4.2.5,
-# `URI.encode_www_form` keys (5.x) get patches/5.x-uri. Needs ruby, rspec (ruby-rspec,
+# --src may be repeated (default: the three archives in ../shared/upstream/ beside the repo).
+# The patch series is chosen from the source: one file per process (`metrics___<pid>.bin`,
+# the maintainers' proof of concept) gets patches/poc-file-per-process, else `require "cgi"`
+# keys (4.x) get patches/v4.2.5, `URI.encode_www_form` keys (5.x) get patches/5.x-uri. The
+# fixtures are stores of one file per metric, which a one-file-per-process client does not
+# read: such a source gets rspec only (options_bench.sh checks its exports). Needs ruby, rspec (ruby-rspec,
 # ruby-timecop, ruby-rack, ruby-rack-test, ruby-simplecov), patch, tar.
 set -euo pipefail
 
@@ -60,7 +63,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ${#srcs[@]} -eq 0 ]; then
-  srcs=("$shared/upstream/client_ruby-v4.2.5.tar.gz" "$shared/upstream/client_ruby-5.x-uri.tar.gz")
+  srcs=("$shared/upstream/client_ruby-v4.2.5.tar.gz" "$shared/upstream/client_ruby-5.x-uri.tar.gz"
+        "$shared/upstream/client_ruby-poc-file-per-process.tar.gz")
 fi
 if [ -z "$out" ]; then
   out="$root/experiments/upstream/results/$(date -u +%Y-%m-%dT%H%M%SZ)-$(hostname)"
@@ -90,7 +94,8 @@ started=$(date +%s)
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 
 # ---------------------------------------------------------------- sources and patch sets
-revs=()
+revs=()       # every source
+file_revs=()  # the sources that write one file per metric (the fixtures' layout)
 for src in "${srcs[@]}"; do
   name="$(basename "$src")"
   name="${name%.tar.gz}"; name="${name%.tgz}"; name="${name#client_ruby-}"
@@ -103,18 +108,21 @@ for src in "${srcs[@]}"; do
   fi
   lib="$tmp/src/$name/lib/prometheus/client/data_stores/direct_file_store.rb"
   [ -f "$lib" ] || { echo "run.sh: $src has no $lib" >&2; exit 1; }
-  if grep -q 'URI.encode_www_form' "$lib"; then series=5.x-uri
+  if grep -q '"metrics___' "$lib"; then series=poc-file-per-process
+  elif grep -q 'URI.encode_www_form' "$lib"; then series=5.x-uri
   elif grep -q 'CGI::escape' "$lib"; then series=v4.2.5
   else echo "run.sh: cannot tell which patch series fits $src" >&2; exit 1; fi
   echo "$series" > "$tmp/src/$name.series"
   revs+=("$name")
+  [ "$series" = poc-file-per-process ] || file_revs+=("$name")
 done
 
-sets_of() {  # the patch sets of revision $1: unpatched, each patch, all
+sets_of() {  # the patch sets of revision $1: unpatched, each patch, all (if more than one)
   local series; series="$(cat "$tmp/src/$1.series")"
   echo unpatched
   for p in "$here/patches/$series"/*.patch; do b="$(basename "$p" .patch)"; echo "${b#[0-9][0-9]-}"; done
-  echo all
+  [ "$(ls "$here/patches/$series"/*.patch | wc -l)" -gt 1 ] && echo all
+  return 0
 }
 
 for rev in "${revs[@]}"; do
@@ -206,12 +214,12 @@ if [ "$only_many" -eq 0 ]; then
 log "byte identity: ${#cases[@]} stores x every set, $jobs at a time"
 joblist="$tmp/jobs"
 : > "$joblist"
-for rev in "${revs[@]}"; do
+for rev in "${file_revs[@]}"; do
   for set in $(sets_of "$rev"); do
     for c in "${cases[@]}"; do echo "$rev $set $c" >> "$joblist"; done
   done
 done
-xargs -P "$jobs" -L 1 bash -c 'export_one "$0" "$1" "$2"' < "$joblist"
+xargs -r -P "$jobs" -L 1 bash -c 'export_one "$0" "$1" "$2"' < "$joblist"
 
 echo "revision,set,case,reference,result,export_ms" > "$out/identity.csv"
 identity_failed=0
@@ -231,7 +239,7 @@ if [ "$identity_failed" -ne 0 ]; then
 fi
 # Every output equals its reference: keep only the references that are not fixture files
 # (the unpatched revisions' renderings of the mixed directory)
-for rev in "${revs[@]}"; do
+for rev in "${file_revs[@]}"; do
   for set in $(sets_of "$rev"); do [ "$set" = unpatched ] || rm -rf "$out/exports/$rev/$set"; done
   find "$out/exports/$rev/unpatched" -name '*.prom' ! -name 'mixed-all-types.prom' -delete
 done
@@ -272,7 +280,7 @@ bench_write() {  # rev arm steps round
 }
 if [ "$bench" -eq 1 ] && [ "$only_many" -eq 0 ]; then
   for round in $(seq 1 "$rounds"); do
-    for rev in "${revs[@]}"; do
+    for rev in "${file_revs[@]}"; do
       mapfile -t arms < <(sets_of "$rev")
       n=${#arms[@]}
       for i in $(seq 0 $((n - 1))); do  # rotate the order every round
@@ -310,7 +318,7 @@ if [ "$bench" -eq 1 ] && [ "$many" != none ]; then
   # 50,000 files per export would cost more than the export).
   echo "revision,set,case,round,reference,result" > "$out/identity-many.csv"
   for round in $(seq 1 "$many_rounds"); do
-    for rev in "${revs[@]}"; do
+    for rev in "${file_revs[@]}"; do
       n=${#many_arms[@]}
       for i in $(seq 0 $((n - 1))); do
         arm="${many_arms[$(( (i + round) % n ))]}"
@@ -335,4 +343,4 @@ nsets=$(sets_of "${revs[0]}" | grep -vc unpatched)
 log "results in $out ($elapsed s)"
 many_checked=0
 [ -f "$out/identity-many.csv" ] && many_checked=$(( $(wc -l < "$out/identity-many.csv") - 1 ))
-echo "client_ruby: $nsets patch sets × ${#revs[@]} revisions: rspec passed, exposition identical ($checked exports$( [ "$many_checked" -gt 0 ] && echo ", $many_checked of the many-file stores"))$( [ "$bench" -eq 1 ] && echo ", benchmarks in $out/summary.md")"
+echo "client_ruby: $nsets patch sets × ${#file_revs[@]} revisions and $(( ${#revs[@]} - ${#file_revs[@]} )) one-file-per-process source(s): rspec passed, exposition identical ($checked exports$( [ "$many_checked" -gt 0 ] && echo ", $many_checked of the many-file stores"))$( [ "$bench" -eq 1 ] && echo ", benchmarks in $out/summary.md")"
