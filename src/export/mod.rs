@@ -414,6 +414,11 @@ impl Exporter {
         &self.registry
     }
 
+    /// The store directory it exports.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// What the last scrape left out.
     pub fn last_report(&self) -> &ScrapeReport {
         &self.report

@@ -25,6 +25,7 @@
 //! is what matters on loopback and level 1 already shrinks label-heavy text
 //! about tenfold.
 
+use super::registry_follow::{self, FollowStats, Follower};
 use anyhow::Result;
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
@@ -168,20 +169,38 @@ struct Shared {
     served: &'static str,
     /// `--fold-exited`: what the fold loop did.
     fold: Option<Arc<super::fold_loop::FoldStats>>,
+    /// What the registry follower did.
+    follow: Option<Arc<FollowStats>>,
+    /// The store directory (for `/-/ready`).
+    store_dir: Option<PathBuf>,
+}
+
+/// What a store sidecar runs beside its scrapes.
+#[derive(Default)]
+pub struct StoreExtras {
+    /// `--fold-exited`: the fold loop's counters.
+    pub fold: Option<Arc<super::fold_loop::FoldStats>>,
+    /// The registry follower, started with the server.
+    pub follow: Option<Follower>,
 }
 
 /// The router for a source (store: `/metrics`; scenario: the RabbitMQ endpoints).
 pub fn app(source: Source) -> Router {
-    app_folding(source, None)
+    app_with(source, StoreExtras::default()).expect("nothing to start")
 }
 
-/// [`app`], with the fold loop's counters at `/metrics/promlab`.
-pub fn app_folding(source: Source, fold: Option<Arc<super::fold_loop::FoldStats>>) -> Router {
+/// [`app`], with what runs beside a store's scrapes (their counters at
+/// `/metrics/promlab`); starts the registry follower's thread.
+pub fn app_with(source: Source, extras: StoreExtras) -> Result<Router> {
     let is_store = matches!(source, Source::Store(_));
+    let store_dir = match &source {
+        Source::Store(exporter) => Some(exporter.dir().to_path_buf()),
+        Source::Scenario(_) => None,
+    };
     let served = if is_store {
-        "/metrics and /metrics/promlab"
+        "/metrics, /metrics/promlab, /-/healthy and /-/ready"
     } else {
-        "/metrics/per-object and /metrics/detailed?family=..."
+        "/metrics/per-object, /metrics/detailed?family=..., /-/healthy and /-/ready"
     };
     let source = match source {
         Source::Store(exporter) => {
@@ -195,8 +214,13 @@ pub fn app_folding(source: Source, fold: Option<Arc<super::fold_loop::FoldStats>
         logged: Mutex::new(HashSet::new()),
         last_len: AtomicUsize::new(0),
         served,
-        fold,
+        fold: extras.fold,
+        follow: extras.follow.as_ref().map(|f| f.stats.clone()),
+        store_dir,
     });
+    if let Some(follower) = extras.follow {
+        registry_follow::start(follower, shared.source.clone())?;
+    }
     let router = if is_store {
         Router::new()
             .route("/metrics", get(store_metrics))
@@ -206,7 +230,11 @@ pub fn app_folding(source: Source, fold: Option<Arc<super::fold_loop::FoldStats>
             .route("/metrics/per-object", get(per_object))
             .route("/metrics/detailed", get(detailed))
     };
-    router.fallback(not_found).with_state(shared)
+    Ok(router
+        .route("/-/healthy", get(super::healthy))
+        .route("/-/ready", get(ready))
+        .fallback(not_found)
+        .with_state(shared))
 }
 
 /// Serves `source` on `listen` until Ctrl-C or SIGTERM (blocking; builds its own runtime).
@@ -216,10 +244,10 @@ pub fn serve(
     source: Source,
     strategies: StrategySet,
     limits: super::ServerLimits,
-    fold: Option<Arc<super::fold_loop::FoldStats>>,
+    extras: StoreExtras,
 ) -> Result<()> {
     let described = source.describe();
-    super::run(listen, None, app_folding(source, fold), limits, |addr| {
+    super::run(listen, None, app_with(source, extras)?, limits, |addr| {
         eprintln!("promlab: serving {described} on http://{addr} (strategies: {strategies})")
     })
 }
@@ -233,11 +261,26 @@ async fn own_metrics(State(shared): State<Arc<Shared>>) -> Response {
     if let Some(fold) = &shared.fold {
         fold.render(&mut text);
     }
+    if let Some(follow) = &shared.follow {
+        follow.render(&mut text);
+    }
     let mut response = Response::new(Body::from(text));
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
     response
+}
+
+/// Ready once the store can be served: its directory is there to read
+/// (a scenario is always ready).
+async fn ready(State(shared): State<Arc<Shared>>) -> Response {
+    match &shared.store_dir {
+        Some(dir) => match std::fs::read_dir(dir) {
+            Ok(_) => super::ready(None),
+            Err(e) => super::ready(Some(format!("cannot read the store directory: {e}"))),
+        },
+        None => super::ready(None),
+    }
 }
 
 async fn per_object(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
