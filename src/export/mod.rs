@@ -40,6 +40,7 @@
 //! recomputed every scrape, so output never depends on history.
 
 mod aggregate;
+pub mod dump;
 pub(crate) mod fileset;
 pub mod fold;
 mod keys;

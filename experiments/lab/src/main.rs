@@ -27,6 +27,8 @@ struct Cli {
 enum Command {
     /// Print the exposition of a client_ruby-compatible store directory.
     Export(promlab_lab::cli::ExportArgs),
+    /// Print every entry of a store's files: metric, process, labels, value, timestamp, and what is corrupt and why.
+    Dump(promlab_lab::cli::DumpArgs),
     /// Rebuild a store by replaying op logs, each in its own child process.
     Replay(promlab_lab::cli::ReplayArgs),
     /// Verify, then measure, every strategy combination on built-in scenarios.
@@ -70,6 +72,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => promlab_lab::cli::ablate(promlab_lab::cli::AblateArgs::main_job()),
         Some(Command::Export(args)) => promlab_lab::cli::export(args),
+        Some(Command::Dump(args)) => promlab_lab::cli::dump(args),
         Some(Command::Replay(args)) => promlab_lab::cli::replay(args),
         Some(Command::ReplayOne(args)) => promlab_lab::cli::replay_one(args),
         Some(Command::ArmRss(args)) => promlab_lab::cli::arm_rss(args),

@@ -1,9 +1,11 @@
 //! Subcommands of the first half (store, export, ablation, serving).
 pub mod cluster;
+mod dump;
 mod flamegraph;
 pub mod ingest;
 mod soak;
 
+pub use dump::{dump, DumpArgs};
 pub use flamegraph::{flamegraph, profiles, FlamegraphArgs, ProfilesArgs};
 pub use soak::{soak, SoakArgs};
 
