@@ -43,6 +43,8 @@ enum Command {
     Profiles(promlab_lab::cli::ProfilesArgs),
     /// Fold the files of exited processes in a store directory, once (fold-exited).
     Fold(promlab_lab::cli::FoldArgs),
+    /// What a store scrape costs over HTTP (plain and gzip) against the same export in process, side by side.
+    ServeCost(promlab_lab::cli::ServeCostArgs),
     /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
     Serve(promlab_lab::cli::ServeArgs),
     /// Check the whole pipeline end to end under every strategy set against the naive references.
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
         Some(Command::Flamegraph(args)) => promlab_lab::cli::flamegraph(args),
         Some(Command::Profiles(args)) => promlab_lab::cli::profiles(args),
         Some(Command::Fold(args)) => promlab_lab::cli::fold(args),
+        Some(Command::ServeCost(args)) => promlab_lab::cli::serve_cost(args),
         Some(Command::Serve(args)) => promlab_lab::cli::serve(args),
         Some(Command::Verify(args)) => promlab_lab::verify::run(args),
         Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),

@@ -3,10 +3,12 @@ pub mod cluster;
 mod dump;
 mod flamegraph;
 pub mod ingest;
+mod serve_cost;
 mod soak;
 
 pub use dump::{dump, DumpArgs};
 pub use flamegraph::{flamegraph, profiles, FlamegraphArgs, ProfilesArgs};
+pub use serve_cost::{serve_cost, ServeCostArgs};
 pub use soak::{soak, SoakArgs};
 
 use crate::servers::ServerLimits;

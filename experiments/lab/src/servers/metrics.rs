@@ -23,11 +23,17 @@
 //! milliseconds of CPU). Bodies are gzipped when the scraper asks, as
 //! Prometheus does; at level 1 ("fast"), because the scrape's time to last byte
 //! is what matters on loopback and level 1 already shrinks label-heavy text
-//! about tenfold.
+//! about tenfold. A store's export is made on every scrape, into a kept
+//! buffer; when it is byte for byte the body served last, that body and its
+//! gzip are served again ([`ServedBody`]).
+//!
+//! Both modes answer `/-/healthy` and `/-/ready`; a store sidecar follows its
+//! registry file and counts the store files it does not name
+//! ([`super::registry_follow`]).
 
 use super::registry_follow::{self, FollowStats, Follower};
 use anyhow::Result;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -165,6 +171,8 @@ struct Shared {
     logged: Mutex<HashSet<(PathBuf, FileSkip)>>,
     /// Size of the last body, to size the next buffer in one allocation.
     last_len: AtomicUsize,
+    /// A store's last body (see [`ServedBody`]).
+    served_body: Mutex<ServedBody>,
     /// The paths served, for 404 messages (without waiting for a scrape's lock).
     served: &'static str,
     /// `--fold-exited`: what the fold loop did.
@@ -213,6 +221,7 @@ pub fn app_with(source: Source, extras: StoreExtras) -> Result<Router> {
         counters: Counters::default(),
         logged: Mutex::new(HashSet::new()),
         last_len: AtomicUsize::new(0),
+        served_body: Mutex::new(ServedBody::default()),
         served,
         fold: extras.fold,
         follow: extras.follow.as_ref().map(|f| f.stats.clone()),
@@ -325,8 +334,17 @@ async fn scrape(shared: Arc<Shared>, page: Page, headers: &HeaderMap) -> Respons
         );
     };
     let task_shared = shared.clone();
-    let rendered =
-        tokio::task::spawn_blocking(move || render_page(&task_shared, source, page, gzip)).await;
+    let rendered = if is_store {
+        // A store's export is a fraction of a millisecond to tens of them:
+        // made on this worker's thread, handing its other tasks to another,
+        // rather than on a blocking-pool thread (two thread switches per
+        // scrape, a good part of a small scrape on a 2-core machine).
+        Ok(tokio::task::block_in_place(move || {
+            render_page(&task_shared, source, page, gzip)
+        }))
+    } else {
+        tokio::task::spawn_blocking(move || render_page(&task_shared, source, page, gzip)).await
+    };
     match rendered {
         Ok(Ok((body, gzipped))) => {
             let mut response = Response::new(Body::from(body));
@@ -414,59 +432,103 @@ enum ScrapeError {
     Failed(anyhow::Error),
 }
 
+/// The last store exposition served, and its gzip once asked for: a scrape
+/// whose fresh export is byte for byte this body serves these same bytes
+/// (shared, not copied) and the gzip made of them, so an unchanged store is
+/// not compressed again. The fresh export is always made and compared: what
+/// is served is always what an export gives now.
+#[derive(Default)]
+struct ServedBody {
+    /// The export buffer, reused (no allocation, no fresh pages per scrape).
+    scratch: Vec<u8>,
+    body: Bytes,
+    gzip: Option<Bytes>,
+}
+
+impl ServedBody {
+    /// Takes the export in `scratch` as the body to serve (shared when unchanged).
+    fn take_scratch(&mut self) -> Bytes {
+        if self.body[..] != self.scratch[..] {
+            self.body = Bytes::copy_from_slice(&self.scratch);
+            self.gzip = None;
+        }
+        self.body.clone()
+    }
+
+    fn gzipped(&mut self) -> std::io::Result<Bytes> {
+        if let Some(gzip) = &self.gzip {
+            return Ok(gzip.clone());
+        }
+        let gzip = Bytes::from(gzip_fast(&self.body)?);
+        self.gzip = Some(gzip.clone());
+        Ok(gzip)
+    }
+}
+
+/// `body` gzipped at level 1 ("fast"; see the module doc).
+fn gzip_fast(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 8),
+        flate2::Compression::fast(),
+    );
+    encoder.write_all(body)?;
+    encoder.finish()
+}
+
 /// Returns the body and whether it is gzipped.
 fn render_page(
     shared: &Shared,
     mut source: tokio::sync::OwnedMutexGuard<Source>,
     page: Page,
     gzip: bool,
-) -> Result<(Vec<u8>, bool), ScrapeError> {
+) -> Result<(Bytes, bool), ScrapeError> {
+    if let (Source::Store(exporter), Page::Store) = (&mut *source, &page) {
+        // Under the source's lock: no other scrape holds this one.
+        let mut served = shared.served_body.lock().unwrap_or_else(|e| e.into_inner());
+        exporter
+            .export_into(&mut served.scratch)
+            .map_err(ScrapeError::Failed)?;
+        account(shared, exporter);
+        let body = served.take_scratch();
+        if !gzip {
+            return Ok((body, false));
+        }
+        return served
+            .gzipped()
+            .map(|gzipped| (gzipped, true))
+            .map_err(|e| ScrapeError::Failed(e.into()));
+    }
     let last_len = shared.last_len.load(Ordering::Relaxed);
     let mut out = Vec::with_capacity(last_len + last_len / 8);
-    {
-        match (&mut *source, page) {
-            (Source::Store(exporter), Page::Store) => {
-                exporter
-                    .export_into(&mut out)
-                    .map_err(ScrapeError::Failed)?;
-                account(shared, exporter);
-            }
-            (Source::Scenario(scenario), Page::PerObject) => {
-                scenario.advance();
-                scenario.render_per_object(&mut out);
-            }
-            (Source::Scenario(scenario), Page::Detailed(families)) => {
-                // Refuse before moving any value.
-                let selected = scenario
-                    .select(families.iter().map(String::as_str))
-                    .map_err(|e| ScrapeError::BadRequest(format!("{e}\n")))?;
-                scenario.advance();
-                scenario
-                    .registry()
-                    .render_families_into(&selected, &mut out);
-            }
-            _ => {
-                return Err(ScrapeError::Failed(anyhow::anyhow!(
-                    "page does not match the source"
-                )))
-            }
+    match (&mut *source, page) {
+        (Source::Scenario(scenario), Page::PerObject) => {
+            scenario.advance();
+            scenario.render_per_object(&mut out);
+        }
+        (Source::Scenario(scenario), Page::Detailed(families)) => {
+            // Refuse before moving any value.
+            let selected = scenario
+                .select(families.iter().map(String::as_str))
+                .map_err(|e| ScrapeError::BadRequest(format!("{e}\n")))?;
+            scenario.advance();
+            scenario
+                .registry()
+                .render_families_into(&selected, &mut out);
+        }
+        _ => {
+            return Err(ScrapeError::Failed(anyhow::anyhow!(
+                "page does not match the source"
+            )))
         }
     }
     // Compress without holding the source.
     drop(source);
     shared.last_len.store(out.len(), Ordering::Relaxed);
     if !gzip {
-        return Ok((out, false));
+        return Ok((Bytes::from(out), false));
     }
-    let mut encoder = flate2::write::GzEncoder::new(
-        Vec::with_capacity(out.len() / 8),
-        flate2::Compression::fast(),
-    );
-    let compressed = encoder
-        .write_all(&out)
-        .and_then(|()| encoder.finish())
-        .map_err(|e| ScrapeError::Failed(e.into()))?;
-    Ok((compressed, true))
+    let compressed = gzip_fast(&out).map_err(|e| ScrapeError::Failed(e.into()))?;
+    Ok((Bytes::from(compressed), true))
 }
 
 fn text_response(status: StatusCode, message: String) -> Response {
