@@ -165,7 +165,7 @@ pub fn serve_cost(args: ServeCostArgs) -> Result<()> {
             q(0.9)
         );
         csv += &format!(
-            "{arm},{what},{},{:.1},{:.1},{:.1},{ratio:.3},{bytes}\n",
+            "{arm},\"{what}\",{},{:.1},{:.1},{:.1},{ratio:.3},{bytes}\n",
             s.len(),
             us(medians[i]),
             q(0.1),

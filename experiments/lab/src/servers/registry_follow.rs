@@ -224,7 +224,7 @@ impl Follower {
         let mut logged: HashSet<Vec<u8>> = HashSet::new();
         let mut round = 0u64;
         loop {
-            let mut rescan = round % SCAN_EVERY == 0;
+            let mut rescan = round.is_multiple_of(SCAN_EVERY);
             let now = signature(&self.registry_path);
             if loaded == Some(now) {
                 pending = None;
