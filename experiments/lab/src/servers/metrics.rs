@@ -228,7 +228,13 @@ pub fn app_with(source: Source, extras: StoreExtras) -> Result<Router> {
         store_dir,
     });
     if let Some(follower) = extras.follow {
-        registry_follow::start(follower, shared.source.clone())?;
+        let source = shared.source.clone();
+        let swap = move |exporter: Exporter| {
+            // The follower's own thread waits for the lock, between two scrapes.
+            let mut served = source.blocking_lock();
+            *served = Source::Store(Box::new(exporter.with_scrape_budget(SCRAPE_BUDGET)));
+        };
+        registry_follow::start(follower, Box::new(swap))?;
     }
     let router = if is_store {
         Router::new()

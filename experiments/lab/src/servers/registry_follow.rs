@@ -15,7 +15,6 @@
 //! loop folds by it from its next run; a metric the registry dropped is no
 //! longer folded, and its files are counted as unregistered.
 
-use super::metrics::{Source, SCRAPE_BUDGET};
 use promlab::export::Exporter;
 use promlab::format::registry::Registry;
 use promlab::format::storefile::parse_file_name;
@@ -204,18 +203,21 @@ pub fn incompatibility(old: &Registry, new: &Registry) -> Option<String> {
     None
 }
 
-/// Starts the follower's thread, which swaps `source`'s exporter when it
+/// Installs a new exporter in place of the one serving (between two scrapes).
+pub type Swap = Box<dyn Fn(Exporter) + Send>;
+
+/// Starts the follower's thread, which hands `swap` a new exporter when it
 /// takes a new registry.
-pub fn start(follower: Follower, source: Arc<tokio::sync::Mutex<Source>>) -> std::io::Result<()> {
+pub fn start(follower: Follower, swap: Swap) -> std::io::Result<()> {
     follower.stats.taken(&follower.registry.get());
     std::thread::Builder::new()
         .name("registry".into())
-        .spawn(move || follower.run(&source))
+        .spawn(move || follower.run(&*swap))
         .map(|_| ())
 }
 
 impl Follower {
-    fn run(self, source: &tokio::sync::Mutex<Source>) {
+    fn run(self, swap: &dyn Fn(Exporter)) {
         // Unknown at first: the file is read once at the start, so a change
         // between the command line's load and this thread is not missed.
         let mut loaded: Option<Option<Signature>> = None;
@@ -231,7 +233,7 @@ impl Follower {
             } else if pending == Some(now) {
                 pending = None;
                 loaded = Some(now);
-                rescan |= self.reload(source) == Reload::Ok;
+                rescan |= self.reload(swap) == Reload::Ok;
             } else {
                 pending = Some(now);
             }
@@ -243,9 +245,9 @@ impl Follower {
         }
     }
 
-    fn reload(&self, source: &tokio::sync::Mutex<Source>) -> Reload {
+    fn reload(&self, swap: &dyn Fn(Exporter)) -> Reload {
         let path = self.registry_path.display();
-        let result = self.try_reload(source);
+        let result = self.try_reload(swap);
         let outcome = match &result {
             Ok(None) => return Reload::Ok, // the registry in force again: nothing to count
             Ok(Some(summary)) => {
@@ -266,10 +268,7 @@ impl Follower {
 
     /// The new registry taken (`Some(what changed)`; `None` when it is the
     /// one in force), or why not.
-    fn try_reload(
-        &self,
-        source: &tokio::sync::Mutex<Source>,
-    ) -> Result<Option<String>, (Reload, String)> {
+    fn try_reload(&self, swap: &dyn Fn(Exporter)) -> Result<Option<String>, (Reload, String)> {
         let text = promlab::shared::config_file::read(
             &self.registry_path,
             "registry",
@@ -299,12 +298,7 @@ impl Follower {
             names(&new, &old),
             names(&old, &new)
         );
-        let exporter = Exporter::new(&self.store, new.clone(), self.strategies)
-            .with_scrape_budget(SCRAPE_BUDGET);
-        {
-            let mut served = source.blocking_lock();
-            *served = Source::Store(Box::new(exporter));
-        }
+        swap(Exporter::new(&self.store, new.clone(), self.strategies));
         self.stats.taken(&new);
         self.registry.set(Arc::new(new));
         Ok(Some(summary))
