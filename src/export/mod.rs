@@ -40,6 +40,7 @@
 //! recomputed every scrape, so output never depends on history.
 
 mod aggregate;
+pub mod dump;
 pub(crate) mod fileset;
 pub mod fold;
 mod keys;
@@ -412,6 +413,11 @@ impl Exporter {
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The store directory it exports.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// What the last scrape left out.

@@ -27,6 +27,8 @@ struct Cli {
 enum Command {
     /// Print the exposition of a client_ruby-compatible store directory.
     Export(promlab_lab::cli::ExportArgs),
+    /// Print every entry of a store's files: metric, process, labels, value, timestamp, and what is corrupt and why.
+    Dump(promlab_lab::cli::DumpArgs),
     /// Rebuild a store by replaying op logs, each in its own child process.
     Replay(promlab_lab::cli::ReplayArgs),
     /// Verify, then measure, every strategy combination on built-in scenarios.
@@ -41,6 +43,8 @@ enum Command {
     Profiles(promlab_lab::cli::ProfilesArgs),
     /// Fold the files of exited processes in a store directory, once (fold-exited).
     Fold(promlab_lab::cli::FoldArgs),
+    /// What a store scrape costs over HTTP (plain and gzip) against the same export in process, side by side.
+    ServeCost(promlab_lab::cli::ServeCostArgs),
     /// Serve /metrics (store or RabbitMQ scenario) or a remote-write receiver.
     Serve(promlab_lab::cli::ServeArgs),
     /// Check the whole pipeline end to end under every strategy set against the naive references.
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => promlab_lab::cli::ablate(promlab_lab::cli::AblateArgs::main_job()),
         Some(Command::Export(args)) => promlab_lab::cli::export(args),
+        Some(Command::Dump(args)) => promlab_lab::cli::dump(args),
         Some(Command::Replay(args)) => promlab_lab::cli::replay(args),
         Some(Command::ReplayOne(args)) => promlab_lab::cli::replay_one(args),
         Some(Command::ArmRss(args)) => promlab_lab::cli::arm_rss(args),
@@ -79,6 +84,7 @@ fn main() -> ExitCode {
         Some(Command::Flamegraph(args)) => promlab_lab::cli::flamegraph(args),
         Some(Command::Profiles(args)) => promlab_lab::cli::profiles(args),
         Some(Command::Fold(args)) => promlab_lab::cli::fold(args),
+        Some(Command::ServeCost(args)) => promlab_lab::cli::serve_cost(args),
         Some(Command::Serve(args)) => promlab_lab::cli::serve(args),
         Some(Command::Verify(args)) => promlab_lab::verify::run(args),
         Some(Command::Ingest(args)) => promlab_lab::cli::ingest::ingest(args),

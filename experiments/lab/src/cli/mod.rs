@@ -1,10 +1,14 @@
 //! Subcommands of the first half (store, export, ablation, serving).
 pub mod cluster;
+mod dump;
 mod flamegraph;
 pub mod ingest;
+mod serve_cost;
 mod soak;
 
+pub use dump::{dump, DumpArgs};
 pub use flamegraph::{flamegraph, profiles, FlamegraphArgs, ProfilesArgs};
+pub use serve_cost::{serve_cost, ServeCostArgs};
 pub use soak::{soak, SoakArgs};
 
 use crate::servers::ServerLimits;
@@ -272,6 +276,12 @@ pub struct ServeArgs {
     /// only exporter while it folds).
     #[arg(long, requires = "store")]
     pub fold_exited: bool,
+    /// Store: milliseconds between looks at the registry file (a changed one
+    /// is read once it stayed the same for one look; see docs/serving.md);
+    /// every tenth look also counts the store files of metrics it does not name.
+    #[arg(long, default_value_t = 1000, requires = "store",
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub registry_check_ms: u64,
     /// Store with --fold-exited: seconds between folds.
     #[arg(long, default_value_t = 60, requires = "fold_exited",
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -645,6 +655,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         let registry = Registry::load(registry_path)?;
         warn_unmatched_metrics(dir, &registry)?;
         raise_open_file_limit();
+        let current = crate::servers::registry_follow::CurrentRegistry::new(registry.clone());
         let fold = if args.fold_exited {
             if !args
                 .strategies
@@ -655,11 +666,19 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             let every = std::time::Duration::from_secs(args.fold_every);
             Some(crate::servers::fold_loop::start(
                 dir.clone(),
-                registry.clone(),
+                current.clone(),
                 every,
             )?)
         } else {
             None
+        };
+        let follow = crate::servers::registry_follow::Follower {
+            registry_path: registry_path.to_path_buf(),
+            store: dir.clone(),
+            strategies: args.strategies,
+            every: std::time::Duration::from_millis(args.registry_check_ms),
+            registry: current,
+            stats: Default::default(),
         };
         let exporter = promlab::export::Exporter::new(dir, registry, args.strategies);
         return metrics::serve(
@@ -667,7 +686,10 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             Source::Store(Box::new(exporter)),
             args.strategies,
             args.server_limits(),
-            fold,
+            metrics::StoreExtras {
+                fold,
+                follow: Some(follow),
+            },
         );
     }
     match args.scenario.as_deref() {
@@ -682,7 +704,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
                 Source::Scenario(scenario),
                 args.strategies,
                 args.server_limits(),
-                None,
+                metrics::StoreExtras::default(),
             )
         }
         Some(other) => bail!("unknown scenario `{other}` (known: rabbitmq)"),

@@ -5,8 +5,8 @@
 //! finished or undone before the first scrape. What it did is counted at
 //! `/metrics/promlab`.
 
+use super::registry_follow::CurrentRegistry;
 use promlab::export::fold::{fold_store, FoldConfig, FoldReport};
-use promlab::format::registry::Registry;
 use promlab::format::text::FamilyEncoder;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -157,8 +157,13 @@ impl FoldStats {
 }
 
 /// Finishes interrupted folds now, then folds every `every` on a thread of
-/// its own, for as long as the process lives.
-pub fn start(dir: PathBuf, registry: Registry, every: Duration) -> anyhow::Result<Arc<FoldStats>> {
+/// its own, for as long as the process lives, each time by the registry in
+/// force then (only the metrics it names: files of any other are left as they are).
+pub fn start(
+    dir: PathBuf,
+    registry: Arc<CurrentRegistry>,
+    every: Duration,
+) -> anyhow::Result<Arc<FoldStats>> {
     let stats = Arc::new(FoldStats::default());
     let recovered = promlab::export::fold::recover(&dir)?;
     stats.recovered.fetch_add(recovered, Ordering::Relaxed);
@@ -170,7 +175,7 @@ pub fn start(dir: PathBuf, registry: Registry, every: Duration) -> anyhow::Resul
         .name("fold".into())
         .spawn(move || loop {
             let started = std::time::Instant::now();
-            match fold_store(&dir, &registry, &FoldConfig::default()) {
+            match fold_store(&dir, &registry.get(), &FoldConfig::default()) {
                 Ok(report) => {
                     for skipped in &report.metrics_skipped {
                         eprintln!("promlab: fold left a metric for next time: {skipped}");

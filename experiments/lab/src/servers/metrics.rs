@@ -23,10 +23,17 @@
 //! milliseconds of CPU). Bodies are gzipped when the scraper asks, as
 //! Prometheus does; at level 1 ("fast"), because the scrape's time to last byte
 //! is what matters on loopback and level 1 already shrinks label-heavy text
-//! about tenfold.
+//! about tenfold. A store's export is made on every scrape, into a kept
+//! buffer; when it is byte for byte the body served last, that body and its
+//! gzip are served again ([`ServedBody`]).
+//!
+//! Both modes answer `/-/healthy` and `/-/ready`; a store sidecar follows its
+//! registry file and counts the store files it does not name
+//! ([`super::registry_follow`]).
 
+use super::registry_follow::{self, FollowStats, Follower};
 use anyhow::Result;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -164,24 +171,44 @@ struct Shared {
     logged: Mutex<HashSet<(PathBuf, FileSkip)>>,
     /// Size of the last body, to size the next buffer in one allocation.
     last_len: AtomicUsize,
+    /// A store's last body (see [`ServedBody`]).
+    served_body: Mutex<ServedBody>,
     /// The paths served, for 404 messages (without waiting for a scrape's lock).
     served: &'static str,
     /// `--fold-exited`: what the fold loop did.
     fold: Option<Arc<super::fold_loop::FoldStats>>,
+    /// What the registry follower did.
+    follow: Option<Arc<FollowStats>>,
+    /// The store directory (for `/-/ready`).
+    store_dir: Option<PathBuf>,
+}
+
+/// What a store sidecar runs beside its scrapes.
+#[derive(Default)]
+pub struct StoreExtras {
+    /// `--fold-exited`: the fold loop's counters.
+    pub fold: Option<Arc<super::fold_loop::FoldStats>>,
+    /// The registry follower, started with the server.
+    pub follow: Option<Follower>,
 }
 
 /// The router for a source (store: `/metrics`; scenario: the RabbitMQ endpoints).
 pub fn app(source: Source) -> Router {
-    app_folding(source, None)
+    app_with(source, StoreExtras::default()).expect("nothing to start")
 }
 
-/// [`app`], with the fold loop's counters at `/metrics/promlab`.
-pub fn app_folding(source: Source, fold: Option<Arc<super::fold_loop::FoldStats>>) -> Router {
+/// [`app`], with what runs beside a store's scrapes (their counters at
+/// `/metrics/promlab`); starts the registry follower's thread.
+pub fn app_with(source: Source, extras: StoreExtras) -> Result<Router> {
     let is_store = matches!(source, Source::Store(_));
+    let store_dir = match &source {
+        Source::Store(exporter) => Some(exporter.dir().to_path_buf()),
+        Source::Scenario(_) => None,
+    };
     let served = if is_store {
-        "/metrics and /metrics/promlab"
+        "/metrics, /metrics/promlab, /-/healthy and /-/ready"
     } else {
-        "/metrics/per-object and /metrics/detailed?family=..."
+        "/metrics/per-object, /metrics/detailed?family=..., /-/healthy and /-/ready"
     };
     let source = match source {
         Source::Store(exporter) => {
@@ -194,9 +221,21 @@ pub fn app_folding(source: Source, fold: Option<Arc<super::fold_loop::FoldStats>
         counters: Counters::default(),
         logged: Mutex::new(HashSet::new()),
         last_len: AtomicUsize::new(0),
+        served_body: Mutex::new(ServedBody::default()),
         served,
-        fold,
+        fold: extras.fold,
+        follow: extras.follow.as_ref().map(|f| f.stats.clone()),
+        store_dir,
     });
+    if let Some(follower) = extras.follow {
+        let source = shared.source.clone();
+        let swap = move |exporter: Exporter| {
+            // The follower's own thread waits for the lock, between two scrapes.
+            let mut served = source.blocking_lock();
+            *served = Source::Store(Box::new(exporter.with_scrape_budget(SCRAPE_BUDGET)));
+        };
+        registry_follow::start(follower, Box::new(swap))?;
+    }
     let router = if is_store {
         Router::new()
             .route("/metrics", get(store_metrics))
@@ -206,7 +245,11 @@ pub fn app_folding(source: Source, fold: Option<Arc<super::fold_loop::FoldStats>
             .route("/metrics/per-object", get(per_object))
             .route("/metrics/detailed", get(detailed))
     };
-    router.fallback(not_found).with_state(shared)
+    Ok(router
+        .route("/-/healthy", get(super::healthy))
+        .route("/-/ready", get(ready))
+        .fallback(not_found)
+        .with_state(shared))
 }
 
 /// Serves `source` on `listen` until Ctrl-C or SIGTERM (blocking; builds its own runtime).
@@ -216,10 +259,10 @@ pub fn serve(
     source: Source,
     strategies: StrategySet,
     limits: super::ServerLimits,
-    fold: Option<Arc<super::fold_loop::FoldStats>>,
+    extras: StoreExtras,
 ) -> Result<()> {
     let described = source.describe();
-    super::run(listen, None, app_folding(source, fold), limits, |addr| {
+    super::run(listen, None, app_with(source, extras)?, limits, |addr| {
         eprintln!("promlab: serving {described} on http://{addr} (strategies: {strategies})")
     })
 }
@@ -233,11 +276,26 @@ async fn own_metrics(State(shared): State<Arc<Shared>>) -> Response {
     if let Some(fold) = &shared.fold {
         fold.render(&mut text);
     }
+    if let Some(follow) = &shared.follow {
+        follow.render(&mut text);
+    }
     let mut response = Response::new(Body::from(text));
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
     response
+}
+
+/// Ready once the store can be served: its directory is there to read
+/// (a scenario is always ready).
+async fn ready(State(shared): State<Arc<Shared>>) -> Response {
+    match &shared.store_dir {
+        Some(dir) => match std::fs::read_dir(dir) {
+            Ok(_) => super::ready(None),
+            Err(e) => super::ready(Some(format!("cannot read the store directory: {e}"))),
+        },
+        None => super::ready(None),
+    }
 }
 
 async fn per_object(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
@@ -282,8 +340,17 @@ async fn scrape(shared: Arc<Shared>, page: Page, headers: &HeaderMap) -> Respons
         );
     };
     let task_shared = shared.clone();
-    let rendered =
-        tokio::task::spawn_blocking(move || render_page(&task_shared, source, page, gzip)).await;
+    let rendered = if is_store {
+        // A store's export is a fraction of a millisecond to tens of them:
+        // made on this worker's thread, handing its other tasks to another,
+        // rather than on a blocking-pool thread (two thread switches per
+        // scrape, a good part of a small scrape on a 2-core machine).
+        Ok(tokio::task::block_in_place(move || {
+            render_page(&task_shared, source, page, gzip)
+        }))
+    } else {
+        tokio::task::spawn_blocking(move || render_page(&task_shared, source, page, gzip)).await
+    };
     match rendered {
         Ok(Ok((body, gzipped))) => {
             let mut response = Response::new(Body::from(body));
@@ -371,59 +438,103 @@ enum ScrapeError {
     Failed(anyhow::Error),
 }
 
+/// The last store exposition served, and its gzip once asked for: a scrape
+/// whose fresh export is byte for byte this body serves these same bytes
+/// (shared, not copied) and the gzip made of them, so an unchanged store is
+/// not compressed again. The fresh export is always made and compared: what
+/// is served is always what an export gives now.
+#[derive(Default)]
+struct ServedBody {
+    /// The export buffer, reused (no allocation, no fresh pages per scrape).
+    scratch: Vec<u8>,
+    body: Bytes,
+    gzip: Option<Bytes>,
+}
+
+impl ServedBody {
+    /// Takes the export in `scratch` as the body to serve (shared when unchanged).
+    fn take_scratch(&mut self) -> Bytes {
+        if self.body[..] != self.scratch[..] {
+            self.body = Bytes::copy_from_slice(&self.scratch);
+            self.gzip = None;
+        }
+        self.body.clone()
+    }
+
+    fn gzipped(&mut self) -> std::io::Result<Bytes> {
+        if let Some(gzip) = &self.gzip {
+            return Ok(gzip.clone());
+        }
+        let gzip = Bytes::from(gzip_fast(&self.body)?);
+        self.gzip = Some(gzip.clone());
+        Ok(gzip)
+    }
+}
+
+/// `body` gzipped at level 1 ("fast"; see the module doc).
+fn gzip_fast(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 8),
+        flate2::Compression::fast(),
+    );
+    encoder.write_all(body)?;
+    encoder.finish()
+}
+
 /// Returns the body and whether it is gzipped.
 fn render_page(
     shared: &Shared,
     mut source: tokio::sync::OwnedMutexGuard<Source>,
     page: Page,
     gzip: bool,
-) -> Result<(Vec<u8>, bool), ScrapeError> {
+) -> Result<(Bytes, bool), ScrapeError> {
+    if let (Source::Store(exporter), Page::Store) = (&mut *source, &page) {
+        // Under the source's lock: no other scrape holds this one.
+        let mut served = shared.served_body.lock().unwrap_or_else(|e| e.into_inner());
+        exporter
+            .export_into(&mut served.scratch)
+            .map_err(ScrapeError::Failed)?;
+        account(shared, exporter);
+        let body = served.take_scratch();
+        if !gzip {
+            return Ok((body, false));
+        }
+        return served
+            .gzipped()
+            .map(|gzipped| (gzipped, true))
+            .map_err(|e| ScrapeError::Failed(e.into()));
+    }
     let last_len = shared.last_len.load(Ordering::Relaxed);
     let mut out = Vec::with_capacity(last_len + last_len / 8);
-    {
-        match (&mut *source, page) {
-            (Source::Store(exporter), Page::Store) => {
-                exporter
-                    .export_into(&mut out)
-                    .map_err(ScrapeError::Failed)?;
-                account(shared, exporter);
-            }
-            (Source::Scenario(scenario), Page::PerObject) => {
-                scenario.advance();
-                scenario.render_per_object(&mut out);
-            }
-            (Source::Scenario(scenario), Page::Detailed(families)) => {
-                // Refuse before moving any value.
-                let selected = scenario
-                    .select(families.iter().map(String::as_str))
-                    .map_err(|e| ScrapeError::BadRequest(format!("{e}\n")))?;
-                scenario.advance();
-                scenario
-                    .registry()
-                    .render_families_into(&selected, &mut out);
-            }
-            _ => {
-                return Err(ScrapeError::Failed(anyhow::anyhow!(
-                    "page does not match the source"
-                )))
-            }
+    match (&mut *source, page) {
+        (Source::Scenario(scenario), Page::PerObject) => {
+            scenario.advance();
+            scenario.render_per_object(&mut out);
+        }
+        (Source::Scenario(scenario), Page::Detailed(families)) => {
+            // Refuse before moving any value.
+            let selected = scenario
+                .select(families.iter().map(String::as_str))
+                .map_err(|e| ScrapeError::BadRequest(format!("{e}\n")))?;
+            scenario.advance();
+            scenario
+                .registry()
+                .render_families_into(&selected, &mut out);
+        }
+        _ => {
+            return Err(ScrapeError::Failed(anyhow::anyhow!(
+                "page does not match the source"
+            )))
         }
     }
     // Compress without holding the source.
     drop(source);
     shared.last_len.store(out.len(), Ordering::Relaxed);
     if !gzip {
-        return Ok((out, false));
+        return Ok((Bytes::from(out), false));
     }
-    let mut encoder = flate2::write::GzEncoder::new(
-        Vec::with_capacity(out.len() / 8),
-        flate2::Compression::fast(),
-    );
-    let compressed = encoder
-        .write_all(&out)
-        .and_then(|()| encoder.finish())
-        .map_err(|e| ScrapeError::Failed(e.into()))?;
-    Ok((compressed, true))
+    let compressed = gzip_fast(&out).map_err(|e| ScrapeError::Failed(e.into()))?;
+    Ok((Bytes::from(compressed), true))
 }
 
 fn text_response(status: StatusCode, message: String) -> Response {

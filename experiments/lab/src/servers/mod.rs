@@ -7,6 +7,7 @@
 pub mod fold_loop;
 pub mod metrics;
 pub mod receiver;
+pub mod registry_follow;
 
 use anyhow::{Context as _, Result};
 use axum::extract::{Request, State};
@@ -549,6 +550,34 @@ async fn deadline(State(limit): State<Duration>, request: Request, next: Next) -
         )
             .into_response(),
     }
+}
+
+/// `/-/healthy`, as Prometheus answers it: the process serves requests.
+pub async fn healthy() -> Response {
+    plain(StatusCode::OK, "promlab is Healthy.\n".to_owned())
+}
+
+/// `/-/ready`: 200 when `not_ready` is `None`, else 503 saying why.
+pub fn ready(not_ready: Option<String>) -> Response {
+    match not_ready {
+        None => plain(StatusCode::OK, "promlab is Ready.\n".to_owned()),
+        Some(why) => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("promlab is not ready: {why}\n"),
+        ),
+    }
+}
+
+fn plain(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }
 
 /// Ctrl-C or SIGTERM, whichever comes first.

@@ -179,6 +179,10 @@ pub fn app(receiver: Arc<Receiver>) -> Router {
         .route("/api/v1/quantiles", get(quantiles))
         .route("/metrics", get(metrics))
         .route("/-/reload", post(reload))
+        .route("/-/healthy", get(super::healthy))
+        // The plan is loaded and the lanes built before the server listens,
+        // so a receiver that answers can ingest.
+        .route("/-/ready", get(|| async { super::ready(None) }))
         .with_state(receiver)
 }
 
