@@ -791,7 +791,7 @@ fn check_store_dir(dir: &std::path::Path) -> Result<()> {
             if packed {
                 bail!("--store {name} is an archive: unpack it (tar xzf {name}) and give the store/ directory inside")
             }
-            bail!("--store {name} is a file, not a store directory (the directory holding metric_<name>___<pid>.bin files)")
+            bail!("--store {name} is a file, not a store directory (the directory holding metric_<name>___<pid>.bin or metrics___<pid>.bin files)")
         }
         Ok(_) => Ok(()),
     }
@@ -813,7 +813,11 @@ fn warn_unmatched_metrics(dir: &std::path::Path, registry: &Registry) -> Result<
                 .is_some_and(|(name, _pid)| name == metric)
         })
     };
-    if registry.metrics.iter().any(|m| has_file(&m.name)) {
+    // A file of the one-file-per-process layout may hold every metric.
+    let per_process = names
+        .iter()
+        .any(|file| promlab::format::storefile::parse_process_file_name(file.as_bytes()).is_some());
+    if per_process || registry.metrics.iter().any(|m| has_file(&m.name)) {
         return Ok(());
     }
     let hint = if dir.join("store").is_dir() {
@@ -826,7 +830,7 @@ fn warn_unmatched_metrics(dir: &std::path::Path, registry: &Registry) -> Result<
         String::new()
     };
     eprintln!(
-        "promlab: warning: no file in {} belongs to a registered metric (expected metric_<name>___<pid>.bin for {}){hint}",
+        "promlab: warning: no file in {} belongs to a registered metric (expected metric_<name>___<pid>.bin for {}, or metrics___<pid>.bin){hint}",
         dir.display(),
         registry.metrics.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
     );
