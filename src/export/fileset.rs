@@ -13,6 +13,10 @@
 //! gets a new slot; the old one is *released*, and whoever keeps something by
 //! slot forgets it ([`FileSet::take_released`]).
 //!
+//! Every listing also notes the files of the one-file-per-process layout
+//! (`metrics___<id>.bin`); once one was met, the exporter reads the store as
+//! [`crate::export::per_process`] does, listing it once per scrape.
+//!
 //! A store that was folded (`crate::export::fold`) has `.fold/`: then the
 //! fold lock is held shared for the scrape and the sources of a committed but
 //! unfinished batch are left out ([`FileSet::excluded`]).

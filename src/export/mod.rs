@@ -38,6 +38,10 @@
 //! With `Keep::Catalogue`, what is gone is dropped when the catalogue
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
 //! recomputed every scrape, so output never depends on history.
+//!
+//! A store in the one-file-per-process layout of client_ruby's
+//! `poc_file_per_process` branch (`metrics___<pid>.bin`), or holding both
+//! layouts, is read by [`per_process`] once the listing met such a file.
 
 mod aggregate;
 pub(crate) mod fileset;

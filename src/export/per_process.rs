@@ -23,7 +23,9 @@
 //! writes), the key decode (`decode-once`, `fast-unescape`) and what is kept
 //! (`prerender`'s catalogue and rendered prefixes) apply; listing is once
 //! per scrape, and every file is read under its `flock` (`fold-exited`'s
-//! unlocked reads of exited processes' files are for the per-metric layout).
+//! unlocked reads of exited processes' files are for the per-metric layout;
+//! its fold folds both, and a scrape here leaves out the sources of a fold
+//! batch committed and not finished, as every scrape does).
 //! Bad input is left out as it is there, plus two reasons of its own: an
 //! entry with no `___metric_name` label, and one naming a metric the
 //! registry does not have (the branch's exporter ignores both).

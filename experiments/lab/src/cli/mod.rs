@@ -388,6 +388,12 @@ pub struct ScenarioStoreArgs {
     /// `expected.prom` (the scenario's expected answer, from its independent source).
     #[arg(long)]
     pub out: PathBuf,
+    /// Write the store in the one-file-per-process layout of client_ruby's
+    /// `poc_file_per_process` branch: each process's files merged into one,
+    /// `metrics___<pid>.bin`, keys naming their metric (the same series and
+    /// values, so the same expected exposition).
+    #[arg(long)]
+    pub per_process: bool,
 }
 
 pub fn scenario_store(args: ScenarioStoreArgs) -> Result<()> {
@@ -399,6 +405,13 @@ pub fn scenario_store(args: ScenarioStoreArgs) -> Result<()> {
     let store = args.out.join("store");
     std::fs::create_dir_all(&store)?;
     let registry = crate::harness::workloads::write_store(&size.params, &store)?;
+    if args.per_process {
+        promlab::scenarios::per_process_layout::convert_store(
+            &store,
+            &registry,
+            promlab::format::formenc::Dialect::Cgi,
+        )?;
+    }
     std::fs::write(args.out.join("registry.json"), registry.to_json())?;
     let expected = crate::harness::expected_answer(&size.params)?;
     let digest = crate::harness::digest(&expected);

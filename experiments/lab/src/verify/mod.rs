@@ -55,8 +55,9 @@
 //!   seeded lanes, in seeded shuffled orders (the reference run on each
 //!   order): the reference's panes and answers, one ingester's bit for bit;
 //! - **the one-file-per-process layout** ([`per_process`], once per run):
-//!   client_ruby's PoC branch's own stores, and every generated store merged
-//!   into that layout (partly, then whole), under every export subset;
+//!   client_ruby's PoC branch's own stores (folded first with `fold-exited`),
+//!   and every generated store merged into that layout (partly, then
+//!   whole), under every export subset;
 //! - **the live renderer** ([`live`], once per run): `LiveRegistry` under each
 //!   of the 2,048 sets — a RabbitMQ node with awkward names, scraped, moved,
 //!   scraped, scraped through the detailed endpoint, and generated families —

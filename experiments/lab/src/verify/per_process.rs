@@ -2,16 +2,15 @@
 //! branch; [`promlab::export::split_metric_name`]) in `promlab verify`:
 //! - the stores that branch's own Ruby wrote (`all-types-poc` built in;
 //!   `seed-repro-poc` from a checkout's `tests/fixtures`, unless quick),
-//!   exported under every export subset, one-shot and by a long-lived
-//!   exporter scraped twice, must print the branch's `expected.prom`, and so
-//!   must the reference exporter;
+//!   exported under every export subset (folded first with `fold-exited`),
+//!   one-shot and by a long-lived exporter scraped twice, must print the
+//!   branch's `expected.prom`, and so must the reference exporter;
 //! - each generated input's store (the reference writer's bytes), with its
 //!   even processes and then all of them merged into the layout
 //!   ([`promlab::scenarios::per_process_layout`]), must export under every
 //!   export subset as the reference exporter prints it.
 //!
-//! The fold (`fold-exited`) is not run on this layout here: a set with it
-//! exports the store unfolded.
+//! The generated stores are exported unfolded under every subset.
 
 use super::*;
 
@@ -99,7 +98,27 @@ pub fn check(
         let registry = Registry::load(&case.join("registry.json"))?;
         let expected = std::fs::read(case.join("expected.prom"))?;
         let store = case.join("store");
-        report.exports += check_store(&name, &store, &registry, &expected, &exports)?;
+        // The store folded (every file's writer exited), for `fold-exited`.
+        let folded = tmp.join(format!("{name}-folded"));
+        std::fs::create_dir_all(&folded)?;
+        for entry in std::fs::read_dir(&store)? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), folded.join(entry.file_name()))?;
+        }
+        promlab::export::fold::fold_store(
+            &folded,
+            &registry,
+            &promlab::export::fold::FoldConfig {
+                grace: std::time::Duration::ZERO,
+                durable: false,
+                ..promlab::export::fold::FoldConfig::default()
+            },
+        )?;
+        let stores = Stores {
+            plain: &store,
+            folded: Some(&folded),
+        };
+        report.exports += check_store(&name, stores, &registry, &expected, &exports)?;
         report
             .ruby_cases
             .push((name, std::fs::read_dir(&store)?.count()));
@@ -128,7 +147,11 @@ pub fn check(
                 case.name,
                 if half { "both layouts" } else { "per process" }
             );
-            report.exports += check_store(&what, &dir, &case.registry, &expected, &exports)?;
+            let stores = Stores {
+                plain: &dir,
+                folded: None,
+            };
+            report.exports += check_store(&what, stores, &case.registry, &expected, &exports)?;
         }
         report.generated += 1;
         std::fs::remove_dir_all(&dir).ok();
@@ -136,17 +159,24 @@ pub fn check(
     Ok(report)
 }
 
-/// `store` under every export subset (one-shot, and long-lived scraped
+/// A store, and its folded twin for the subsets with `fold-exited`.
+#[derive(Clone, Copy)]
+struct Stores<'a> {
+    plain: &'a Path,
+    folded: Option<&'a Path>,
+}
+
+/// The store under every export subset (one-shot, and long-lived scraped
 /// twice) and the reference exporter must print `expected`; returns the
 /// number of exports compared.
 fn check_store(
     name: &str,
-    store: &Path,
+    stores: Stores<'_>,
     registry: &Registry,
     expected: &[u8],
     exports: &[StrategySet],
 ) -> Result<usize> {
-    let r = reference::exposition::export(store, registry)?;
+    let r = reference::exposition::export(stores.plain, registry)?;
     if r != expected {
         bail!(
             "{name}: the reference exporter differs from the expected exposition {}",
@@ -156,6 +186,10 @@ fn check_store(
     let mut compared = 1;
     let mut out = Vec::new();
     for &e in exports {
+        let store = match stores.folded {
+            Some(folded) if e.contains(Strategy::FoldExited) => folded,
+            _ => stores.plain,
+        };
         let one_shot = export::export(store, registry, e)?;
         let mut exporter = Exporter::new(store, registry.clone(), e);
         let mut got = vec![("one-shot export", one_shot)];
