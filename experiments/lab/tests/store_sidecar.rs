@@ -558,7 +558,7 @@ fn a_sparse_file_claiming_two_gib_costs_nothing() {
 /// started on an empty store serves the branch's own store once its files
 /// appear, byte for byte the branch's exposition, and counts (never serves)
 /// an entry naming a metric the registry does not have; `promlab export`
-/// prints the same bytes.
+/// prints the same bytes, and exits non-zero for the entry it skipped.
 #[test]
 fn the_one_file_per_process_layout_is_served_as_the_branch_exports_it() {
     let case = common::fixtures().join("ruby-dfs-poc/all-types-poc");
@@ -597,6 +597,11 @@ fn the_one_file_per_process_layout_is_served_as_the_branch_exports_it() {
         .args(["--registry", registry.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(out.status.success());
+    // The stray entry makes the output partial, which the exit status says.
+    assert!(!out.status.success(), "{out:?}");
     assert!(out.stdout == expected);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 entries were skipped"),
+        "{out:?}"
+    );
 }
