@@ -274,11 +274,14 @@ impl Sink<'_> {
     }
 }
 
+/// A per-process key split: its metric's name (decoded), and the rest of the key.
+pub type MetricAndKey<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+
 /// A per-process key's metric name (decoded) and the key without that label
 /// (the first `___metric_name`, as the branch's `CGI::parse(...).first`
 /// takes; a second one stays, and is refused as a reserved label name).
 /// `None` if the key has no such label or its value does not decode.
-pub fn split_metric_name(raw: &[u8]) -> Option<(Cow<'_, [u8]>, Cow<'_, [u8]>)> {
+pub fn split_metric_name(raw: &[u8]) -> Option<MetricAndKey<'_>> {
     let mut at = 0;
     loop {
         let end = memchr::memchr(b'&', &raw[at..]).map_or(raw.len(), |i| at + i);
