@@ -1,7 +1,8 @@
 //! Property tests for the first half: random registries, label values, values
 //! and op sequences over 1–12 processes. Every write-side strategy combination
 //! must write the same store bytes (timestamps aside), and every export-side
-//! combination must print the same exposition as the baseline.
+//! combination must print the same exposition as the baseline (and, in the
+//! one-file-per-process layout, as the naive reference).
 
 mod common;
 #[path = "common/generators.rs"]
@@ -209,6 +210,33 @@ proptest! {
                 // scrape runs its plan.
                 exporter.export_into(&mut out).unwrap();
                 prop_assert!(out == expected, "scrape {} again with {} differs", i, strategies);
+            }
+        }
+    }
+
+    /// The one-file-per-process layout of client_ruby's PoC branch: the same
+    /// store with some (or all, or none) of its processes' files merged into
+    /// one file each, keys naming their metric; every export combination,
+    /// one-shot and long-lived, prints what the naive reference prints.
+    #[test]
+    fn the_one_file_per_process_layout_exports_as_the_reference(case in case(), merged in proptest::collection::vec(any::<bool>(), 12)) {
+        let dir = tempfile::tempdir().unwrap();
+        write_store(&case, dir.path(), StrategySet::NONE);
+        for ((dialect, log), merge) in case.processes.iter().zip(&merged) {
+            if *merge {
+                promlab::scenarios::per_process_layout::merge_process(dir.path(), &case.registry, &log.pid.to_string(), *dialect).unwrap();
+            }
+        }
+        let expected = promlab::reference::exposition::export(dir.path(), &case.registry).unwrap();
+        let mut out = Vec::new();
+        for strategies in StrategySet::combinations(Stage::Export) {
+            let got = promlab::export::export(dir.path(), &case.registry, strategies).unwrap();
+            prop_assert!(got == expected, "export with {} differs: {}", strategies,
+                promlab::reference::first_difference::first_difference(&got, &expected, "ours", "reference"));
+            let mut exporter = promlab::export::Exporter::new(dir.path(), case.registry.clone(), strategies);
+            for scrape in 0..2 {
+                exporter.export_into(&mut out).unwrap();
+                prop_assert!(out == expected, "scrape {} with {} differs", scrape, strategies);
             }
         }
     }

@@ -195,6 +195,94 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The one-file-per-process layout (client_ruby's PoC branch): exited
+    /// processes' files merged into `metrics___<pid>.bin` (some of them),
+    /// live ones left per metric, so both layouts share the store; folding
+    /// changes no exposition under any export combination, and the store
+    /// still prints what the naive reference prints.
+    #[test]
+    fn folding_the_one_file_per_process_layout_changes_no_exposition(
+        (pool, processes) in case(),
+        merged in proptest::collection::vec(any::<bool>(), 14),
+        max_batch in prop_oneof![Just(1024usize), 1usize..4],
+    ) {
+        let registry = registry();
+        let dir = tempfile::tempdir().unwrap();
+        let _live = write(dir.path(), &registry, &pool, &processes);
+        for (process, merge) in processes.iter().zip(&merged) {
+            if !process.live && *merge {
+                promlab::scenarios::per_process_layout::merge_process(dir.path(), &registry, &process.pid.to_string(), process.dialect).unwrap();
+            }
+        }
+        let before = export_all(dir.path(), &registry);
+        let reference = promlab::reference::exposition::export(dir.path(), &registry).unwrap();
+        prop_assert!(before[0].1 == reference);
+        let config = FoldConfig { grace: std::time::Duration::ZERO, max_batch, durable: false, ..FoldConfig::default() };
+        let report = fold_store(dir.path(), &registry, &config).unwrap();
+        prop_assert!(report.metrics_skipped.is_empty(), "{report:?}");
+        let after = export_all(dir.path(), &registry);
+        for ((strategies, a), (_, b)) in before.iter().zip(&after) {
+            prop_assert!(a == b, "{strategies}: {}\n---\n{}", String::from_utf8_lossy(a), String::from_utf8_lossy(b));
+        }
+        prop_assert!(promlab::reference::exposition::export(dir.path(), &registry).unwrap() == reference);
+    }
+}
+
+/// Every process exited and in the one-file-per-process layout: their files
+/// fold into one, `metrics___<8+ digits>.bin`, in front.
+#[test]
+fn exited_processes_of_the_one_file_per_process_layout_fold_into_one_file() {
+    let registry = registry();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = vec!["/a".to_owned(), "/b c".to_owned(), "é&=%".to_owned()];
+    let processes: Vec<Process> = (0..30)
+        .map(|i| Process {
+            pid: 30_000 + i * 13,
+            dialect: Dialect::Cgi,
+            live: false,
+            ops: (0..9)
+                .map(|m| (m, (i as usize + m) % 3, 1.0 + m as f64))
+                .collect(),
+        })
+        .collect();
+    write(dir.path(), &registry, &pool, &processes);
+    promlab::scenarios::per_process_layout::convert_store(dir.path(), &registry, Dialect::Cgi)
+        .unwrap();
+    assert_eq!(files(dir.path()).len(), 30);
+    let before = export_all(dir.path(), &registry);
+    let report = fold_store(dir.path(), &registry, &FoldConfig::default()).unwrap();
+    assert_eq!(report.files_folded, 30, "{report:?}");
+    assert_eq!(report.fold_files_written, 1, "{report:?}");
+    assert_eq!(export_all(dir.path(), &registry), before);
+    let names: Vec<String> = files(dir.path()).into_keys().collect();
+    assert_eq!(names, ["metrics___30000000.bin"]);
+}
+
+/// The stores client_ruby's PoC branch wrote, folded: every export
+/// combination still prints the branch's own exposition.
+#[test]
+fn the_poc_branchs_own_stores_fold_to_the_same_exposition() {
+    let (_tmp, cases) = common::per_process_cases();
+    for case in cases {
+        let registry = Registry::load(&case.join("registry.json")).unwrap();
+        let expected = std::fs::read(case.join("expected.prom")).unwrap();
+        let store = case.join("store");
+        let config = FoldConfig {
+            grace: std::time::Duration::ZERO,
+            durable: false,
+            ..FoldConfig::default()
+        };
+        let report = fold_store(&store, &registry, &config).unwrap();
+        assert!(report.files_folded >= 2, "{report:?}");
+        for (strategies, out) in export_all(&store, &registry) {
+            assert!(out == expected, "{}: {strategies}", case.display());
+        }
+    }
+}
+
 /// With every process exited, a metric's files fold into one, in front.
 #[test]
 fn exited_processes_fold_into_one_file_per_metric() {

@@ -13,12 +13,16 @@
 //! gets a new slot; the old one is *released*, and whoever keeps something by
 //! slot forgets it ([`FileSet::take_released`]).
 //!
+//! Every listing also notes the files of the one-file-per-process layout
+//! (`metrics___<id>.bin`); once one was met, the exporter reads the store as
+//! [`crate::export::per_process`] does, listing it once per scrape.
+//!
 //! A store that was folded (`crate::export::fold`) has `.fold/`: then the
 //! fold lock is held shared for the scrape and the sources of a committed but
 //! unfinished batch are left out ([`FileSet::excluded`]).
 
 use crate::export::fold;
-use crate::format::storefile::parse_file_name;
+use crate::format::storefile::{parse_file_name, parse_process_file_name};
 use crate::shared::seams::Listing;
 use anyhow::{Context, Result};
 use std::collections::HashMap;
@@ -89,6 +93,12 @@ pub(crate) struct FileSet {
     /// the store (a batch commits by renaming its fold file into the store
     /// and ends by moving its sources out, under the fold lock).
     sources_stale: bool,
+    /// The files of the one-file-per-process layout (`metrics___<id>.bin`),
+    /// sorted by name, as the last full listing found them (name, inode).
+    process_files: Vec<(Box<[u8]>, u64)>,
+    /// Whether any listing or event ever met such a file: the exporter then
+    /// reads the store as [`crate::export::per_process`] does.
+    process_files_seen: bool,
     /// A watched store's fold lock file, kept open.
     fold_lock: Option<std::sync::Arc<std::fs::File>>,
     /// Counts listings and applied events: while it stays the same, so do
@@ -120,6 +130,8 @@ impl FileSet {
             folded: false,
             excluded: HashMap::new(),
             sources_stale: true,
+            process_files: Vec::new(),
+            process_files_seen: false,
             fold_lock: None,
             generation: 0,
         }
@@ -207,9 +219,28 @@ impl FileSet {
         self.watch.is_some()
     }
 
+    /// Whether a listing or an event ever met a file of the
+    /// one-file-per-process layout.
+    pub(crate) fn process_files_seen(&self) -> bool {
+        self.process_files_seen
+    }
+
+    /// The one-file-per-process layout's files (name, inode), sorted by
+    /// name, as the last full listing found them (a store read in that
+    /// layout is listed once per scrape).
+    pub(crate) fn process_files(&self) -> &[(Box<[u8]>, u64)] {
+        &self.process_files
+    }
+
     /// Metric `index`'s files, sorted by name, and the files to leave out.
     pub(crate) fn view(&self, index: usize) -> (&[Listed], &HashMap<Vec<u8>, u64>) {
         (&self.files[index], &self.excluded)
+    }
+
+    /// The files to leave out (name → inode): the sources of a fold batch
+    /// committed and not finished.
+    pub(crate) fn excluded(&self) -> &HashMap<Vec<u8>, u64> {
+        &self.excluded
     }
 
     /// Changes whenever the listing may have: each listing (a baseline or
@@ -248,6 +279,8 @@ impl FileSet {
             let name = entry.file_name();
             if crate::format::storefile::is_metric_file(name.as_bytes(), &metric) {
                 found.push((Box::<[u8]>::from(name.as_bytes()), entry.ino()));
+            } else if parse_process_file_name(name.as_bytes()).is_some() {
+                self.process_files_seen = true;
             }
         }
         self.folded = self.dir.join(fold::FOLD_DIR).is_dir();
@@ -260,6 +293,8 @@ impl FileSet {
         use std::os::unix::fs::DirEntryExt;
         let mut found: Vec<Vec<(Box<[u8]>, u64)>> = vec![Vec::new(); self.files.len()];
         let mut folded = false;
+        let mut process_files = std::mem::take(&mut self.process_files);
+        process_files.clear();
         for entry in self.read_dir()? {
             let entry = entry?;
             let name = entry.file_name();
@@ -268,8 +303,13 @@ impl FileSet {
                 folded = true;
             } else if let Some(index) = self.metric_of(name) {
                 found[index].push((name.into(), entry.ino()));
+            } else if parse_process_file_name(name).is_some() {
+                process_files.push((name.into(), entry.ino()));
             }
         }
+        process_files.sort_unstable();
+        self.process_files_seen |= !process_files.is_empty();
+        self.process_files = process_files;
         self.folded = folded;
         self.sources_stale = true;
         for (index, files) in found.into_iter().enumerate() {
@@ -378,6 +418,9 @@ impl FileSet {
                     self.folded = true;
                     self.fold_lock = None;
                     return;
+                }
+                if parse_process_file_name(&name).is_some() {
+                    self.process_files_seen = true;
                 }
                 let Some(index) = self.metric_of(&name) else {
                     return;

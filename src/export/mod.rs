@@ -38,6 +38,10 @@
 //! With `Keep::Catalogue`, what is gone is dropped when the catalogue
 //! outgrows the live series by `CATALOGUE_SLACK`; order of appearance is
 //! recomputed every scrape, so output never depends on history.
+//!
+//! A store in the one-file-per-process layout of client_ruby's
+//! `poc_file_per_process` branch (`metrics___<pid>.bin`), or holding both
+//! layouts, is read by [`per_process`] once the listing met such a file.
 
 mod aggregate;
 pub mod dump;
@@ -45,6 +49,7 @@ pub(crate) mod fileset;
 pub mod fold;
 mod keys;
 pub mod liveness;
+mod per_process;
 mod plan;
 mod read;
 mod scrape;
@@ -53,6 +58,7 @@ mod skip;
 pub use crate::export::fileset::Watch as StoreWatch;
 use crate::export::fileset::{FileSet, Listed};
 use crate::export::liveness::Writers;
+pub use crate::export::per_process::split_metric_name;
 use crate::format::formenc;
 use crate::format::registry::{is_label_name, MetricDef, MetricType, ProcessAggregation, Registry};
 use crate::format::storefile::{
@@ -189,6 +195,9 @@ pub struct Exporter {
     /// The last clean scrape, written down to be replayed as a whole while
     /// the store keeps its shape (see [`plan`]).
     plan: Option<plan::ScrapePlan>,
+    /// Set once a file of the one-file-per-process layout was met: the
+    /// store is read as [`per_process`] reads it from then on.
+    per_process: Option<Box<per_process::PerProcess>>,
 }
 
 /// One staged entry: its series, and its value and timestamp as stored.
@@ -366,6 +375,7 @@ impl Exporter {
             report: Box::default(),
             values: ValuesBuffers::default(),
             plan: None,
+            per_process: None,
         }
     }
 
@@ -430,9 +440,13 @@ impl Exporter {
         self.report.clear();
         let deadline = self.start_clocks();
         self.reader.start_scrape();
-        let _fold_lock = self.files.lock_for_scrape()?;
-        self.absorb_listing_changes();
-        self.scrape(def_index, deadline)?;
+        if self.per_process.is_some() || self.files.process_files_seen() {
+            self.scrape_per_process(deadline, None)?;
+        } else {
+            let _fold_lock = self.files.lock_for_scrape()?;
+            self.absorb_listing_changes();
+            self.scrape(def_index, deadline)?;
+        }
         let state = &self.metrics[def_index];
         Ok(metric_values(
             &self.registry.metrics[def_index],
@@ -547,6 +561,9 @@ impl Exporter {
         self.report.clear();
         let deadline = self.start_clocks();
         self.reader.start_scrape();
+        if self.per_process.is_some() {
+            return self.scrape_per_process(deadline, Some(out));
+        }
         // Without the fold lock: a plan reads only the files it holds
         // mapped, whose bytes a fold does not change (it renames a new fold
         // file in and its sources out), so a fold under way leaves it the
@@ -557,11 +574,14 @@ impl Exporter {
         if self.plan.is_some() {
             self.files.update()?;
             self.absorb_listing_changes();
+            if self.files.process_files_seen() {
+                return self.scrape_per_process(deadline, Some(out));
+            }
             if self.run_plan(out) {
                 return Ok(());
             }
         }
-        let _fold_lock = self.files.lock_for_scrape()?;
+        let fold_lock = self.files.lock_for_scrape()?;
         self.absorb_listing_changes();
         for i in 0..self.registry.metrics.len() {
             self.scrape(i, deadline)?;
@@ -570,12 +590,52 @@ impl Exporter {
             render::write_family(out, def, &values, &state.catalogue.rendered);
             self.values.keep(values);
         }
+        if self.files.process_files_seen() {
+            // The listing met the one-file-per-process layout: this scrape
+            // and every later one read the store so.
+            drop(fold_lock);
+            out.clear();
+            self.report.clear();
+            return self.scrape_per_process(deadline, Some(out));
+        }
         // Only a watched store's listing can be known unchanged (the others
         // are listed every scrape), and only kept files are replayed.
         if self.seams.listing == Listing::Watched && self.files.watching() {
             self.plan = plan::ScrapePlan::build(self, out);
         }
         Ok(())
+    }
+
+    /// A scrape of a store read as [`per_process`] reads it, switching to
+    /// that reading first if needed: listed once per scrape, nothing kept
+    /// mapped, no plan.
+    fn scrape_per_process(&mut self, deadline: Instant, out: Option<&mut Vec<u8>>) -> Result<()> {
+        let mut reading = match self.per_process.take() {
+            Some(reading) => reading,
+            None => {
+                self.plan = None;
+                self.seams.listing = Listing::OncePerScrape;
+                if self.seams.file_read == FileRead::KeptMapped {
+                    self.seams.file_read = FileRead::Mapped;
+                }
+                self.reader = FileReader::new(self.seams.file_read, self.seams.liveness);
+                let names: Vec<String> = self
+                    .registry
+                    .metrics
+                    .iter()
+                    .map(|m| m.name.clone())
+                    .collect();
+                self.files = FileSet::new(&self.dir, &names, self.seams.listing);
+                for (def, state) in self.registry.metrics.iter().zip(&mut self.metrics) {
+                    state.catalogue = Catalogue::new(def, self.seams);
+                    state.scrape = Scrape::default();
+                }
+                Box::new(per_process::PerProcess::new(&self.registry))
+            }
+        };
+        let scraped = reading.scrape(self, deadline, out);
+        self.per_process = Some(reading);
+        scraped
     }
 
     /// Scrapes by the last scrape's plan, if the listing is as it was and

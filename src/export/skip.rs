@@ -67,14 +67,22 @@ pub enum EntrySkip {
     ReservedLabelName,
     /// A decoded label value that is not UTF-8 (`path=%FF%FE`).
     InvalidLabelValue,
+    /// An entry of a one-file-per-process file ([`crate::export::per_process`])
+    /// whose key has no `___metric_name` label.
+    NoMetricName,
+    /// An entry of a one-file-per-process file naming a metric the registry
+    /// does not have (client_ruby's exporter prints registered metrics only).
+    UnregisteredMetric,
 }
 
 impl EntrySkip {
-    pub const ALL: [EntrySkip; 4] = [
+    pub const ALL: [EntrySkip; 6] = [
         EntrySkip::BadKey,
         EntrySkip::InvalidLabelName,
         EntrySkip::ReservedLabelName,
         EntrySkip::InvalidLabelValue,
+        EntrySkip::NoMetricName,
+        EntrySkip::UnregisteredMetric,
     ];
 
     pub fn name(self) -> &'static str {
@@ -83,6 +91,8 @@ impl EntrySkip {
             EntrySkip::InvalidLabelName => "invalid_label_name",
             EntrySkip::ReservedLabelName => "reserved_label_name",
             EntrySkip::InvalidLabelValue => "invalid_label_value",
+            EntrySkip::NoMetricName => "no_metric_name",
+            EntrySkip::UnregisteredMetric => "unregistered_metric",
         }
     }
 }

@@ -77,6 +77,30 @@ pub fn parse_file_name(file_name: &[u8]) -> Option<(&[u8], &[u8])> {
         .then_some((metric, id))
 }
 
+/// The file name prefix of the one-file-per-process layout (client_ruby's
+/// `poc_file_per_process` branch): `metrics___<id>.bin` holds every metric of
+/// one process, each key naming its metric in a [`METRIC_NAME_LABEL`] label.
+/// No per-metric file name starts so (`metric_` then a name, never `metrics`).
+pub const PROCESS_FILE_PREFIX: &[u8] = b"metrics___";
+
+/// The label a one-file-per-process key names its metric by.
+pub const METRIC_NAME_LABEL: &[u8] = b"___metric_name";
+
+/// The path of one process's file in the one-file-per-process layout.
+pub fn process_file_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("metrics___{id}.bin"))
+}
+
+/// A one-file-per-process file name's id: `metrics___<id>.bin` with a
+/// decimal id (a process id, or a fold file's: see [`is_fold_id`]). The
+/// branch's exporter globs `metrics___*`; stray names are not its files.
+pub fn parse_process_file_name(file_name: &[u8]) -> Option<&[u8]> {
+    let id = file_name
+        .strip_prefix(PROCESS_FILE_PREFIX)?
+        .strip_suffix(b".bin")?;
+    (!id.is_empty() && id.iter().all(u8::is_ascii_digit)).then_some(id)
+}
+
 /// Ids of this many digits or more are never process ids: Linux's pids stop
 /// at `PID_MAX_LIMIT`, 2^22 = 4,194,304 (seven digits), in every pid
 /// namespace. The fold names its files so (`crate::export::fold`), so no writer, in

@@ -159,6 +159,32 @@ fn is_file_of(file_name: &str, name: &str) -> bool {
     !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit())
 }
 
+/// A file of the one-file-per-process layout (client_ruby's
+/// `poc_file_per_process` branch): `metrics___<pid>.bin`, every metric of
+/// one process, each key naming its metric in a `___metric_name` label.
+fn is_process_file(file_name: &str) -> bool {
+    file_name
+        .strip_suffix(".bin")
+        .and_then(|s| s.strip_prefix("metrics___"))
+        .is_some_and(|id| !id.is_empty() && id.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// The label a key of the one-file-per-process layout names its metric by.
+const METRIC_NAME_LABEL: &[u8] = b"___metric_name";
+
+/// A one-file-per-process key's labels if it belongs to metric `name`: the
+/// first `___metric_name` label names the metric and is taken out, the
+/// others must be servable as they stand.
+fn process_file_labels(key: &[u8], name: &str) -> Option<Labels> {
+    let mut labels = decode_key(key).ok()?;
+    let at = labels.iter().position(|(n, _)| n == METRIC_NAME_LABEL)?;
+    if labels[at].1 != name.as_bytes() {
+        return None;
+    }
+    labels.remove(at);
+    servable(labels)
+}
+
 /// `[a-zA-Z_][a-zA-Z0-9_]*`, written out.
 fn valid_label_name(name: &[u8]) -> bool {
     !name.is_empty()
@@ -174,7 +200,10 @@ fn valid_label_name(name: &[u8]) -> bool {
 /// no empty or repeated label name, every name a Prometheus label name that
 /// does not start with `__` (reserved), every value UTF-8.
 fn servable_labels(key: &[u8]) -> Option<Labels> {
-    let labels = decode_key(key).ok()?;
+    servable(decode_key(key).ok()?)
+}
+
+fn servable(labels: Labels) -> Option<Labels> {
     for (i, (name, value)) in labels.iter().enumerate() {
         if !valid_label_name(name)
             || name.starts_with(b"__")
@@ -187,21 +216,26 @@ fn servable_labels(key: &[u8]) -> Option<Labels> {
     Some(labels)
 }
 
-/// Every (label set, value, timestamp) of one metric, in sorted file order.
-/// A file that is not a regular file or not a whole store file counts for
+/// Every (label set, value, timestamp) of one metric, in sorted file order:
+/// the metric's own files and the one-file-per-process layout's files (the
+/// former sort first: `metric_` before `metrics`), the latter's entries of
+/// other metrics left out. A file that is not a regular file or not a whole store file counts for
 /// nothing; an entry whose key is not servable is left out.
 fn metric_entries(dir: &Path, name: &str) -> Result<Vec<(Labels, f64, f64)>> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let file_name = entry?.file_name();
-        if file_name.to_str().is_some_and(|f| is_file_of(f, name)) {
+        if file_name
+            .to_str()
+            .is_some_and(|f| is_file_of(f, name) || is_process_file(f))
+        {
             files.push(file_name);
         }
     }
     files.sort_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));
     let mut out = Vec::new();
     for file_name in files {
-        let path = dir.join(file_name);
+        let path = dir.join(&file_name);
         if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
             continue;
         }
@@ -224,8 +258,14 @@ fn metric_entries(dir: &Path, name: &str) -> Result<Vec<(Labels, f64, f64)>> {
             continue;
         };
         // A key padded with more than eight spaces is not one client_ruby wrote.
+        let per_process = file_name.to_str().is_some_and(is_process_file);
         for e in entries.into_iter().filter(|e| e.padding <= 8) {
-            if let Some(labels) = servable_labels(&e.key) {
+            let labels = if per_process {
+                process_file_labels(&e.key, name)
+            } else {
+                servable_labels(&e.key)
+            };
+            if let Some(labels) = labels {
                 out.push((labels, e.value, e.timestamp));
             }
         }

@@ -23,6 +23,35 @@ pub const RUBY_CASES: [(&str, &str); 4] = [
     ("seed-repro-v5-uri", "uri"),
 ];
 
+/// The one-file-per-process cases (`ruby-dfs-poc/`), written by client_ruby's
+/// `poc_file_per_process` branch: a temporary directory holding them all
+/// (the seed repro unpacked), and each case's directory in it.
+pub fn per_process_cases() -> (tempfile::TempDir, Vec<PathBuf>) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = fixtures().join("ruby-dfs-poc");
+    let archive = std::fs::File::open(root.join("seed-repro-poc.tar.gz")).unwrap();
+    tar::Archive::new(flate2::read::GzDecoder::new(archive))
+        .unpack(tmp.path())
+        .expect("unpack");
+    let all_types = tmp.path().join("all-types-poc");
+    copy_dir(&root.join("all-types-poc"), &all_types);
+    let cases = vec![all_types, tmp.path().join("seed-repro-poc")];
+    (tmp, cases)
+}
+
+/// Copies a directory tree.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
 /// Unpacks the large case into a temporary directory.
 pub fn unpack_large() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -437,6 +437,65 @@ fn client_ruby_reads_a_folded_store_and_keeps_writing_into_it() {
     }
 }
 
+/// client_ruby's PoC branch (one file per process, `metrics___<pid>.bin`)
+/// reads the stores it wrote, folded by `promlab fold`: its own exporter
+/// prints its `expected.prom` before and after the fold, and so does
+/// promlab under every export combination.
+#[test]
+fn the_poc_branch_reads_its_own_stores_folded_by_promlab() {
+    let Some(shared) = ruby_and_client_ruby() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let lib = client_ruby_lib(&shared, "poc-file-per-process", tmp.path());
+    let (_cases_tmp, cases) = common::per_process_cases();
+    for case in cases {
+        let (store, registry_file) = (case.join("store"), case.join("registry.json"));
+        let registry = promlab::format::registry::Registry::load(&registry_file).unwrap();
+        let expected = std::fs::read(case.join("expected.prom")).unwrap();
+        let ruby_export = || {
+            let out = Command::new("ruby")
+                .arg("-I")
+                .arg(&lib)
+                .arg(export_rb())
+                .arg(&registry_file)
+                .arg(&store)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}: {out:?}", case.display());
+            out.stdout
+        };
+        assert!(ruby_export() == expected, "{}: before", case.display());
+        let before = store_files(&store).len();
+        let out = promlab()
+            .arg("fold")
+            .arg("--store")
+            .arg(&store)
+            .arg("--registry")
+            .arg(&registry_file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let after = store_files(&store);
+        assert!(after.len() < before, "{after:?}");
+        assert!(
+            after
+                .iter()
+                .any(|n| n.starts_with("metrics___") && n.len() >= 22),
+            "{after:?}"
+        );
+        assert!(
+            ruby_export() == expected,
+            "{}: Ruby after the fold",
+            case.display()
+        );
+        for strategies in StrategySet::combinations(Stage::Export) {
+            let out = promlab::export::export(&store, &registry, strategies).unwrap();
+            assert!(out == expected, "{}: {strategies}", case.display());
+        }
+    }
+}
+
 struct App {
     child: std::process::Child,
 }

@@ -553,3 +553,55 @@ fn a_sparse_file_claiming_two_gib_costs_nothing() {
     }
     assert_eq!(skipped(server.addr, "files", "corrupt"), 2.0);
 }
+
+/// The one-file-per-process layout of client_ruby's PoC branch: a sidecar
+/// started on an empty store serves the branch's own store once its files
+/// appear, byte for byte the branch's exposition, and counts (never serves)
+/// an entry naming a metric the registry does not have; `promlab export`
+/// prints the same bytes, and exits non-zero for the entry it skipped.
+#[test]
+fn the_one_file_per_process_layout_is_served_as_the_branch_exports_it() {
+    let case = common::fixtures().join("ruby-dfs-poc/all-types-poc");
+    let expected = std::fs::read(case.join("expected.prom")).unwrap();
+    let registry = case.join("registry.json");
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let server = serve(&store, &registry, "all", None);
+    let addr = server.addr;
+    assert_eq!(get(addr, "/metrics").status, 200);
+    common::copy_dir(&case.join("store"), &store);
+    let stray = promlab::format::storefile::file_bytes_with_timestamps([(
+        &b"___metric_name=not_registered&a=1"[..],
+        1.0,
+        0.0,
+    )]);
+    std::fs::write(store.join("metrics___99.bin"), stray).unwrap();
+    for _ in 0..2 {
+        let response = get(addr, "/metrics");
+        assert_eq!(response.status, 200);
+        assert!(
+            response.body == expected,
+            "{}",
+            promlab::reference::first_difference::first_difference(
+                &response.body,
+                &expected,
+                "served",
+                "ruby"
+            )
+        );
+    }
+    assert_eq!(skipped(addr, "entries", "unregistered_metric"), 2.0);
+    let out = Command::new(env!("CARGO_BIN_EXE_promlab"))
+        .args(["export", "--store", store.to_str().unwrap()])
+        .args(["--registry", registry.to_str().unwrap()])
+        .output()
+        .unwrap();
+    // The stray entry makes the output partial, which the exit status says.
+    assert!(!out.status.success(), "{out:?}");
+    assert!(out.stdout == expected);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 entries were skipped"),
+        "{out:?}"
+    );
+}

@@ -6,7 +6,8 @@
 # labels, aggregation, histogram buckets as Ruby prints them) in a fresh registry whose
 # DirectFileStore points at STORE_DIR, then writes Formats::Text.marshal of it.
 # Registering an unlabeled metric makes client_ruby write its zero series into this
-# process's own file (metric_<name>___<pid>.bin); those files are removed before the
+# process's own file (metric_<name>___<pid>.bin, or metrics___<pid>.bin with the
+# poc_file_per_process branch); those files are removed before the
 # export, so STORE_DIR must be a scratch directory (symlinks to the fixture's files).
 require 'json'
 require 'prometheus/client'
@@ -46,7 +47,8 @@ JSON.parse(File.read(registry_json)).fetch("metrics").each do |m|
   registry.register(metric)
 end
 
-Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin")).each { |f| File.delete(f) }
+# (`metrics___<pid>.bin` in the one-file-per-process layout of the poc_file_per_process branch.)
+Dir.glob(File.join(dir, "metric{_*,s}___#{Process.pid}.bin")).each { |f| File.delete(f) }
 
 text = Prometheus::Client::Formats::Text.marshal(registry)
 out ? File.binwrite(out, text) : $stdout.write(text)

@@ -4,7 +4,8 @@
 # them, so instead it does the work in a child, whose pid differs; repeated until the store
 # holds no file of the working process's pid. The parent exits with the child's status.
 def work_under_a_pid_the_store_lacks(dir)
-  while Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin")).any?
+  # `metrics___<pid>.bin`: the one-file-per-process layout of the poc_file_per_process branch.
+  while Dir.glob(File.join(dir, "metric{_*,s}___#{Process.pid}.bin")).any?
     child = Process.fork
     next if child.nil?
 

@@ -3,6 +3,12 @@
 //! so a store that long-running apps fill with one file per worker per
 //! metric (client_ruby#143, #232) goes back to O(live processes) files.
 //!
+//! In the one-file-per-process layout of client_ruby's `poc_file_per_process`
+//! branch (`metrics___<pid>.bin`, [`crate::export::per_process`]) all of a
+//! store's such files are one group, folded by the same rules into
+//! `metrics___<8+ digits>.bin`, each series (its metric and its other
+//! labels) by its own metric's aggregation.
+//!
 //! # What a fold keeps identical
 //!
 //! An exporter (client_ruby's, promlab's) visits a metric's files in sorted
@@ -72,7 +78,8 @@ use crate::export::liveness::{self, HeldLease, Writers};
 use crate::format::formenc;
 use crate::format::registry::{is_label_name, ProcessAggregation, Registry};
 use crate::format::storefile::{
-    self, check_used, entries, flock, is_fold_id, parse_file_name, FOLD_ID_DIGITS, HEADER_SIZE,
+    self, check_used, entries, flock, is_fold_id, parse_file_name, parse_process_file_name,
+    FOLD_ID_DIGITS, HEADER_SIZE, METRIC_NAME_LABEL,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
@@ -90,6 +97,35 @@ use dir::*;
 pub use dir::{committed_sources, SharedLock};
 use plan::*;
 use snapshot::*;
+
+/// The journal key of the one-file-per-process layout's batches (no metric
+/// name has a `-`, so it is no metric's).
+const PER_PROCESS_KEY: &str = "per-process";
+
+/// Each series' aggregation in a plan.
+pub(super) enum Modes {
+    /// One metric's files: its aggregation.
+    One(ProcessAggregation),
+    /// One-file-per-process files: per series, its metric's.
+    PerSeries(Vec<ProcessAggregation>),
+}
+
+impl Modes {
+    pub(super) fn of(&self, series: usize) -> ProcessAggregation {
+        match self {
+            Modes::One(mode) => *mode,
+            Modes::PerSeries(modes) => modes[series],
+        }
+    }
+}
+
+/// A store file's id, in either layout (`metric_<name>___<id>.bin`,
+/// `metrics___<id>.bin`).
+pub(super) fn file_id(name: &[u8]) -> Option<&[u8]> {
+    parse_file_name(name)
+        .map(|(_, id)| id)
+        .or_else(|| parse_process_file_name(name))
+}
 
 /// The fold's own directory inside a store directory.
 pub const FOLD_DIR: &str = ".fold";
@@ -242,36 +278,115 @@ pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Resul
         ..FoldReport::default()
     };
     let mut by_metric: HashMap<Vec<u8>, Vec<(Vec<u8>, u64)>> = HashMap::new();
+    let mut per_process: Vec<(Vec<u8>, u64)> = Vec::new();
     for entry in std::fs::read_dir(dir)
         .with_context(|| format!("cannot read store directory {}", dir.display()))?
     {
         let entry = entry?;
         let name = entry.file_name().as_encoded_bytes().to_vec();
+        use std::os::unix::fs::DirEntryExt;
         if let Some((metric, _)) = parse_file_name(&name) {
-            use std::os::unix::fs::DirEntryExt;
             by_metric
                 .entry(metric.to_vec())
                 .or_default()
                 .push((name, entry.ino()));
+        } else if parse_process_file_name(&name).is_some() {
+            per_process.push((name, entry.ino()));
         }
     }
-    let mut killer = config.kill_at;
-    // The last write of the longest-waiting process's file folded.
-    let mut oldest: Option<SystemTime> = None;
+    let mut fold = Folding {
+        dir,
+        fold_dir: &fold_dir,
+        config,
+        killer: config.kill_at,
+        report: &mut report,
+        oldest: None,
+        per_metric: HashMap::new(),
+        per_metric_read: true,
+    };
     for def in &registry.metrics {
-        let Some(mut files) = by_metric.remove(def.name.as_bytes()) else {
+        let Some(files) = by_metric.remove(def.name.as_bytes()) else {
             continue;
         };
+        let ids = SeriesIds::default();
+        fold.group(&def.name, files, ids, def.aggregation());
+    }
+    if !per_process.is_empty() {
+        // The one-file-per-process layout: its files are one group, each
+        // series folded by its own metric's aggregation.
+        let ids = SeriesIds::per_process(registry);
+        fold.group(PER_PROCESS_KEY, per_process, ids, ProcessAggregation::Sum);
+    }
+    let oldest = fold.oldest;
+    report.lag = oldest.map(|mtime| mtime.elapsed().unwrap_or_default());
+    Ok(report)
+}
+
+/// One fold of a store, group by group (a metric's files, or the
+/// one-file-per-process layout's).
+struct Folding<'a> {
+    dir: &'a Path,
+    fold_dir: &'a FoldDir,
+    config: &'a FoldConfig,
+    killer: Option<FoldStep>,
+    report: &'a mut FoldReport,
+    /// The last write of the longest-waiting process's file folded.
+    oldest: Option<SystemTime>,
+    /// Every series of the per-metric files (`___metric_name` first, then
+    /// its labels), with its aggregate over them: what an exporter has
+    /// folded before it reads the one-file-per-process layout's files.
+    per_metric: HashMap<LabelSet, Aggregate>,
+    /// Whether every metric's per-metric files were read.
+    per_metric_read: bool,
+}
+
+impl Folding<'_> {
+    /// Folds one group's files (`key` names it in journals and the report).
+    fn group(
+        &mut self,
+        key: &str,
+        mut files: Vec<(Vec<u8>, u64)>,
+        mut ids: SeriesIds,
+        one: ProcessAggregation,
+    ) {
+        let (config, report) = (self.config, &mut *self.report);
+        let per_process = ids.metrics.is_some();
+        if per_process && !self.per_metric_read {
+            // Its runs could not be checked against what comes before them.
+            report
+                .metrics_skipped
+                .push(format!("{key}: a metric's per-metric files were not read"));
+            return;
+        }
         files.sort();
-        let snapshot = match read_metric(dir, &files, config) {
+        let snapshot = match read_metric(self.dir, &files, config, &mut ids) {
             Ok(snapshot) => snapshot,
             Err(why) => {
-                report
-                    .metrics_skipped
-                    .push(format!("{}: {why:#}", def.name));
-                continue;
+                report.metrics_skipped.push(format!("{key}: {why:#}"));
+                self.per_metric_read &= per_process;
+                return;
             }
         };
+        let mut before: Vec<Option<Aggregate>> = vec![None; ids.ids.len()];
+        if per_process {
+            for (labels, &series) in &ids.ids {
+                before[series] = self.per_metric.get(labels).copied();
+            }
+        } else {
+            for file in &snapshot {
+                for &(series, value, timestamp) in &file.entries {
+                    fold_into(&mut before[series], one, value, timestamp);
+                }
+            }
+            for (labels, &series) in &ids.ids {
+                if let Some(agg) = before[series] {
+                    let mut named = vec![(METRIC_NAME_LABEL.to_vec(), key.as_bytes().to_vec())];
+                    named.extend(labels.iter().cloned());
+                    self.per_metric.insert(named, agg);
+                }
+            }
+            before.clear();
+        }
         for file in &snapshot {
             match file.state {
                 FileState::Live => report.live_files += 1,
@@ -279,8 +394,8 @@ pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Resul
                 _ => {}
             }
         }
-        let mode = def.aggregation();
-        let plan = plan_metric(&snapshot, mode, config.max_batch);
+        let modes = ids.modes(one);
+        let plan = plan_metric(&snapshot, &modes, config.max_batch, before);
         report.files_left += plan.left as u64;
         // A long run commits batch by batch; each batch's fold file holds
         // the run's aggregate so far and replaces the one before it (the
@@ -309,7 +424,7 @@ pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Resul
                     Batch {
                         members: start..end,
                         name: run.name.clone(),
-                        entries: run_entries(&snapshot, run.files.start..end, mode),
+                        entries: run_entries(&snapshot, run.files.start..end, &modes),
                     },
                 ));
             }
@@ -317,7 +432,10 @@ pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Resul
                 break;
             }
             let batches: Vec<Batch> = round.iter().map(|(_, batch)| batch.clone()).collect();
-            match fold_dir.fold_round(&def.name, &snapshot, &batches, config, &mut killer) {
+            match self
+                .fold_dir
+                .fold_round(key, &snapshot, &batches, config, &mut self.killer)
+            {
                 Ok(folded) => {
                     for ((r, batch), ok) in round.into_iter().zip(folded) {
                         let run = &plan.runs[r];
@@ -328,10 +446,10 @@ pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Resul
                         }
                         report.files_folded += batch.members.len() as u64;
                         for file in &snapshot[batch.members.clone()] {
-                            let waiting =
-                                parse_file_name(&file.name).is_some_and(|(_, id)| !is_fold_id(id));
+                            let waiting = file_id(&file.name).is_some_and(|id| !is_fold_id(id));
                             if let (true, Some(mtime)) = (waiting, file.mtime) {
-                                oldest = Some(oldest.map_or(mtime, |o: SystemTime| o.min(mtime)));
+                                self.oldest =
+                                    Some(self.oldest.map_or(mtime, |o: SystemTime| o.min(mtime)));
                             }
                         }
                         next[r] = batch.members.end;
@@ -341,16 +459,12 @@ pub fn fold_store(dir: &Path, registry: &Registry, config: &FoldConfig) -> Resul
                     }
                 }
                 Err(err) => {
-                    report
-                        .metrics_skipped
-                        .push(format!("{}: {err:#}", def.name));
+                    report.metrics_skipped.push(format!("{key}: {err:#}"));
                     break 'rounds;
                 }
             }
         }
     }
-    report.lag = oldest.map(|mtime| mtime.elapsed().unwrap_or_default());
-    Ok(report)
 }
 
 /// Finishes or undoes the batches that interrupted folds left (their

@@ -31,7 +31,7 @@ pub(super) struct Batch {
 pub(super) fn run_entries(
     files: &[FileSnapshot],
     range: std::ops::Range<usize>,
-    mode: ProcessAggregation,
+    modes: &Modes,
 ) -> Option<Vec<FoldedEntry>> {
     let mut run = Run {
         start: range.start,
@@ -39,7 +39,7 @@ pub(super) fn run_entries(
         place: HashMap::new(),
     };
     for i in range {
-        add_to_run(&mut run, i, &files[i], &[], mode);
+        add_to_run(&mut run, i, &files[i], &[], modes);
     }
     (!run.series.is_empty()).then(|| {
         run.series
@@ -72,12 +72,15 @@ pub(super) struct Run {
 /// aggregate after it. Otherwise (and at a live or odd file, or the end) the
 /// run closes, and is folded if it has two files or more and a name fits
 /// between its neighbours (and before its second batch, `max_batch` files in).
+/// `before`: per series, its aggregate over the files an exporter reads
+/// before these (the per-metric files, for the one-file-per-process layout's).
 pub(super) fn plan_metric(
     files: &[FileSnapshot],
-    mode: ProcessAggregation,
+    modes: &Modes,
     max_batch: usize,
+    before: Vec<Option<Aggregate>>,
 ) -> Plan {
-    let mut state: Vec<Option<Aggregate>> = Vec::new();
+    let mut state = before;
     let mut plan = Plan {
         runs: Vec::new(),
         left: 0,
@@ -89,7 +92,7 @@ pub(super) fn plan_metric(
     for (i, file) in files.iter().enumerate() {
         let foldable = file.state == FileState::Exited;
         if let Some(open) = &run {
-            if !foldable || !extends_exactly(open, file, &state, mode) {
+            if !foldable || !extends_exactly(open, file, &state, modes) {
                 let closed = run.take().expect("open");
                 close_run(closed, i, files, max_batch, &mut plan, &mut prev_name);
             }
@@ -102,14 +105,14 @@ pub(super) fn plan_metric(
                 series: Vec::new(),
                 place: HashMap::new(),
             };
-            if extends_exactly(&fresh, file, &state, mode) {
+            if extends_exactly(&fresh, file, &state, modes) {
                 run = Some(fresh);
             } else {
                 plan.left += 1;
             }
         }
         match &mut run {
-            Some(open) if foldable => add_to_run(open, i, file, &state, mode),
+            Some(open) if foldable => add_to_run(open, i, file, &state, modes),
             _ => {
                 if file.state == FileState::Odd {
                     plan.left += 1;
@@ -122,7 +125,7 @@ pub(super) fn plan_metric(
             if series >= state.len() {
                 state.resize(series + 1, None);
             }
-            fold_into(&mut state[series], mode, value, timestamp);
+            fold_into(&mut state[series], modes.of(series), value, timestamp);
         }
     }
     if let Some(closed) = run {
@@ -155,12 +158,13 @@ pub(super) fn extends_exactly(
     run: &Run,
     file: &FileSnapshot,
     state: &[Option<Aggregate>],
-    mode: ProcessAggregation,
+    modes: &Modes,
 ) -> bool {
     // The file's effect on the series it touches, both ways.
     let mut seq: HashMap<usize, Option<Aggregate>> = HashMap::new();
     let mut own: HashMap<usize, (Option<Aggregate>, Aggregate)> = HashMap::new();
     for &(series, value, timestamp) in &file.entries {
+        let mode = modes.of(series);
         let slot = seq
             .entry(series)
             .or_insert_with(|| state.get(series).copied().flatten());
@@ -182,10 +186,11 @@ pub(super) fn extends_exactly(
             }
         }
     }
-    own.iter().all(|(series, (before, agg))| {
+    own.iter().all(|(&series, (before, agg))| {
+        let mode = modes.of(series);
         let mut combined = *before;
         fold_into(&mut combined, mode, agg.value, agg.timestamp);
-        same(combined, seq[series], mode)
+        same(combined, seq[&series], mode)
     })
 }
 
@@ -207,9 +212,10 @@ pub(super) fn add_to_run(
     index: usize,
     file: &FileSnapshot,
     state: &[Option<Aggregate>],
-    mode: ProcessAggregation,
+    modes: &Modes,
 ) {
     for (&(series, value, timestamp), &key) in file.entries.iter().zip(&file.keys) {
+        let mode = modes.of(series);
         match run.place.get(&series) {
             Some(&at) => {
                 let agg = &mut run.series[at].2;
@@ -275,7 +281,8 @@ pub(super) fn close_run(
 /// with an id of [`FOLD_ID_DIGITS`] digits or more. A fold file of the run
 /// keeps its name (and is replaced in one rename); otherwise a run member's
 /// id followed by zeros, the first name after it in name order that no
-/// process can have.
+/// process can have (in either layout: `metric_<name>___<id>.bin`,
+/// `metrics___<id>.bin`).
 pub(super) fn fold_file_name(
     members: &[FileSnapshot],
     prev: Option<&[u8]>,
@@ -284,17 +291,17 @@ pub(super) fn fold_file_name(
     let fits = |name: &[u8]| prev.is_none_or(|p| p < name) && next.is_none_or(|n| name < n);
     if let Some(own) = members
         .iter()
-        .find(|f| parse_file_name(&f.name).is_some_and(|(_, id)| is_fold_id(id)))
+        .find(|f| file_id(&f.name).is_some_and(is_fold_id))
     {
         return fits(&own.name).then(|| own.name.clone());
     }
     members.iter().find_map(|member| {
-        let (metric, id) = parse_file_name(&member.name)?;
+        let id = file_id(&member.name)?;
         let zeros = FOLD_ID_DIGITS.saturating_sub(id.len()).max(1);
-        let mut name = b"metric_".to_vec();
-        name.extend_from_slice(metric);
-        name.extend_from_slice(b"___");
-        name.extend_from_slice(id);
+        // The name up to its id (`metric_<name>___` or `metrics___`), the
+        // id, zeros, `.bin`.
+        let before_id = member.name.len() - b".bin".len() - id.len();
+        let mut name = member.name[..before_id + id.len()].to_vec();
         name.resize(name.len() + zeros, b'0');
         name.extend_from_slice(b".bin");
         fits(&name).then_some(name)

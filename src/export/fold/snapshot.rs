@@ -43,8 +43,8 @@ pub(super) fn read_metric(
     dir: &Path,
     files: &[(Vec<u8>, u64)],
     config: &FoldConfig,
+    series: &mut SeriesIds,
 ) -> Result<Vec<FileSnapshot>> {
-    let mut series = SeriesIds::default();
     let mut out = Vec::with_capacity(files.len());
     for (name, ino) in files {
         let path = dir.join(os(name));
@@ -131,13 +131,62 @@ pub(super) type KeyPlace = (usize, (usize, usize));
 /// A folded series: its first raw key met, its aggregate value and timestamp.
 pub(super) type FoldedEntry = (KeyPlace, f64, f64);
 
-/// Decoded label sets → series numbers, for one metric.
+/// Decoded label sets → series numbers, for one metric's files, or for the
+/// files of the one-file-per-process layout (a series there is its metric's
+/// name and its other labels: `___metric_name` first, wherever its key had
+/// it, as the exporter takes it out).
 #[derive(Default)]
 pub(super) struct SeriesIds {
     pub(super) ids: HashMap<LabelSet, usize>,
+    /// One-file-per-process files: each registered metric's aggregation.
+    pub(super) metrics: Option<HashMap<Vec<u8>, ProcessAggregation>>,
+    /// One-file-per-process files: per series, its metric's aggregation.
+    modes: Vec<ProcessAggregation>,
 }
 
 impl SeriesIds {
+    /// For the files of the one-file-per-process layout: an entry whose key
+    /// names no metric of `registry` is one an exporter skips (its file
+    /// stays as it is).
+    pub(super) fn per_process(registry: &Registry) -> SeriesIds {
+        SeriesIds {
+            metrics: Some(
+                registry
+                    .metrics
+                    .iter()
+                    .map(|m| (m.name.as_bytes().to_vec(), m.aggregation()))
+                    .collect(),
+            ),
+            ..SeriesIds::default()
+        }
+    }
+
+    /// Each series' aggregation: `one` for one metric's files.
+    pub(super) fn modes(self, one: ProcessAggregation) -> Modes {
+        match self.metrics {
+            Some(_) => Modes::PerSeries(self.modes),
+            None => Modes::One(one),
+        }
+    }
+
+    /// The series of a raw key, if every exporter exports it.
+    fn series_of(&mut self, raw: &[u8]) -> Option<usize> {
+        let mut labels = exportable_labels(raw)?;
+        let next = self.ids.len();
+        let Some(metrics) = &self.metrics else {
+            return Some(*self.ids.entry(labels).or_insert(next));
+        };
+        let at = labels.iter().position(|(n, _)| n == METRIC_NAME_LABEL)?;
+        let (name, metric) = labels.remove(at);
+        let mode = *metrics.get(&metric)?;
+        labels.insert(0, (name, metric));
+        let id = *self.ids.entry(labels).or_insert(next);
+        if id == next {
+            self.modes.push(mode);
+        }
+        Some(id)
+    }
+
     pub(super) fn snapshot(
         &mut self,
         name: Vec<u8>,
@@ -171,10 +220,8 @@ impl SeriesIds {
                 return snapshot;
             };
             let key = entry.key();
-            match exportable_labels(key) {
-                Some(labels) => {
-                    let next = self.ids.len();
-                    let id = *self.ids.entry(labels).or_insert(next);
+            match self.series_of(key) {
+                Some(id) => {
                     let start = entry.offset() + 4;
                     snapshot
                         .entries

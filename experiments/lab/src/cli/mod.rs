@@ -398,6 +398,12 @@ pub struct ScenarioStoreArgs {
     /// `expected.prom` (the scenario's expected answer, from its independent source).
     #[arg(long)]
     pub out: PathBuf,
+    /// Write the store in the one-file-per-process layout of client_ruby's
+    /// `poc_file_per_process` branch: each process's files merged into one,
+    /// `metrics___<pid>.bin`, keys naming their metric (the same series and
+    /// values, so the same expected exposition).
+    #[arg(long)]
+    pub per_process: bool,
 }
 
 pub fn scenario_store(args: ScenarioStoreArgs) -> Result<()> {
@@ -409,6 +415,13 @@ pub fn scenario_store(args: ScenarioStoreArgs) -> Result<()> {
     let store = args.out.join("store");
     std::fs::create_dir_all(&store)?;
     let registry = crate::harness::workloads::write_store(&size.params, &store)?;
+    if args.per_process {
+        promlab::scenarios::per_process_layout::convert_store(
+            &store,
+            &registry,
+            promlab::format::formenc::Dialect::Cgi,
+        )?;
+    }
     std::fs::write(args.out.join("registry.json"), registry.to_json())?;
     let expected = crate::harness::expected_answer(&size.params)?;
     let digest = crate::harness::digest(&expected);
@@ -813,7 +826,7 @@ fn check_store_dir(dir: &std::path::Path) -> Result<()> {
             if packed {
                 bail!("--store {name} is an archive: unpack it (tar xzf {name}) and give the store/ directory inside")
             }
-            bail!("--store {name} is a file, not a store directory (the directory holding metric_<name>___<pid>.bin files)")
+            bail!("--store {name} is a file, not a store directory (the directory holding metric_<name>___<pid>.bin or metrics___<pid>.bin files)")
         }
         Ok(_) => Ok(()),
     }
@@ -835,7 +848,11 @@ fn warn_unmatched_metrics(dir: &std::path::Path, registry: &Registry) -> Result<
                 .is_some_and(|(name, _pid)| name == metric)
         })
     };
-    if registry.metrics.iter().any(|m| has_file(&m.name)) {
+    // A file of the one-file-per-process layout may hold every metric.
+    let per_process = names
+        .iter()
+        .any(|file| promlab::format::storefile::parse_process_file_name(file.as_bytes()).is_some());
+    if per_process || registry.metrics.iter().any(|m| has_file(&m.name)) {
         return Ok(());
     }
     let hint = if dir.join("store").is_dir() {
@@ -848,7 +865,7 @@ fn warn_unmatched_metrics(dir: &std::path::Path, registry: &Registry) -> Result<
         String::new()
     };
     eprintln!(
-        "promlab: warning: no file in {} belongs to a registered metric (expected metric_<name>___<pid>.bin for {}){hint}",
+        "promlab: warning: no file in {} belongs to a registered metric (expected metric_<name>___<pid>.bin for {}, or metrics___<pid>.bin){hint}",
         dir.display(),
         registry.metrics.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
     );

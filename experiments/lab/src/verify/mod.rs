@@ -54,6 +54,10 @@
 //!   as many threads as lanes (every ingest subset) and, one at a time on
 //!   seeded lanes, in seeded shuffled orders (the reference run on each
 //!   order): the reference's panes and answers, one ingester's bit for bit;
+//! - **the one-file-per-process layout** ([`per_process`], once per run):
+//!   client_ruby's PoC branch's own stores (folded first with `fold-exited`),
+//!   and every generated store merged into that layout (partly, then
+//!   whole), under every export subset;
 //! - **the live renderer** ([`live`], once per run): `LiveRegistry` under each
 //!   of the 2,048 sets — a RabbitMQ node with awkward names, scraped, moved,
 //!   scraped, scraped through the detailed endpoint, and generated families —
@@ -64,6 +68,7 @@ pub mod generate;
 mod ingest;
 pub mod lanes;
 pub mod live;
+mod per_process;
 mod query;
 
 pub use ingest::*;
@@ -750,6 +755,30 @@ pub fn run(args: VerifyArgs) -> Result<()> {
             case_started.elapsed().as_secs_f64()
         );
     }
+    let layout_started = std::time::Instant::now();
+    let layout = per_process::check(
+        &sets,
+        &cases,
+        fixtures.as_deref(),
+        args.quick,
+        &tmp.path().join("per-process"),
+    )?;
+    println!(
+        "  {:<20} {} export subsets ok: the PoC branch's own stores ({}) print its expected.prom; \
+         {} generated stores, in both layouts at once and in this one alone, print the reference's; \
+         {} exports, one-shot and long-lived  ({:.1} s)",
+        "one file per process",
+        subsets(&sets, Stage::Export).len(),
+        layout
+            .ruby_cases
+            .iter()
+            .map(|(name, files)| format!("{name}, {files} files"))
+            .collect::<Vec<_>>()
+            .join("; "),
+        layout.generated,
+        thousands(layout.exports),
+        layout_started.elapsed().as_secs_f64()
+    );
     let live_started = std::time::Instant::now();
     let queues = if args.quick { 6 } else { 24 };
     let live = live::check(&sets, queues, args.seed)?;
