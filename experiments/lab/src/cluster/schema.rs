@@ -20,6 +20,16 @@
 //! wherever it lands. Receivers never share a key: it holds the receiver's
 //! id and its incarnation (its start time, ns).
 //!
+//! ClickHouse releases: these statements, the `RowBinary` rows and the
+//! queries of [`super::query`] are one dialect, run unchanged on ClickHouse
+//! 18.16 (the cluster tests' servers) and on a current release (26.9, chDB's
+//! engine; tests/cluster_current.rs checks the answers equal). The
+//! one difference met is outside the SQL: a current release refuses to
+//! create a `Distributed` table whose cluster is not in the node's
+//! `remote_servers` (code 701), so a node's config names the cluster before
+//! the tables are created. A per-release variant of a statement, if one is
+//! ever needed, belongs here.
+//!
 //! Earlier releases wrote a row per bin (`bins`, `panes`); those tables are
 //! left alone and no longer read.
 
