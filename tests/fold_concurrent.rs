@@ -431,13 +431,13 @@ fn scrapes_never_go_backwards_while_the_store_is_folded() {
 /// each file, aggregated metric by metric.
 #[test]
 fn scrapes_never_go_backwards_while_a_per_process_store_is_folded() {
-    run_seeds(1, 8, Writers::PerProcess);
+    run_seeds(1, 6, Writers::PerProcess);
 }
 
 /// Both layouts in one store, each folded as a group of its own.
 #[test]
 fn scrapes_never_go_backwards_while_a_mixed_store_is_folded() {
-    run_seeds(1, 6, Writers::Mixed);
+    run_seeds(1, 4, Writers::Mixed);
 }
 
 /// Two sidecars folding one store (or a sidecar and `promlab fold`) undid
@@ -447,4 +447,10 @@ fn scrapes_never_go_backwards_while_a_mixed_store_is_folded() {
 #[test]
 fn two_folds_of_one_store_take_turns() {
     run_seeds(2, 3, Writers::PerMetric);
+}
+
+/// The same in a store of both layouts.
+#[test]
+fn two_folds_of_a_mixed_store_take_turns() {
+    run_seeds(2, 2, Writers::Mixed);
 }
