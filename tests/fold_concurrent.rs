@@ -14,7 +14,8 @@
 //! written.
 //!
 //! `PROMLAB_FOLD_SEEDS=N` runs N seeds (8 by default), `PROMLAB_FOLD_MS` the
-//! writing time of each (800 ms).
+//! writing time of each (800 ms), `PROMLAB_FOLD_WRITE_STRATEGIES=all` gives
+//! the writers every write strategy.
 
 use promlab::export::fold::{fold_store, FoldConfig};
 use promlab::export::Exporter;
@@ -131,10 +132,19 @@ fn write_job(client: &mut Client, rng: &mut Rng, written: &Mutex<Written>) {
     }
 }
 
+/// The writers' strategies: none, or with `PROMLAB_FOLD_WRITE_STRATEGIES=all`
+/// every write strategy (mapped files, cached keys and pid).
+fn write_strategies() -> StrategySet {
+    match std::env::var("PROMLAB_FOLD_WRITE_STRATEGIES").as_deref() {
+        Ok("all") => StrategySet::all().restrict(Stage::Write),
+        _ => StrategySet::NONE,
+    }
+}
+
 fn client(dir: &Path, registry: &Registry, pid: u32, layout: Layout) -> Client {
     let config = ClientConfig {
         dialect: Dialect::Uri,
-        strategies: StrategySet::NONE,
+        strategies: write_strategies(),
         pid_override: Some(pid),
     };
     Client::new_in_layout(dir, registry, config, layout).unwrap()
