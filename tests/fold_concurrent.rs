@@ -3,14 +3,19 @@
 //! simulated process, its files open while it lives, pids reused) come and
 //! go (some growing their files from a header's length, past the mappings
 //! readers made), folds and scrapes run at the same time, interleaved at
-//! random by seed.
+//! random by seed. The writers write client_ruby's layout (a file per metric
+//! per process), its `poc_file_per_process` branch's (a file per process,
+//! flocked while an observe updates it, as the branch's writer does), or,
+//! as in a rolling deploy between the two, both at once (a reused pid may
+//! come back in the other layout).
 //! Every scrape of every exporter must be non-decreasing on every counter,
 //! histogram bucket, count and sum (what writers only increase), and once the
 //! writers stop, the next scrape must equal a fresh export and the sums
 //! written.
 //!
 //! `PROMLAB_FOLD_SEEDS=N` runs N seeds (8 by default), `PROMLAB_FOLD_MS` the
-//! writing time of each (800 ms).
+//! writing time of each (800 ms), `PROMLAB_FOLD_WRITE_STRATEGIES=all` gives
+//! the writers every write strategy.
 
 use promlab::export::fold::{fold_store, FoldConfig};
 use promlab::export::Exporter;
@@ -18,7 +23,7 @@ use promlab::format::formenc::Dialect;
 use promlab::format::registry::Registry;
 use promlab::ingest::feed::splitmix64;
 use promlab::shared::strategy::{Stage, Strategy, StrategySet};
-use promlab::write::{Client, ClientConfig};
+use promlab::write::{Client, ClientConfig, Layout};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +44,29 @@ const OBSERVED: [f64; 4] = [0.0078125, 0.0625, 0.5, 4.0];
 /// Short-lived writers alive at once, and pids they take (reused in turn).
 const SHORT_LIVED: usize = 6;
 const PIDS: u32 = 40;
+
+/// Which layouts the writers write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Writers {
+    PerMetric,
+    PerProcess,
+    /// Each process either, by seed (the long-lived ones one each).
+    Mixed,
+}
+
+impl Writers {
+    /// The layout of the next process (`nth` long-lived one, or short-lived).
+    fn layout(self, rng: &mut Rng, nth: Option<u32>) -> Layout {
+        match self {
+            Writers::PerMetric => Layout::PerMetric,
+            Writers::PerProcess => Layout::PerProcess,
+            Writers::Mixed => match nth.map_or_else(|| rng.below(2), u64::from) {
+                0 => Layout::PerMetric,
+                _ => Layout::PerProcess,
+            },
+        }
+    }
+}
 
 /// A seeded stream, so a failing seed replays its choices.
 struct Rng(u64, u64);
@@ -104,21 +132,38 @@ fn write_job(client: &mut Client, rng: &mut Rng, written: &Mutex<Written>) {
     }
 }
 
-fn client(dir: &Path, registry: &Registry, pid: u32) -> Client {
+/// The writers' strategies: none, or with `PROMLAB_FOLD_WRITE_STRATEGIES=all`
+/// every write strategy (mapped files, cached keys and pid).
+fn write_strategies() -> StrategySet {
+    match std::env::var("PROMLAB_FOLD_WRITE_STRATEGIES").as_deref() {
+        Ok("all") => StrategySet::all().restrict(Stage::Write),
+        _ => StrategySet::NONE,
+    }
+}
+
+fn client(dir: &Path, registry: &Registry, pid: u32, layout: Layout) -> Client {
     let config = ClientConfig {
         dialect: Dialect::Uri,
-        strategies: StrategySet::NONE,
+        strategies: write_strategies(),
         pid_override: Some(pid),
     };
-    Client::new(dir, registry, config).unwrap()
+    Client::new_in_layout(dir, registry, config, layout).unwrap()
 }
 
 /// Files of `pid` made a header long, where it has none: its writer grows
 /// each (doubling it) as it writes, past the mapping readers made of it.
-fn small_files(dir: &Path, registry: &Registry, pid: u32) {
+fn small_files(dir: &Path, registry: &Registry, pid: u32, layout: Layout) {
+    use promlab::format::storefile::{file_path, process_file_path};
     use std::io::Write;
-    for def in &registry.metrics {
-        let path = promlab::format::storefile::file_path(dir, &def.name, pid);
+    let paths: Vec<_> = match layout {
+        Layout::PerMetric => registry
+            .metrics
+            .iter()
+            .map(|def| file_path(dir, &def.name, pid))
+            .collect(),
+        Layout::PerProcess => vec![process_file_path(dir, &pid.to_string())],
+    };
+    for path in paths {
         let created = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -163,7 +208,7 @@ fn strategy_sets() -> Vec<StrategySet> {
 /// One seed: writers, `folders` folds (sidecars folding one store) and
 /// scrapes at once for `ms`, then the check of the quiet store. Returns what
 /// went wrong, if anything.
-fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
+fn run(seed: u64, ms: u64, folders: u64, writers: Writers) -> Vec<String> {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let registry = Registry::from_json(REGISTRY).unwrap();
@@ -175,7 +220,12 @@ fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
         // Writers: two live all along, the rest come and go, pids reused.
         let writer = s.spawn(|| {
             let mut rng = Rng::new(seed);
-            let mut long: Vec<Client> = (0..2).map(|i| client(&dir, &registry, 90 + i)).collect();
+            let mut long: Vec<Client> = (0..2)
+                .map(|i| {
+                    let layout = writers.layout(&mut rng, Some(i));
+                    client(&dir, &registry, 90 + i, layout)
+                })
+                .collect();
             let mut short: Vec<(u32, Client)> = Vec::new();
             let mut next_pid = 0u32;
             while Instant::now() < deadline {
@@ -187,10 +237,11 @@ fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
                             break pid;
                         }
                     };
+                    let layout = writers.layout(&mut rng, None);
                     if rng.below(3) == 0 {
-                        small_files(&dir, &registry, pid);
+                        small_files(&dir, &registry, pid, layout);
                     }
-                    short.push((pid, client(&dir, &registry, pid)));
+                    short.push((pid, client(&dir, &registry, pid, layout)));
                 }
                 let i = rng.below(short.len() as u64) as usize;
                 match rng.below(10) {
@@ -286,6 +337,7 @@ fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
             ..FoldConfig::default()
         };
         fold_store(&dir, &registry, &config).unwrap();
+        problems.extend(missing_fold_files(&dir, writers));
         let totals = written.lock().unwrap().totals.clone();
         let mut out = Vec::new();
         for (set, exporter, last) in &mut exporters {
@@ -318,9 +370,33 @@ fn run(seed: u64, ms: u64, folders: u64) -> Vec<String> {
     problems
 }
 
+/// The layouts `writers` write that have no fold file in `dir` (a seed whose
+/// folds never folded that layout tested nothing of it).
+fn missing_fold_files(dir: &Path, writers: Writers) -> Vec<String> {
+    use promlab::format::storefile::{is_fold_id, parse_file_name, parse_process_file_name};
+    let (mut per_metric, mut per_process) = (false, false);
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let name = entry.unwrap().file_name();
+        let name = name.as_encoded_bytes();
+        per_metric |= parse_file_name(name).is_some_and(|(_, id)| is_fold_id(id));
+        per_process |= parse_process_file_name(name).is_some_and(is_fold_id);
+    }
+    let wanted = match writers {
+        Writers::PerMetric => [true, false],
+        Writers::PerProcess => [false, true],
+        Writers::Mixed => [true, true],
+    };
+    [("per-metric", per_metric), ("per-process", per_process)]
+        .into_iter()
+        .zip(wanted)
+        .filter(|((_, found), wanted)| *wanted && !found)
+        .map(|((layout, _), _)| format!("no {layout} fold file: nothing of it was folded"))
+        .collect()
+}
+
 /// Runs the seeds (`PROMLAB_FOLD_SEEDS`, `PROMLAB_FOLD_MS`) with `folders`
 /// folds at once; fails naming the seeds that went wrong.
-fn run_seeds(folders: u64, default_seeds: u64) {
+fn run_seeds(folders: u64, default_seeds: u64, writers: Writers) {
     let seeds: u64 = std::env::var("PROMLAB_FOLD_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -331,9 +407,9 @@ fn run_seeds(folders: u64, default_seeds: u64) {
         .unwrap_or(800);
     let mut failed = Vec::new();
     for seed in 0..seeds {
-        let problems = run(seed, ms, folders);
+        let problems = run(seed, ms, folders, writers);
         if !problems.is_empty() {
-            eprintln!("seed {seed}: {} problems", problems.len());
+            eprintln!("{writers:?} seed {seed}: {} problems", problems.len());
             let mut shown = std::collections::BTreeSet::new();
             for p in &problems {
                 // The first of each exporter's kind of problem.
@@ -350,12 +426,28 @@ fn run_seeds(folders: u64, default_seeds: u64) {
             failed.push(seed);
         }
     }
-    assert!(failed.is_empty(), "seeds {failed:?} failed (details above)");
+    assert!(
+        failed.is_empty(),
+        "{writers:?}: seeds {failed:?} failed (details above)"
+    );
 }
 
 #[test]
 fn scrapes_never_go_backwards_while_the_store_is_folded() {
-    run_seeds(1, 8);
+    run_seeds(1, 8, Writers::PerMetric);
+}
+
+/// The one-file-per-process layout: one group, every metric's series in
+/// each file, aggregated metric by metric.
+#[test]
+fn scrapes_never_go_backwards_while_a_per_process_store_is_folded() {
+    run_seeds(1, 6, Writers::PerProcess);
+}
+
+/// Both layouts in one store, each folded as a group of its own.
+#[test]
+fn scrapes_never_go_backwards_while_a_mixed_store_is_folded() {
+    run_seeds(1, 4, Writers::Mixed);
 }
 
 /// Two sidecars folding one store (or a sidecar and `promlab fold`) undid
@@ -364,5 +456,11 @@ fn scrapes_never_go_backwards_while_the_store_is_folded() {
 /// the other finds it running and leaves the store to it.
 #[test]
 fn two_folds_of_one_store_take_turns() {
-    run_seeds(2, 3);
+    run_seeds(2, 3, Writers::PerMetric);
+}
+
+/// The same in a store of both layouts.
+#[test]
+fn two_folds_of_a_mixed_store_take_turns() {
+    run_seeds(2, 2, Writers::Mixed);
 }

@@ -106,6 +106,39 @@ fn exports_the_one_file_per_process_cases_byte_identical() {
     }
 }
 
+/// promlab's writer in the one-file-per-process layout writes the branch's
+/// files byte for byte (timestamps aside): every case's op logs replayed, each
+/// in a process of the log's pid, under every write strategy.
+#[test]
+fn the_writer_writes_the_one_file_per_process_cases_byte_identical() {
+    use promlab::format::formenc::Dialect;
+    use promlab::scenarios::op_log::OpLog;
+    use promlab::write::{Client, ClientConfig, Layout};
+    let (_tmp, cases) = per_process_cases();
+    for case in &cases {
+        let registry = Registry::load(&case.join("registry.json")).unwrap();
+        for strategies in [StrategySet::NONE, StrategySet::all().restrict(Stage::Write)] {
+            let dir = tempfile::tempdir().unwrap();
+            for log in op_logs(case) {
+                let log = OpLog::load(&log).unwrap();
+                let config = ClientConfig {
+                    dialect: Dialect::Cgi,
+                    strategies,
+                    pid_override: Some(log.pid),
+                };
+                let mut client =
+                    Client::new_in_layout(dir.path(), &registry, config, Layout::PerProcess)
+                        .unwrap();
+                log.replay(&mut client).unwrap();
+            }
+            let what = format!("{} under {strategies}", case.display());
+            assert_same_store(&case.join("store"), dir.path(), &what);
+            let expected = std::fs::read(case.join("expected.prom")).unwrap();
+            assert_exports_text(dir.path(), &registry, &expected);
+        }
+    }
+}
+
 /// Both layouts in one directory (a rolling deploy between a release and the
 /// branch): every process of both is read, as one exporter globbing both
 /// patterns in sorted path order would (every `metric_` file first).

@@ -8,14 +8,22 @@ use super::*;
 /// The label that a metric type adds to every key (`le`, `quantile`), with its value.
 pub(super) type Extra<'a> = Option<(&'static str, &'a str)>;
 
-/// Sorts `labels` (+ `extra`, + `pid` in `all` mode) by name and form-encodes them.
-pub(super) fn encode_key(
-    labels: &[(&str, &str)],
-    extra: Extra<'_>,
-    pid: Option<u32>,
-    dialect: Dialect,
-) -> Vec<u8> {
+/// The labels a store key has beyond the caller's.
+#[derive(Clone, Copy)]
+pub(super) struct Added<'a> {
+    /// The metric type's (`le`, `quantile`).
+    pub(super) extra: Extra<'a>,
+    /// The metric's name, in [`Layout::PerProcess`].
+    pub(super) metric: Option<&'a str>,
+    /// The process's, in `all` mode.
+    pub(super) pid: Option<u32>,
+}
+
+/// Sorts `labels` and the `added` ones by name, as Ruby's `labels.to_a.sort`
+/// does, and form-encodes them.
+pub(super) fn encode_key(labels: &[(&str, &str)], added: Added<'_>, dialect: Dialect) -> Vec<u8> {
     probe!("write.key_encoded");
+    let Added { extra, metric, pid } = added;
     let pid_text = pid.map(|p| p.to_string());
     let mut pairs: Vec<(&[u8], &[u8])> = labels
         .iter()
@@ -23,6 +31,9 @@ pub(super) fn encode_key(
         .collect();
     if let Some((k, v)) = extra {
         pairs.push((k.as_bytes(), v.as_bytes()));
+    }
+    if let Some(name) = metric {
+        pairs.push((storefile::METRIC_NAME_LABEL, name.as_bytes()));
     }
     if let Some(p) = &pid_text {
         pairs.push((b"pid", p.as_bytes()));

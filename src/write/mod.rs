@@ -10,7 +10,9 @@
 
 use crate::format::formenc::{self, Dialect};
 use crate::format::registry::{MetricDef, MetricType, ProcessAggregation, Registry};
-use crate::format::storefile::{self, entries, file_path, flock, HEADER_SIZE, INITIAL_FILE_SIZE};
+use crate::format::storefile::{
+    self, entries, file_path, flock, process_file_path, HEADER_SIZE, INITIAL_FILE_SIZE,
+};
 use crate::shared::event_probe::probe;
 use crate::shared::mapguard;
 use crate::shared::seams::{
@@ -132,8 +134,28 @@ fn cached_pid() -> u32 {
 /// What a metric store holds for the process that opened it.
 struct ProcessState {
     pid: u32,
-    file: StoreFile,
+    /// The metric's own file; `None` in [`Layout::PerProcess`], where every
+    /// metric writes to the client's [`ProcessFile`].
+    file: Option<StoreFile>,
     keys: KeyCache,
+}
+
+/// How a store's files are cut.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// client_ruby's: one file per metric per process, `metric_<name>___<pid>.bin`.
+    #[default]
+    PerMetric,
+    /// client_ruby's `poc_file_per_process` branch's: one file per process,
+    /// `metrics___<pid>.bin`, every key naming its metric in a
+    /// `___metric_name` label sorted in among the others.
+    PerProcess,
+}
+
+/// The one file of this process in [`Layout::PerProcess`].
+struct ProcessFile {
+    pid: u32,
+    file: StoreFile,
 }
 
 struct MetricStore {
@@ -175,12 +197,25 @@ pub struct Client {
     config: ClientConfig,
     seams: WriteSeams,
     metrics: Vec<MetricStore>,
+    layout: Layout,
+    /// In [`Layout::PerProcess`], once a metric was written.
+    process_file: Option<ProcessFile>,
 }
 
 impl Client {
     /// Registers every metric of `registry` against the store in `dir`.
     /// Writes nothing yet; see [`Client::init_unlabeled`].
     pub fn new(dir: &Path, registry: &Registry, config: ClientConfig) -> Result<Client> {
+        Client::new_in_layout(dir, registry, config, Layout::PerMetric)
+    }
+
+    /// [`Client::new`], writing the store in `layout`.
+    pub fn new_in_layout(
+        dir: &Path,
+        registry: &Registry,
+        config: ClientConfig,
+        layout: Layout,
+    ) -> Result<Client> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create store directory {}", dir.display()))?;
         let seams = Seams::resolve(config.strategies).write;
@@ -200,6 +235,8 @@ impl Client {
             seams,
             config,
             metrics,
+            layout,
+            process_file: None,
         })
     }
 
@@ -312,10 +349,15 @@ impl Client {
             ..
         } = &mut self.metrics[id.0];
         let ProcessState { file, keys, .. } = state.as_mut().expect("opened above");
+        let file = match file {
+            Some(file) => file,
+            None => &mut self.process_file.as_mut().expect("opened above").file,
+        };
         Ok(Call {
             file,
             series: SeriesKeys {
                 def,
+                metric_label: (self.layout == Layout::PerProcess).then_some(&def.name),
                 pid_label: (*aggregation == ProcessAggregation::All).then_some(pid),
                 dialect,
                 key_source,
@@ -335,8 +377,23 @@ impl Client {
     #[inline(never)]
     fn open_state(&mut self, id: MetricId, pid: u32) -> Result<()> {
         let metric = &mut self.metrics[id.0];
-        let path = file_path(&self.dir, &metric.def.name, pid);
-        let file = StoreFile::open(&path, self.seams.store_io)?;
+        let file = match self.layout {
+            Layout::PerMetric => {
+                let path = file_path(&self.dir, &metric.def.name, pid);
+                Some(StoreFile::open(&path, self.seams.store_io)?)
+            }
+            Layout::PerProcess => {
+                if self.process_file.as_ref().is_none_or(|f| f.pid != pid) {
+                    // Closed before this pid's is opened, as a forked child
+                    // drops its parent's.
+                    self.process_file = None;
+                    let path = process_file_path(&self.dir, &pid.to_string());
+                    let file = StoreFile::open(&path, self.seams.store_io)?;
+                    self.process_file = Some(ProcessFile { pid, file });
+                }
+                None
+            }
+        };
         metric.state = Some(ProcessState {
             pid,
             file,
@@ -431,6 +488,8 @@ impl Call<'_> {
 /// The store keys of one call's label set, one per series of the metric.
 struct SeriesKeys<'c> {
     def: &'c MetricDef,
+    /// The `___metric_name` label of [`Layout::PerProcess`] keys.
+    metric_label: Option<&'c str>,
     /// The `pid` label of `all`-mode keys.
     pid_label: Option<u32>,
     dialect: Dialect,
@@ -465,13 +524,19 @@ impl SeriesKeys<'_> {
     fn key(&mut self, series: usize) -> Result<Key<'_>> {
         let SeriesKeys {
             def,
+            metric_label,
             pid_label,
             dialect,
             keys,
             labels,
             ..
         } = self;
-        let encode = || encode_key(labels, series_extra(def, series), *pid_label, *dialect);
+        let added = Added {
+            extra: series_extra(def, series),
+            metric: *metric_label,
+            pid: *pid_label,
+        };
+        let encode = || encode_key(labels, added, *dialect);
         if self.key_source == KeySource::EncodePerCall {
             validate_labels(&def.name, &def.labels, labels)?;
             return Ok(Key::Encoded(encode()));
