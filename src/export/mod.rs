@@ -384,18 +384,26 @@ impl Exporter {
     /// watch), whatever else the strategies keep.
     fn one_shot(mut self) -> Exporter {
         if self.seams.file_read == FileRead::KeptMapped {
-            self.seams.file_read = FileRead::Mapped;
-            self.seams.listing = Listing::OncePerScrape;
-            self.reader = FileReader::new(self.seams.file_read, self.seams.liveness);
-            let names: Vec<String> = self
-                .registry
-                .metrics
-                .iter()
-                .map(|m| m.name.clone())
-                .collect();
-            self.files = FileSet::new(&self.dir, &names, self.seams.listing);
+            self.read_afresh_each_scrape();
         }
         self
+    }
+
+    /// Files listed once per scrape and mapped only while read (no mapping
+    /// kept, no watch): a fresh reader and file set for these seams.
+    fn read_afresh_each_scrape(&mut self) {
+        self.seams.listing = Listing::OncePerScrape;
+        if self.seams.file_read == FileRead::KeptMapped {
+            self.seams.file_read = FileRead::Mapped;
+        }
+        self.reader = FileReader::new(self.seams.file_read, self.seams.liveness);
+        let names: Vec<String> = self
+            .registry
+            .metrics
+            .iter()
+            .map(|m| m.name.clone())
+            .collect();
+        self.files = FileSet::new(&self.dir, &names, self.seams.listing);
     }
 
     /// Sets the catalogue size under which nothing is dropped (tests use a
@@ -614,18 +622,7 @@ impl Exporter {
             Some(reading) => reading,
             None => {
                 self.plan = None;
-                self.seams.listing = Listing::OncePerScrape;
-                if self.seams.file_read == FileRead::KeptMapped {
-                    self.seams.file_read = FileRead::Mapped;
-                }
-                self.reader = FileReader::new(self.seams.file_read, self.seams.liveness);
-                let names: Vec<String> = self
-                    .registry
-                    .metrics
-                    .iter()
-                    .map(|m| m.name.clone())
-                    .collect();
-                self.files = FileSet::new(&self.dir, &names, self.seams.listing);
+                self.read_afresh_each_scrape();
                 for (def, state) in self.registry.metrics.iter().zip(&mut self.metrics) {
                     state.catalogue = Catalogue::new(def, self.seams);
                     state.scrape = Scrape::default();
