@@ -47,8 +47,7 @@ JSON.parse(File.read(registry_json)).fetch("metrics").each do |m|
   registry.register(metric)
 end
 
-# (`metrics___<pid>.bin` in the one-file-per-process layout of the poc_file_per_process branch.)
-Dir.glob(File.join(dir, "metric{_*,s}___#{Process.pid}.bin")).each { |f| File.delete(f) }
+own_store_files(dir).each { |f| File.delete(f) }
 
 text = Prometheus::Client::Formats::Text.marshal(registry)
 out ? File.binwrite(out, text) : $stdout.write(text)

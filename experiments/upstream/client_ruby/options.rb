@@ -32,6 +32,9 @@ require 'prometheus/client'
 require 'prometheus/client/registry'
 require 'prometheus/client/data_stores/direct_file_store'
 require 'prometheus/client/formats/text'
+# The churn's simulated pids wrap below pid_max, so this machine hands them out too: a process
+# that deletes its own registration files first moves to a pid the store lacks.
+require_relative 'own_pid'
 
 def now_ns
   Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
@@ -62,25 +65,6 @@ def registry_over(dir, registry_json)
     registry.register(TYPES.fetch(m["type"]).new(m["name"].to_sym, **args))
   end
   registry
-end
-
-# This process's own files (registering an unlabeled metric writes its zero series there).
-def own_files(dir)
-  Dir.glob(File.join(dir, "metric_*___#{Process.pid}.bin")) +
-    Dir.glob(File.join(dir, "metrics___#{Process.pid}.bin"))
-end
-
-# The stores hold files named after pids this machine also hands out (the churn's simulated
-# pids wrap below pid_max), so a process that deletes its own registration files first moves
-# to a child whose pid has none in the store.
-def under_a_pid_the_store_lacks(dir)
-  while own_files(dir).any?
-    child = Process.fork
-    next if child.nil?
-
-    Process.wait(child)
-    exit($?.exitstatus || 1)
-  end
 end
 
 # --------------------------------------------------------------------------- churn workload
@@ -254,19 +238,19 @@ when "churn-expected"
   puts churn_expected(Integer(ARGV[0]), Integer(ARGV[1]))
 when "fold"
   dir, registry_json = ARGV
-  under_a_pid_the_store_lacks(dir)
+  work_under_a_pid_the_store_lacks(dir)
   registry_over(dir, registry_json)
   store = Prometheus::Client.config.data_store
-  own_files(dir).each { |f| File.delete(f) }
+  own_store_files(dir).each { |f| File.delete(f) }
   t0 = now_ns
   c0 = cpu_ns
   folded = store.fold_exited_processes
   puts "#{cpu_ns - c0} #{now_ns - t0} #{folded}"
 when "export"
   dir, registry_json, reps, out = ARGV
-  under_a_pid_the_store_lacks(dir)
+  work_under_a_pid_the_store_lacks(dir)
   registry = registry_over(dir, registry_json)
-  own_files(dir).each { |f| File.delete(f) }
+  own_store_files(dir).each { |f| File.delete(f) }
   before = peak_rss_kb
   text = nil
   times = Integer(reps).times.map do

@@ -4,12 +4,17 @@
 # them, so instead it does the work in a child, whose pid differs; repeated until the store
 # holds no file of the working process's pid. The parent exits with the child's status.
 def work_under_a_pid_the_store_lacks(dir)
-  # `metrics___<pid>.bin`: the one-file-per-process layout of the poc_file_per_process branch.
-  while Dir.glob(File.join(dir, "metric{_*,s}___#{Process.pid}.bin")).any?
+  while own_store_files(dir).any?
     child = Process.fork
     next if child.nil?
 
     Process.wait(child)
     exit($?.exitstatus || 1)
   end
+end
+
+# This process's own files in the store: `metric_<name>___<pid>.bin`, or `metrics___<pid>.bin`
+# in the one-file-per-process layout of the poc_file_per_process branch.
+def own_store_files(dir)
+  Dir.glob(File.join(dir, "metric{_*,s}___#{Process.pid}.bin"))
 end
