@@ -85,9 +85,9 @@ fn committed_batch(dir: &Path, registry: &Registry, layout: Layout) -> (FoldDir,
             (name.into_bytes(), ino)
         })
         .collect();
-    let (key, mut ids) = match layout {
-        Layout::PerMetric => ("jobs_total", SeriesIds::default()),
-        Layout::PerProcess => (PER_PROCESS_KEY, SeriesIds::per_process(registry)),
+    let mut ids = match layout {
+        Layout::PerMetric => SeriesIds::default(),
+        Layout::PerProcess => SeriesIds::per_process(registry),
     };
     let config = FoldConfig {
         durable: false,
@@ -104,7 +104,12 @@ fn committed_batch(dir: &Path, registry: &Registry, layout: Layout) -> (FoldDir,
         entries: run_entries(&snapshot, run.files.clone(), &modes),
     };
     let prepared = fold_dir
-        .prepare(batch_key(key, 0), &snapshot, &batch, &mut None)
+        .prepare(
+            batch_key(group_key(layout), 0),
+            &snapshot,
+            &batch,
+            &mut None,
+        )
         .unwrap()
         .expect("prepared");
     fold_dir
@@ -127,6 +132,25 @@ fn add_job(file: &std::fs::File) {
     let value = entry.value() + 1.0;
     file.write_all_at(&value.to_le_bytes(), entry.value_offset as u64)
         .unwrap();
+}
+
+/// The journal key of the batches of the store's group in `layout`.
+fn group_key(layout: Layout) -> &'static str {
+    match layout {
+        Layout::PerMetric => "jobs_total",
+        Layout::PerProcess => PER_PROCESS_KEY,
+    }
+}
+
+/// Runs `check` in each layout on a fresh store holding a committed batch
+/// ([`committed_batch`]).
+fn in_each_layout(check: impl Fn(&Path, &Registry, Layout, FoldDir, Prepared)) {
+    for layout in [Layout::PerMetric, Layout::PerProcess] {
+        let tmp = tempfile::tempdir().unwrap();
+        let registry = Registry::from_json(REGISTRY).unwrap();
+        let (fold_dir, batch) = committed_batch(tmp.path(), &registry, layout);
+        check(tmp.path(), &registry, layout, fold_dir, batch);
+    }
 }
 
 /// A writer that looked `name` up before the commit moved it: its `open`
@@ -156,12 +180,8 @@ fn break_lease(dir: &Path, name: &str, batch: &Prepared) -> std::thread::JoinHan
 /// counted once, then and after the next fold.
 #[test]
 fn a_rollback_puts_back_a_source_whose_name_was_created_again() {
-    for layout in [Layout::PerMetric, Layout::PerProcess] {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
-        let registry = Registry::from_json(REGISTRY).unwrap();
-        let (fold_dir, batch) = committed_batch(dir, &registry, layout);
-        let reused = process(dir, &registry, layout, 1002, 5);
+    in_each_layout(|dir, registry, layout, fold_dir, batch| {
+        let reused = process(dir, registry, layout, 1002, 5);
         let opener = break_lease(dir, &file_name(layout, 1001), &batch);
         let settled = fold_dir.settle(vec![batch], &mut None).unwrap();
         assert_eq!(settled, vec![(0, false)], "{layout:?}: rolled back");
@@ -173,22 +193,18 @@ fn a_rollback_puts_back_a_source_whose_name_was_created_again() {
         );
         assert_eq!(fold_leftovers(dir), Vec::<String>::new(), "{layout:?}");
         // The writer that broke the lease writes on (into the file it opened).
-        let resumed = process(dir, &registry, layout, 1001, 4);
-        assert_eq!(jobs(dir, &registry), 1.0 + 2.0 + 5.0 + 4.0, "{layout:?}");
+        let resumed = process(dir, registry, layout, 1001, 4);
+        assert_eq!(jobs(dir, registry), 1.0 + 2.0 + 5.0 + 4.0, "{layout:?}");
         drop((opened, resumed, reused));
         let config = FoldConfig {
             grace: Duration::ZERO,
             durable: false,
             ..FoldConfig::default()
         };
-        let report = fold_store(dir, &registry, &config).unwrap();
+        let report = fold_store(dir, registry, &config).unwrap();
         assert!(report.files_folded >= 2, "{layout:?}: {report:?}");
-        assert_eq!(
-            jobs(dir, &registry),
-            12.0,
-            "{layout:?}: after the next fold"
-        );
-    }
+        assert_eq!(jobs(dir, registry), 12.0, "{layout:?}: after the next fold");
+    });
 }
 
 /// A fold that died in the middle of a rollback (its marker written, one
@@ -197,33 +213,23 @@ fn a_rollback_puts_back_a_source_whose_name_was_created_again() {
 /// after the fold read its file stays counted.
 #[test]
 fn recovery_finishes_a_rollback_a_crash_interrupted() {
-    for layout in [Layout::PerMetric, Layout::PerProcess] {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
-        let registry = Registry::from_json(REGISTRY).unwrap();
-        let (fold_dir, batch) = committed_batch(dir, &registry, layout);
-        let reused = process(dir, &registry, layout, 1002, 5);
+    in_each_layout(|dir, registry, layout, fold_dir, batch| {
+        let reused = process(dir, registry, layout, 1002, 5);
         let name = file_name(layout, 1001);
         let opener = break_lease(dir, &name, &batch);
         // The rollback began (its marker) and put 1001 back; then the fold
         // died (its leases went with it).
-        let key = batch_key(
-            match layout {
-                Layout::PerMetric => "jobs_total",
-                Layout::PerProcess => PER_PROCESS_KEY,
-            },
-            0,
-        );
+        let key = batch_key(group_key(layout), 0);
         std::fs::write(fold_dir.rollback_path(&key), b"").unwrap();
         std::fs::rename(fold_dir.trash_path(&name), dir.join(&name)).unwrap();
         drop(batch);
         let opened = opener.join().unwrap();
-        let resumed = process(dir, &registry, layout, 1001, 4);
+        let resumed = process(dir, registry, layout, 1001, 4);
         drop((opened, resumed, reused));
         assert_eq!(fold_dir.recover().unwrap(), 1, "{layout:?}");
-        assert_eq!(jobs(dir, &registry), 12.0, "{layout:?}");
+        assert_eq!(jobs(dir, registry), 12.0, "{layout:?}");
         assert_eq!(fold_leftovers(dir), Vec::<String>::new(), "{layout:?}");
-    }
+    });
 }
 
 /// A fold that died in the grace period, while a writer was on its way into
@@ -232,11 +238,7 @@ fn recovery_finishes_a_rollback_a_crash_interrupted() {
 /// source no longer holds what was folded and rolls the batch back.
 #[test]
 fn recovery_rolls_back_a_batch_whose_source_was_written_after_a_crash() {
-    for layout in [Layout::PerMetric, Layout::PerProcess] {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
-        let registry = Registry::from_json(REGISTRY).unwrap();
-        let (fold_dir, batch) = committed_batch(dir, &registry, layout);
+    in_each_layout(|dir, registry, layout, fold_dir, batch| {
         let name = file_name(layout, 1001);
         let opener = break_lease(dir, &name, &batch);
         drop(batch);
@@ -245,9 +247,9 @@ fn recovery_rolls_back_a_batch_whose_source_was_written_after_a_crash() {
         add_job(&opened);
         drop(opened);
         assert_eq!(fold_dir.recover().unwrap(), 1, "{layout:?}");
-        assert_eq!(jobs(dir, &registry), 4.0, "{layout:?}");
+        assert_eq!(jobs(dir, registry), 4.0, "{layout:?}");
         assert_eq!(fold_leftovers(dir), Vec::<String>::new(), "{layout:?}");
-    }
+    });
 }
 
 /// The names a source goes back under sort just before its own (after the
