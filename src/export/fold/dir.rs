@@ -23,6 +23,10 @@ pub(super) struct Journal {
 pub(super) struct JournalSource {
     pub(super) name: String,
     pub(super) ino: u64,
+    /// A hash of its used bytes as folded ([`used_hash`]), so recovery sees
+    /// a source written since; `None` in a journal of an older fold.
+    #[serde(default)]
+    pub(super) hash: Option<u64>,
 }
 
 /// `<store>/.fold/`.
@@ -105,6 +109,11 @@ impl FoldDir {
         self.path.join(format!("{key}.prev"))
     }
 
+    /// Present while a batch's rollback is under way (see [`FoldDir::roll_back`]).
+    pub(super) fn rollback_path(&self, key: &str) -> PathBuf {
+        self.path.join(format!("{key}.rollback"))
+    }
+
     pub(super) fn trash_path(&self, name: &str) -> PathBuf {
         self.path.join(TRASH_DIR).join(name)
     }
@@ -147,7 +156,7 @@ impl FoldDir {
     /// (exactly as planned, else `None`: given up, nothing changed), its fold
     /// file written as `<key>.new`, the one it replaces kept as `<key>.prev`,
     /// its journal `<key>.journal` in place.
-    fn prepare(
+    pub(super) fn prepare(
         &self,
         key: String,
         files: &[FileSnapshot],
@@ -213,11 +222,14 @@ impl FoldDir {
                     Ok(JournalSource {
                         name: String::from_utf8(m.name.clone())?,
                         ino: m.ino,
+                        hash: Some(used_hash(&m.bytes)),
                     })
                 })
                 .collect::<Result<_>>()?,
         };
         let journal_path = self.journal_path(&key);
+        // A rollback's marker left by a crash is no batch's now.
+        remove_if_there(&self.rollback_path(&key))?;
         let tmp = journal_path.with_extension("journal-tmp");
         write_synced(&tmp, &serde_json::to_vec(&journal)?, self.durable)?;
         std::fs::rename(&tmp, &journal_path)?;
@@ -247,10 +259,21 @@ impl FoldDir {
         if batches.is_empty() {
             return Ok(Vec::new());
         }
-        // 4. The commits, then the sources out of the store, under the lock.
+        self.commit_and_trash(&batches, kill_at)?;
+        // 5. A writer on its way into a source's `open` shows up by now.
+        std::thread::sleep(config.grace);
+        self.settle(batches, kill_at)
+    }
+
+    /// Step 4: the commits, then the sources out of the store, under the lock.
+    pub(super) fn commit_and_trash(
+        &self,
+        batches: &[Prepared],
+        kill_at: &mut Option<FoldStep>,
+    ) -> Result<()> {
         {
             let _lock = self.lock()?;
-            for batch in &batches {
+            for batch in batches {
                 let name = &batch.journal.name;
                 if batch.journal.new_ino != 0 {
                     std::fs::rename(self.new_path(&batch.key), self.store.join(name))
@@ -273,8 +296,17 @@ impl FoldDir {
             self.sync(&self.store)?;
         }
         step(kill_at, FoldStep::Trashed);
-        // 5. A writer on its way into a source's `open` shows up by now.
-        std::thread::sleep(config.grace);
+        Ok(())
+    }
+
+    /// Steps 5 (after the grace period) and 6: each batch kept, or rolled
+    /// back if a writer came for one of its sources; leases released,
+    /// `trash/` and `prev` removed, the journals last.
+    pub(super) fn settle(
+        &self,
+        batches: Vec<Prepared>,
+        kill_at: &mut Option<FoldStep>,
+    ) -> Result<Vec<(usize, bool)>> {
         let intact: Vec<bool> = batches.iter().map(Prepared::intact).collect();
         if intact.contains(&false) {
             let _lock = self.lock()?;
@@ -314,13 +346,28 @@ impl FoldDir {
         self.sync(&self.path)
     }
 
-    /// Undoes a committed batch: sources back from `trash/` (never over a
-    /// file created at their name since), the fold file back to what it was.
+    /// Undoes a committed batch: sources back from `trash/`, the fold file
+    /// back to what it was.
+    ///
+    /// Invariant: a rollback, once begun, always completes, and nothing a
+    /// writer wrote into a source after the fold read it is lost.
+    /// - It is recorded first, durably (`<key>.rollback`), so recovery after
+    ///   a crash finishes it: rolled forward instead, the batch would drop
+    ///   what a writer wrote into a source after the fold read it.
+    /// - A source whose name was created again since (a new process given
+    ///   the dead one's pid) is never moved over that file: it goes back
+    ///   under a fold file's name beside it ([`aside_names`]), which
+    ///   every exporter reads and a later fold folds like any fold file.
     pub(super) fn roll_back(&self, key: &str, journal: &Journal) -> Result<()> {
+        let marker = self.rollback_path(key);
+        if !marker.exists() {
+            write_synced(&marker, b"", self.durable)?;
+            self.sync(&self.path)?;
+        }
         for source in &journal.sources {
             let trashed = self.trash_path(&source.name);
             if trashed.exists() {
-                rename_no_replace(&trashed, &self.store.join(&source.name))?;
+                self.restore(&trashed, &source.name)?;
             }
         }
         let target = self.store.join(&journal.name);
@@ -332,8 +379,36 @@ impl FoldDir {
         }
         self.sync(&self.store)?;
         remove_if_there(&self.new_path(key))?;
+        // The journal before the marker: a journal left without its marker
+        // would be taken for a batch to roll forward.
         remove_if_there(&self.journal_path(key))?;
-        self.sync(&self.path)
+        self.sync(&self.path)?;
+        remove_if_there(&marker)
+    }
+
+    /// Moves a trashed source back into the store: to its own name, or,
+    /// when a file was created at that name since, beside it.
+    fn restore(&self, trashed: &Path, name: &str) -> Result<()> {
+        let back = |to: &str| match rename_no_replace(trashed, &self.store.join(to)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => {
+                Err(anyhow!(e).context(format!("cannot move {} back to {to}", trashed.display())))
+            }
+        };
+        if back(name)? {
+            return Ok(());
+        }
+        let before = name_before(&self.store, name)?;
+        for aside in aside_names(name, before.as_deref()) {
+            if back(&aside)? {
+                return Ok(());
+            }
+        }
+        bail!(
+            "no name to put {} back under beside {name}",
+            trashed.display()
+        )
     }
 
     /// Finishes or undoes every batch with a journal (see the module doc).
@@ -353,31 +428,54 @@ impl FoldDir {
                 recovered += 1;
                 continue;
             }
+            if let Some(key) = file_name.strip_suffix(".rollback") {
+                // Its rollback finished but for the marker itself; a marker
+                // with a journal is the journal's to handle.
+                if !self.journal_path(key).exists() {
+                    remove_if_there(&path)?;
+                }
+                continue;
+            }
             let Some(metric) = file_name.strip_suffix(".journal") else {
                 continue;
             };
             let journal: Journal = serde_json::from_slice(&std::fs::read(&path)?)
                 .with_context(|| format!("bad fold journal {}", path.display()))?;
             recovered += 1;
+            if self.rollback_path(metric).exists() {
+                // A rollback was under way: it is finished, never undone.
+                self.roll_back(metric, &journal)?;
+                continue;
+            }
             if !is_committed(&self.store, &journal) {
                 // Sources move only after the commit: they are all in place.
                 self.undo(metric)?;
                 continue;
             }
-            // Committed: each source still in the store must be exited to
-            // be moved out; one with a writer again (its pid reused after the
-            // crash) undoes the whole batch instead.
-            let mut resurrected = false;
+            // Committed: each source must be exited and hold what was
+            // folded to be moved out (or left in `trash/`); one with a writer
+            // again (its pid reused after the crash), or written since the
+            // fold read it, undoes the whole batch instead. A source already
+            // in `trash/` too: a writer may have been on its way into its
+            // `open` when the fold died (its lease broken, the grace cut
+            // short), and have written, even exited, since.
+            let mut written = false;
             for source in &journal.sources {
                 let at = self.store.join(&source.name);
+                let at = if ino_of(&at) == Some(source.ino) {
+                    at
+                } else {
+                    self.trash_path(&source.name)
+                };
                 if ino_of(&at) == Some(source.ino) {
                     let file = File::open(&at)?;
-                    if liveness::probe(&file) != Writers::None {
-                        resurrected = true;
-                    }
+                    written |= liveness::probe(&file) != Writers::None
+                        || source.hash.is_some_and(|hash| {
+                            read_used(&file).ok().map(|b| used_hash(&b)) != Some(hash)
+                        });
                 }
             }
-            if resurrected {
+            if written {
                 self.roll_back(metric, &journal)?;
                 continue;
             }
@@ -410,7 +508,7 @@ pub(super) struct Prepared {
 
 impl Prepared {
     /// Whether no writer has come for any of its sources.
-    fn intact(&self) -> bool {
+    pub(super) fn intact(&self) -> bool {
         self.leases.iter().all(HeldLease::intact)
     }
 }
@@ -512,6 +610,33 @@ impl Drop for SharedLock {
     }
 }
 
+/// The name in `store` that comes last before `name` in name order among
+/// the files of its group (the same name up to the id).
+fn name_before(store: &Path, name: &str) -> Result<Option<String>> {
+    let id_len = file_id(name.as_bytes()).map_or(0, <[u8]>::len);
+    let prefix = &name[..name.len() - b".bin".len() - id_len];
+    let mut before: Option<String> = None;
+    for entry in std::fs::read_dir(store)? {
+        let Ok(other) = entry?.file_name().into_string() else {
+            continue;
+        };
+        let same_group = other
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix(".bin"))
+            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
+        if same_group && *other < *name && before.as_ref().is_none_or(|b| *b < other) {
+            before = Some(other);
+        }
+    }
+    Ok(before)
+}
+
+/// A hash of a source's used bytes, kept in its batch's journal.
+pub(super) fn used_hash(bytes: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::with_seed(0xf01d).hash_one(bytes)
+}
+
 pub(super) fn ino_of(path: &Path) -> Option<u64> {
     std::fs::symlink_metadata(path).ok().map(|m| m.ino())
 }
@@ -539,8 +664,8 @@ pub(super) fn write_synced(path: &Path, bytes: &[u8], durable: bool) -> Result<u
     Ok(file.metadata()?.ino())
 }
 
-/// `rename` that fails rather than replace a file at `to`.
-pub(super) fn rename_no_replace(from: &Path, to: &Path) -> Result<()> {
+/// `rename` that fails (`AlreadyExists`) rather than replace a file at `to`.
+pub(super) fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let from_c = std::ffi::CString::new(from.as_os_str().as_bytes())?;
     let to_c = std::ffi::CString::new(to.as_os_str().as_bytes())?;
@@ -556,12 +681,7 @@ pub(super) fn rename_no_replace(from: &Path, to: &Path) -> Result<()> {
         )
     };
     if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        return Err(anyhow!(err).context(format!(
-            "cannot move {} back to {}",
-            from.display(),
-            to.display()
-        )));
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

@@ -53,7 +53,9 @@
 //!    place (**the commit**), then every source renamed to `trash/`;
 //! 5. after a grace period, every lease checked: a writer that started
 //!    opening a source meanwhile (a new process given the dead one's pid)
-//!    rolls the batch back, so it gets the file back with its values;
+//!    rolls the batch back, so it gets the file back with its values (a
+//!    rollback is recorded first and always completes, a source whose name
+//!    was created again going back beside it: `FoldDir::roll_back`);
 //! 6. leases released, `trash/` and `prev` removed, then the journal.
 //!
 //! Batches of different runs of a metric touch different files, so a
@@ -63,8 +65,10 @@
 //! runs on a store at a time (`.fold/run.lock`).
 //!
 //! [`recover`] finishes or undoes a batch a crash (SIGKILL) interrupted: a
-//! journal whose new file is in place (same inode) is rolled forward, any
-//! other is undone, so no value is lost or counted twice. promlab's
+//! rollback under way is finished; a journal whose new file is in place
+//! (same inode) is rolled forward, unless a source has a writer again or no
+//! longer holds the bytes folded (then rolled back); any other is undone; so
+//! no value is lost or counted twice. promlab's
 //! exporters take the fold lock shared for a scrape that reads the listing
 //! and leave out the sources of a committed journal still in place
 //! ([`committed_sources`]), so they never see a half-done batch (a scrape by
@@ -92,6 +96,8 @@ use std::time::{Duration, Instant, SystemTime};
 mod dir;
 mod plan;
 mod snapshot;
+#[cfg(test)]
+mod tests;
 
 use dir::*;
 pub use dir::{committed_sources, SharedLock};

@@ -307,3 +307,39 @@ pub(super) fn fold_file_name(
         fits(&name).then_some(name)
     })
 }
+
+/// Names to put a source back under when a file was created at its own
+/// name since its batch committed (a new process given the dead one's pid),
+/// best first. All are fold files' names (ids of [`FOLD_ID_DIGITS`] digits
+/// or more: no process opens one, every exporter reads one, a later fold
+/// folds it). First the name just before `name` in name order, after
+/// `before` (the store's file before it): the source is then read where it
+/// was, before the new file, so the sums over the files already there are
+/// added in the order they were. Where no such name fits (`name`'s id is
+/// `before`'s followed by zeros), names just after `name`, read after the
+/// new file (an order of adding like any other store's; nothing is lost).
+pub(super) fn aside_names(name: &str, before: Option<&str>) -> Vec<String> {
+    let Some(id) = file_id(name.as_bytes()) else {
+        return Vec::new();
+    };
+    let id = std::str::from_utf8(id).expect("digits");
+    let prefix = &name[..name.len() - b".bin".len() - id.len()];
+    let mut names = Vec::new();
+    // Before: the id's last non-zero digit one less, then nines, as many as
+    // it takes to come after `before` (more nines sort later, and every name
+    // of the group with this stem comes before one with more nines).
+    if let Some(k) = id.rfind(|c: char| c != '0') {
+        let lower = char::from(id.as_bytes()[k] - 1);
+        let stem = format!("{prefix}{}{lower}", &id[..k]);
+        let fewest = FOLD_ID_DIGITS.saturating_sub(k + 1).max(1);
+        let most = fewest + before.map_or(0, str::len) + 1;
+        let fits = (fewest..=most)
+            .map(|nines| format!("{stem}{}.bin", "9".repeat(nines)))
+            .find(|aside| before.is_none_or(|b| b < aside.as_str()));
+        names.extend(fits);
+    }
+    // After: the id followed by zeros (a fold file may have the first).
+    let zeros = FOLD_ID_DIGITS.saturating_sub(id.len()).max(1);
+    names.extend((zeros..zeros + 8).map(|z| format!("{prefix}{id}{}.bin", "0".repeat(z))));
+    names
+}
