@@ -8,12 +8,13 @@
 //! Each test starts its own cluster (about a second) and they run one at a
 //! time (a lock), so two clusters never load the machine at once.
 
+#[path = "support/cluster.rs"]
+mod cluster_support;
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 mod support;
-#[path = "support/cluster.rs"]
-mod cluster_support;
 
+use cluster_support::*;
 use promlab::shared::strategy::{Stage, StrategySet};
 use promlab_lab::cluster::client::ClickHouse;
 use promlab_lab::cluster::local::{self, LocalCluster};
@@ -22,7 +23,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
-use cluster_support::*;
 use support::Served;
 
 /// One cluster at a time.

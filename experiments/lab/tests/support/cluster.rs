@@ -1,5 +1,8 @@
-//! What the cluster tests share (`#[path]`-included beside `support`): the plan and workload, the sharded feed,
-//! a receiver's own answer and `/metrics`, and waiting for the exporter.
+//! What the cluster tests share (`#[path]`-included beside `support`): the
+//! plan and workload, the sharded feed, a receiver's own answer and
+//! `/metrics`, and waiting for the exporter.
+
+#![allow(dead_code)] // each cluster test uses its own part of this module
 
 use crate::support::{get, Served};
 use promlab::ingest::feed::FeedWorkload;
@@ -115,4 +118,3 @@ pub fn closed_windows(start_ms: i64, ticks: u64) -> Vec<i64> {
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
-
