@@ -149,7 +149,7 @@ pub fn node_config(ports: &[NodePorts], i: usize, layout: &Layout) -> String {
             layout.zookeeper.as_deref().unwrap_or("?")
         )
     } else {
-        "One shard per node, no replicas (`--replicas 2`: experiments/cluster/README.md)"
+        "One shard per node, no replicas (for replicas, see experiments/cluster/README.md)"
             .to_string()
     };
     format!(
