@@ -103,14 +103,7 @@ impl Env {
 
     /// The one receiver fed everything: no ClickHouse.
     fn single(&self, strategies: &str) -> Served {
-        support::serve(&[
-            "--plan",
-            self.plan.to_str().unwrap(),
-            "--max-ahead-secs",
-            "0",
-            "--strategies",
-            strategies,
-        ])
+        single_receiver(&self.plan, strategies)
     }
 
     /// `promlab query --clickhouse` through node `node`: (success, stdout, stderr).

@@ -109,17 +109,6 @@ impl Env {
         ])
     }
 
-    fn single(&self) -> Served {
-        support::serve(&[
-            "--plan",
-            self.plan.to_str().unwrap(),
-            "--max-ahead-secs",
-            "0",
-            "--strategies",
-            "all",
-        ])
-    }
-
     /// `promlab query --clickhouse` through `nodes` (tried in turn): (success, stdout, stderr).
     fn query(&self, nodes: &[usize], database: &str, window: i64) -> (bool, Vec<u8>, String) {
         let mut command = Command::new(env!("CARGO_BIN_EXE_promlab"));
@@ -169,6 +158,72 @@ impl Env {
     }
 }
 
+/// Two receivers (one a shard, each given its shard's replicas) and the
+/// single receiver, fed the same ticks of the windows from `start_ms`.
+struct Fed {
+    receivers: Vec<Served>,
+    single: Served,
+    start_ms: i64,
+}
+
+/// The ticks fed before the fault, and all of them.
+const BEFORE: u64 = 6;
+const TICKS: u64 = 14;
+
+impl Fed {
+    /// The tables created once for every node, `ON CLUSTER` (the receivers
+    /// find them there); the receivers started and fed [`BEFORE`] ticks,
+    /// every window they closed written.
+    fn start(env: &Env, id: &str, database: &str, start_ms: i64) -> Fed {
+        schema(database)
+            .create_on_cluster(&env.ch(0), Duration::from_secs(60))
+            .expect("CREATE … ON CLUSTER");
+        let fed = Fed {
+            receivers: (0..2)
+                .map(|s| env.receiver(s, &format!("{id}{s}"), database))
+                .collect(),
+            single: single_receiver(&env.plan, "all"),
+            start_ms,
+        };
+        fed.feed(0..BEFORE);
+        for r in &fed.receivers {
+            wait_written(r, fed.written_through(BEFORE));
+        }
+        fed
+    }
+
+    /// Every window ending at or before this is closed after `ticks` ticks.
+    fn written_through(&self, ticks: u64) -> i64 {
+        closed_windows(self.start_ms, ticks).last().unwrap() + WINDOW_MS
+    }
+
+    /// The rest of the ticks, two at a time (a window closes after each).
+    fn feed_the_rest(&self) {
+        for from in (BEFORE..TICKS).step_by(2) {
+            self.feed(from..from + 2);
+        }
+    }
+
+    /// Waits until every receiver wrote every closed window and checks none
+    /// was dropped; the closed windows.
+    fn all_written(&self) -> Vec<i64> {
+        for r in &self.receivers {
+            wait_written(r, self.written_through(TICKS));
+            assert_eq!(
+                metric(r, "promlab_clickhouse_windows_dropped_total"),
+                Some(0.0)
+            );
+        }
+        closed_windows(self.start_ms, TICKS)
+    }
+
+    fn feed(&self, ticks: std::ops::Range<u64>) {
+        let urls: Vec<String> = self.receivers.iter().map(write_url).collect();
+        assert!(feed(&urls, self.start_ms, ticks.clone()));
+        assert!(feed(&[write_url(&self.single)], self.start_ms, ticks));
+    }
+}
+
 /// The three faults, in turn on one cluster.
 #[test]
 fn replicas_survive_a_lost_node_and_zookeeper_down_and_a_lost_shard_fails_naming_it() {
@@ -191,40 +246,18 @@ fn replicas_survive_a_lost_node_and_zookeeper_down_and_a_lost_shard_fails_naming
 /// on too), and the replica, restarted, catches up from its peer.
 fn a_replica_killed_under_a_running_feed_loses_nothing_and_catches_up(env: &mut Env) {
     let db = "killed";
-    // Created once for every node, ON CLUSTER (the receivers find them there).
-    schema(db)
-        .create_on_cluster(&env.ch(0), Duration::from_secs(60))
-        .expect("CREATE … ON CLUSTER");
-    let start_ms = 1_700_000_000_000;
-    let mut receivers: Vec<Served> = (0..2)
-        .map(|s| env.receiver(s, &format!("k{s}"), db))
-        .collect();
-    let single = env.single();
-    let urls: Vec<String> = receivers.iter().map(write_url).collect();
-    let both = |ticks: std::ops::Range<u64>| {
-        assert!(feed(&urls, start_ms, ticks.clone()));
-        assert!(feed(&[write_url(&single)], start_ms, ticks));
-    };
-    both(0..6);
-    wait_written(
-        &receivers[0],
-        closed_windows(start_ms, 6).last().unwrap() + WINDOW_MS,
-    );
+    let mut fed = Fed::start(env, "k", db, 1_700_000_000_000);
     env.cluster.nodes[0].kill();
-    for chunk in 0..4 {
-        both(6 + chunk * 2..8 + chunk * 2);
-    }
-    let closed = closed_windows(start_ms, 14);
-    for r in &receivers {
-        wait_written(r, closed.last().unwrap() + WINDOW_MS);
-        assert_eq!(
-            metric(r, "promlab_clickhouse_windows_dropped_total"),
-            Some(0.0)
-        );
-    }
+    fed.feed_the_rest();
+    let closed = fed.all_written();
     // The receiver met the dead replica and moved to the other.
-    assert!(metric(&receivers[0], "promlab_clickhouse_insert_failures_total") >= Some(1.0));
-    env.assert_exact(&[0, 3], db, &closed, &single);
+    assert!(
+        metric(
+            &fed.receivers[0],
+            "promlab_clickhouse_insert_failures_total"
+        ) >= Some(1.0)
+    );
+    env.assert_exact(&[0, 3], db, &closed, &fed.single);
     // Restarted, the replica fetches what its peer took meanwhile.
     env.cluster.nodes[0].start(Duration::from_secs(90)).unwrap();
     let began = Instant::now();
@@ -246,8 +279,8 @@ fn a_replica_killed_under_a_running_feed_loses_nothing_and_catches_up(env: &mut 
         "replicas: the restarted replica caught up in {:?}",
         began.elapsed()
     );
-    env.assert_exact(&[0], db, &closed, &single);
-    for r in &mut receivers {
+    env.assert_exact(&[0], db, &closed, &fed.single);
+    for r in &mut fed.receivers {
         assert!(r.terminate(Duration::from_secs(60)).success());
     }
 }
@@ -258,30 +291,12 @@ fn a_replica_killed_under_a_running_feed_loses_nothing_and_catches_up(env: &mut 
 /// answers exactly.
 fn zookeeper_down_under_a_running_feed_queues_the_inserts_and_loses_nothing(env: &mut Env) {
     let db = "keeper";
-    schema(db)
-        .create_on_cluster(&env.ch(0), Duration::from_secs(60))
-        .expect("CREATE … ON CLUSTER");
-    let start_ms = 1_700_100_000_000;
-    let receivers: Vec<Served> = (0..2)
-        .map(|s| env.receiver(s, &format!("z{s}"), db))
-        .collect();
-    let single = env.single();
-    let urls: Vec<String> = receivers.iter().map(write_url).collect();
-    let both = |ticks: std::ops::Range<u64>| {
-        assert!(feed(&urls, start_ms, ticks.clone()));
-        assert!(feed(&[write_url(&single)], start_ms, ticks));
-    };
-    both(0..6);
-    let through = closed_windows(start_ms, 6).last().unwrap() + WINDOW_MS;
-    for r in &receivers {
-        wait_written(r, through);
-    }
+    let fed = Fed::start(env, "z", db, 1_700_100_000_000);
+    let through = fed.written_through(BEFORE);
     let zookeeper = env.cluster.zookeeper.as_mut().unwrap();
     zookeeper.kill();
-    for chunk in 0..4 {
-        both(6 + chunk * 2..8 + chunk * 2);
-    }
-    for r in &receivers {
+    fed.feed_the_rest();
+    for r in &fed.receivers {
         wait_metrics(
             r,
             [
@@ -294,15 +309,8 @@ fn zookeeper_down_under_a_running_feed_queues_the_inserts_and_loses_nothing(env:
         assert!(metric(r, "promlab_clickhouse_written_through_ms") <= Some(through as f64 + 1.0));
     }
     zookeeper.start(Duration::from_secs(90)).unwrap();
-    let closed = closed_windows(start_ms, 14);
-    for r in &receivers {
-        wait_written(r, closed.last().unwrap() + WINDOW_MS);
-        assert_eq!(
-            metric(r, "promlab_clickhouse_windows_dropped_total"),
-            Some(0.0)
-        );
-    }
-    env.assert_exact(&[1], db, &closed, &single);
+    let closed = fed.all_written();
+    env.assert_exact(&[1], db, &closed, &fed.single);
     // Each shard's replicas hold the same rows.
     for [a, b] in SHARDS {
         let began = Instant::now();

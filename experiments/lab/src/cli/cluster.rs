@@ -405,7 +405,7 @@ fn start(a: LocalArgs) -> Result<()> {
         eprintln!(
             "promlab cluster: ZooKeeper on {} (data in {})",
             zookeeper.address(),
-            zookeeper.dir.display()
+            zookeeper.dir().display()
         );
     }
     if a.replicas > 1 {

@@ -8,11 +8,12 @@
 //! `experiments/cluster/local/` (and `local-replicas/`).
 
 use super::client::ClickHouse;
+use super::process::Server;
 use super::zookeeper::ZooKeeper;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// One node's ports, all on 127.0.0.1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,11 +266,10 @@ pub fn server_command() -> Option<Command> {
     })
 }
 
-/// One running node.
+/// One node (its server started or not).
 pub struct Node {
-    pub dir: PathBuf,
     pub ports: NodePorts,
-    child: Option<Child>,
+    server: Server,
 }
 
 impl Node {
@@ -277,100 +277,40 @@ impl Node {
         format!("http://127.0.0.1:{}", self.ports.http)
     }
 
+    /// Its directory (config, data, logs).
+    pub fn dir(&self) -> &Path {
+        &self.server.dir
+    }
+
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.server.pid()
     }
 
     pub fn is_running(&mut self) -> bool {
-        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+        self.server.is_running()
     }
 
-    /// Starts the server and waits (up to `within`) until it answers `/ping`.
+    /// Starts the server and waits (up to `within`) until it answers a query.
     pub fn start(&mut self, within: Duration) -> Result<()> {
-        if self.is_running() {
-            return Ok(());
-        }
         let mut command = server_command().context(
             "no ClickHouse server found (clickhouse-server, or clickhouse): apt-get install clickhouse-server",
         )?;
-        let out = std::fs::File::create(self.dir.join("stdout.log"))?;
-        let err = std::fs::File::create(self.dir.join("stderr.log"))?;
-        // The node dies with the thread that started it (a test, `promlab
-        // cluster start`), however that ends: no server outlives its run.
-        // SAFETY: prctl is async-signal-safe; nothing else runs before exec.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = command
-            .arg("--config-file=config.xml")
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .with_context(|| format!("starting ClickHouse in {}", self.dir.display()))?;
-        self.child = Some(child);
+        command.arg("--config-file=config.xml");
         let ch = ClickHouse::new(&self.url(), Duration::from_secs(2))?;
-        let started = Instant::now();
-        loop {
-            if ch.execute("SELECT 1", &[]).is_ok() {
-                return Ok(());
-            }
-            if !self.is_running() {
-                let log = std::fs::read_to_string(self.dir.join("log/error.log"))
-                    .or_else(|_| std::fs::read_to_string(self.dir.join("stderr.log")))
-                    .unwrap_or_default();
-                let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join("\n");
-                bail!(
-                    "ClickHouse in {} exited at start: {tail}",
-                    self.dir.display()
-                );
-            }
-            if started.elapsed() > within {
-                self.kill();
-                bail!(
-                    "ClickHouse in {} did not answer within {within:?}",
-                    self.dir.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.server
+            .start(command, within, &["log/error.log", "stderr.log"], || {
+                ch.execute("SELECT 1", &[]).is_ok()
+            })
     }
 
     /// SIGTERM, then SIGKILL if it has not exited within `within`.
     pub fn stop(&mut self, within: Duration) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        // SAFETY: a signal to our own child's pid.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let started = Instant::now();
-        while started.elapsed() < within {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        self.server.stop(within);
     }
 
     /// SIGKILL, at once.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
+        self.server.kill();
     }
 }
 
@@ -404,9 +344,8 @@ impl LocalCluster {
                 .into_iter()
                 .zip(ports)
                 .map(|(dir, &ports)| Node {
-                    dir,
                     ports,
-                    child: None,
+                    server: Server::new(&dir, "ClickHouse"),
                 })
                 .collect(),
             layout: layout.clone(),

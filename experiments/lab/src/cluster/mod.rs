@@ -10,6 +10,7 @@
 //! - [`hashmod`]: Prometheus's `hashmod`, for `feed --url U1 --url U2 …`;
 //! - [`local`]: a local cluster of `clickhouse-server` processes (tests, `promlab cluster`);
 //! - [`zookeeper`]: the ZooKeeper a local replicated cluster runs;
+//! - [`process`]: a local server's process (its directory, its logs, its readiness);
 //! - [`measure`]: `promlab cluster measure`, the costs side by side in one run.
 //!
 //! The merge itself — bins out of a pane, summed, back into a sketch, the
@@ -20,6 +21,7 @@ pub mod export;
 pub mod hashmod;
 pub mod local;
 pub mod measure;
+pub mod process;
 pub mod query;
 pub mod rowbinary;
 pub mod schema;

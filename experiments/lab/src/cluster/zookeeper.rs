@@ -4,12 +4,13 @@
 //! its own directory, no admin server, no systemd. What `promlab cluster
 //! start --replicas 2` and the replica tests run.
 
-use anyhow::{bail, Context, Result};
+use super::process::Server;
+use anyhow::{Context, Result};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// Debian's ZooKeeper jar (its manifest names every jar it needs).
 pub const JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -81,11 +82,10 @@ pub fn is_serving(port: u16) -> bool {
         && answer.starts_with(b"Zookeeper version")
 }
 
-/// One running ZooKeeper (killed when dropped).
+/// One ZooKeeper (killed when dropped).
 pub struct ZooKeeper {
-    pub dir: PathBuf,
     pub port: u16,
-    child: Option<Child>,
+    server: Server,
 }
 
 impl ZooKeeper {
@@ -93,9 +93,8 @@ impl ZooKeeper {
     pub fn new(dir: &Path, port: u16) -> Result<Self> {
         write_config(dir, port)?;
         Ok(ZooKeeper {
-            dir: dir.to_path_buf(),
             port,
-            child: None,
+            server: Server::new(dir, "ZooKeeper"),
         })
     }
 
@@ -104,74 +103,25 @@ impl ZooKeeper {
         format!("127.0.0.1:{}", self.port)
     }
 
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    /// Its directory (`zoo.cfg`, `data/`, logs).
+    pub fn dir(&self) -> &Path {
+        &self.server.dir
     }
 
     /// Starts the server (its data kept from any earlier run) and waits (up
     /// to `within`) until it serves.
     pub fn start(&mut self, within: Duration) -> Result<()> {
-        if self.is_running() {
-            return Ok(());
-        }
         let mut command = server_command().with_context(|| {
             format!("no ZooKeeper found (java and {JAR}): apt-get install zookeeper")
         })?;
-        let out = std::fs::File::create(self.dir.join("stdout.log"))?;
-        let err = std::fs::File::create(self.dir.join("stderr.log"))?;
-        // Dies with the thread that started it, as the ClickHouse nodes do.
-        // SAFETY: prctl is async-signal-safe; nothing else runs before exec.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = command
-            .arg("zoo.cfg")
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .with_context(|| format!("starting ZooKeeper in {}", self.dir.display()))?;
-        self.child = Some(child);
-        let started = Instant::now();
-        loop {
-            if is_serving(self.port) {
-                return Ok(());
-            }
-            if !self.is_running() {
-                let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
-                let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join("\n");
-                bail!(
-                    "ZooKeeper in {} exited at start: {tail}",
-                    self.dir.display()
-                );
-            }
-            if started.elapsed() > within {
-                self.kill();
-                bail!(
-                    "ZooKeeper in {} did not answer within {within:?}",
-                    self.dir.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        command.arg("zoo.cfg");
+        let port = self.port;
+        self.server
+            .start(command, within, &["stderr.log"], || is_serving(port))
     }
 
     /// SIGKILL, at once.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for ZooKeeper {
-    fn drop(&mut self) {
-        self.kill();
+        self.server.kill();
     }
 }

@@ -4,8 +4,9 @@
 
 #![allow(dead_code)] // each cluster test uses its own part of this module
 
-use crate::support::{get, Served};
+use crate::support::{get, serve, Served};
 use promlab::ingest::feed::FeedWorkload;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,18 @@ pub fn workload(start_ms: i64) -> FeedWorkload {
         series_per_group: SERIES_PER_GROUP,
         ..FeedWorkload::seed(start_ms)
     }
+}
+
+/// The one receiver fed everything: no ClickHouse.
+pub fn single_receiver(plan: &Path, strategies: &str) -> Served {
+    serve(&[
+        "--plan",
+        plan.to_str().unwrap(),
+        "--max-ahead-secs",
+        "0",
+        "--strategies",
+        strategies,
+    ])
 }
 
 pub fn write_url(served: &Served) -> String {
