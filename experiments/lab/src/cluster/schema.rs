@@ -25,7 +25,8 @@
 //! ClickHouse releases: these statements, the `RowBinary` rows and the
 //! queries of [`super::query`] are one dialect, run unchanged on ClickHouse
 //! 18.16 (the cluster tests' servers) and on a current release (26.9, chDB's
-//! engine; tests/cluster_current.rs checks the answers equal). The
+//! engine; tests/cluster_current.rs checks the answers equal; the replicated
+//! statements have met 18.16 only, tests/cluster_replicas.rs). The
 //! one difference met is outside the SQL: a current release refuses to
 //! create a `Distributed` table whose cluster is not in the node's
 //! `remote_servers` (code 701), so a node's config names the cluster before
