@@ -2,8 +2,9 @@
 //! ClickHouse cluster, and a local one to run them against.
 
 use crate::cluster::client::ClickHouse;
-use crate::cluster::local::{self, LocalCluster};
-use crate::cluster::schema::{Schema, DEFAULT_CLUSTER, DEFAULT_DATABASE};
+use crate::cluster::local::{self, Layout, LocalCluster};
+use crate::cluster::schema::{is_replicated, Ddl, Schema, DEFAULT_CLUSTER, DEFAULT_DATABASE};
+use crate::cluster::zookeeper::{self, ZooKeeper};
 use crate::cluster::{query, LOCAL_BASE_PORT};
 use anyhow::{bail, Context, Result};
 use promlab::ingest::plan::Plan;
@@ -14,9 +15,10 @@ use std::time::Duration;
 /// `promlab query`: one window's quantiles from the cluster.
 #[derive(clap::Args, Debug)]
 pub struct QueryArgs {
-    /// A ClickHouse node of the cluster (its HTTP interface, http://HOST:PORT).
-    #[arg(long, value_name = "URL")]
-    pub clickhouse: String,
+    /// A ClickHouse node of the cluster (its HTTP interface, http://HOST:PORT);
+    /// repeat it for others, each tried in turn when one does not answer.
+    #[arg(long, value_name = "URL", required = true)]
+    pub clickhouse: Vec<String>,
     /// The aggregation (its id in the plan).
     #[arg(long)]
     pub agg: String,
@@ -54,7 +56,7 @@ pub fn query(args: QueryArgs) -> Result<()> {
     let Some(agg) = plan.aggregations.iter().find(|a| a.id == args.agg) else {
         bail!("no aggregation `{}` in the plan", args.agg);
     };
-    let ch = ClickHouse::new(&args.clickhouse, Duration::from_secs(args.timeout_secs))?;
+    let ch = first_answering(&args.clickhouse, Duration::from_secs(args.timeout_secs))?;
     let schema = Schema {
         database: args.clickhouse_database,
         cluster: args.clickhouse_cluster,
@@ -112,6 +114,24 @@ pub fn query(args: QueryArgs) -> Result<()> {
     Ok(())
 }
 
+/// The first of `urls` whose node answers (the last one's failure if none does).
+fn first_answering(urls: &[String], timeout: Duration) -> Result<ClickHouse> {
+    let mut failure = None;
+    for url in urls {
+        let ch = ClickHouse::new(url, timeout)?;
+        match ch.execute("SELECT 1", &[]) {
+            Ok(_) => return Ok(ch),
+            Err(e) => {
+                if urls.len() > 1 {
+                    eprintln!("promlab query: {e}; trying the next --clickhouse");
+                }
+                failure = Some(e);
+            }
+        }
+    }
+    Err(failure.map_or_else(|| anyhow::anyhow!("no --clickhouse URL"), Into::into))
+}
+
 /// `promlab cluster`: a local ClickHouse cluster, its tables, its measurements.
 #[derive(clap::Args, Debug)]
 pub struct ClusterArgs {
@@ -124,11 +144,12 @@ pub enum ClusterCommand {
     /// Write a local cluster's node configs (what `start` runs) into DIR.
     Config(LocalArgs),
     /// Start a local cluster (one clickhouse-server per node on 127.0.0.1,
-    /// each in DIR/nodeN), create the tables on every node, and run until
-    /// Ctrl-C or SIGTERM, then stop the nodes.
+    /// each in DIR/nodeN; with replicas, a ZooKeeper in DIR/zookeeper), create
+    /// the tables on every node, and run until Ctrl-C or SIGTERM, then stop them.
     Start(LocalArgs),
     /// Create the tables on each node (idempotent; every node of the cluster
-    /// needs them: ClickHouse 18.16 runs DDL on one node at a time).
+    /// needs them). A replicated cluster (its nodes have the `{shard}` and
+    /// `{replica}` macros): once, `ON CLUSTER`, through the first URL.
     Init(InitArgs),
     /// Print the tables' DDL.
     Schema(SchemaArgs),
@@ -166,13 +187,21 @@ pub struct MeasureArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct LocalArgs {
-    /// Where the nodes' directories go.
+    /// Where the nodes' directories go (and ZooKeeper's, `zookeeper/`, when it runs one).
     #[arg(long)]
     pub dir: PathBuf,
-    /// Nodes (one shard each).
-    #[arg(long, default_value_t = 3)]
-    pub nodes: usize,
-    /// Ports: node i's HTTP BASE+i, native TCP BASE+100+i, interserver BASE+200+i.
+    /// Shards (`--nodes` is the same): shards × replicas nodes in all.
+    #[arg(long, visible_alias = "nodes", default_value_t = 3)]
+    pub shards: usize,
+    /// Replicas a shard (on consecutive nodes). Above 1: replicated tables,
+    /// `ON CLUSTER` DDL, and a ZooKeeper (run here on BASE+300, or `--zookeeper`).
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// With `--replicas` above 1: an existing ZooKeeper (HOST:PORT) instead of running one.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub zookeeper: Option<String>,
+    /// Ports: node i's HTTP BASE+i, native TCP BASE+100+i, interserver BASE+200+i
+    /// (i from 0); ZooKeeper's BASE+300.
     #[arg(long, default_value_t = LOCAL_BASE_PORT)]
     pub base_port: u16,
     /// The cluster's name in the nodes' `remote_servers`.
@@ -193,6 +222,9 @@ pub struct InitArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct SchemaArgs {
+    /// Replicas a shard: above 1, the replicated tables' DDL, `ON CLUSTER`.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
     #[arg(long, default_value = DEFAULT_CLUSTER)]
     pub clickhouse_cluster: String,
     #[arg(long, default_value = DEFAULT_DATABASE)]
@@ -202,10 +234,14 @@ pub struct SchemaArgs {
 pub fn cluster(args: ClusterArgs) -> Result<()> {
     match args.command {
         ClusterCommand::Config(a) => {
-            check_nodes(&a)?;
-            let ports = local::ports_from(a.base_port, a.nodes);
-            for dir in local::write_configs(&a.dir, &ports, &a.cluster)? {
+            let (ports, layout) = check_nodes(&a)?;
+            for dir in local::write_configs(&a.dir, &ports, &layout)? {
                 println!("{}", dir.join("config.xml").display());
+            }
+            if a.replicas > 1 && a.zookeeper.is_none() {
+                let dir = a.dir.join("zookeeper");
+                zookeeper::write_config(&dir, local::zookeeper_port(a.base_port))?;
+                println!("{}", dir.join("zoo.cfg").display());
             }
             Ok(())
         }
@@ -216,6 +252,18 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
                 database: a.clickhouse_database,
                 cluster: a.clickhouse_cluster,
             };
+            let first = ClickHouse::new(&a.clickhouse[0], Duration::from_secs(90))?;
+            if is_replicated(&first)? {
+                // One statement for every node, through the first.
+                schema
+                    .create_on_cluster(&first, Duration::from_secs(60))
+                    .context("creating the tables ON CLUSTER")?;
+                println!(
+                    "{}: tables ready on every node of cluster `{}` (ON CLUSTER)",
+                    a.clickhouse[0], schema.cluster
+                );
+                return Ok(());
+            }
             for url in &a.clickhouse {
                 let ch = ClickHouse::new(url, Duration::from_secs(30))?;
                 schema.create(&ch)?;
@@ -228,7 +276,12 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
                 database: a.clickhouse_database,
                 cluster: a.clickhouse_cluster,
             };
-            for statement in schema.statements() {
+            let ddl = if a.replicas > 1 {
+                Ddl::OnCluster
+            } else {
+                Ddl::PerNode
+            };
+            for statement in schema.statements(ddl) {
                 println!("{statement};");
             }
             Ok(())
@@ -301,33 +354,77 @@ fn measure(a: MeasureArgs) -> Result<()> {
     Ok(())
 }
 
-fn check_nodes(a: &LocalArgs) -> Result<()> {
-    if a.nodes == 0 || a.nodes > 50 {
-        bail!("--nodes {}: expected 1 to 50", a.nodes);
-    }
-    if u32::from(a.base_port) + 200 + a.nodes as u32 > 65_535 {
+/// The nodes' ports and the layout `a` asks for.
+fn check_nodes(a: &LocalArgs) -> Result<(Vec<local::NodePorts>, Layout)> {
+    if a.shards == 0 || a.replicas == 0 || a.shards * a.replicas > 50 {
         bail!(
-            "--base-port {} leaves no room for {} nodes' ports",
-            a.base_port,
-            a.nodes
+            "--shards {} --replicas {}: expected 1 to 50 nodes in all",
+            a.shards,
+            a.replicas
         );
     }
-    Ok(())
+    let nodes = a.shards * a.replicas;
+    if u32::from(a.base_port) + 300 + nodes as u32 > 65_535 {
+        bail!(
+            "--base-port {} leaves no room for {nodes} nodes' ports",
+            a.base_port,
+        );
+    }
+    if a.replicas == 1 && a.zookeeper.is_some() {
+        bail!("--zookeeper is for --replicas 2 or more");
+    }
+    let zookeeper = (a.replicas > 1).then(|| {
+        a.zookeeper
+            .clone()
+            .unwrap_or_else(|| format!("127.0.0.1:{}", local::zookeeper_port(a.base_port)))
+    });
+    let layout = Layout {
+        cluster: a.cluster.clone(),
+        replicas: a.replicas,
+        zookeeper,
+    };
+    Ok((local::ports_from(a.base_port, nodes), layout))
 }
 
 fn start(a: LocalArgs) -> Result<()> {
-    check_nodes(&a)?;
-    let ports = local::ports_from(a.base_port, a.nodes);
-    let mut cluster = LocalCluster::start(&a.dir, &ports, &a.cluster, Duration::from_secs(60))?;
+    let (ports, layout) = check_nodes(&a)?;
+    let zookeeper = match (a.replicas > 1, &a.zookeeper) {
+        (true, None) => Some(ZooKeeper::new(
+            &a.dir.join("zookeeper"),
+            local::zookeeper_port(a.base_port),
+        )?),
+        _ => None,
+    };
+    let mut cluster =
+        LocalCluster::start_with(&a.dir, &ports, &layout, zookeeper, Duration::from_secs(60))?;
     let schema = Schema {
         database: DEFAULT_DATABASE.into(),
         cluster: a.cluster.clone(),
     };
-    for url in cluster.urls() {
+    if let Some(zookeeper) = &cluster.zookeeper {
+        eprintln!(
+            "promlab cluster: ZooKeeper on {} (data in {})",
+            zookeeper.address(),
+            zookeeper.dir().display()
+        );
+    }
+    if a.replicas > 1 {
+        let url = &cluster.urls()[0];
         schema
-            .create(&ClickHouse::new(&url, Duration::from_secs(30))?)
-            .with_context(|| format!("creating the tables on {url}"))?;
-        eprintln!("promlab cluster: node on {url} (tables ready)");
+            .create_on_cluster(
+                &ClickHouse::new(url, Duration::from_secs(90))?,
+                Duration::from_secs(60),
+            )
+            .with_context(|| format!("creating the tables ON CLUSTER through {url}"))?;
+    }
+    for (i, url) in cluster.urls().iter().enumerate() {
+        if a.replicas == 1 {
+            schema
+                .create(&ClickHouse::new(url, Duration::from_secs(30))?)
+                .with_context(|| format!("creating the tables on {url}"))?;
+        }
+        let (shard, replica) = layout.position(i);
+        eprintln!("promlab cluster: node on {url}, shard {shard} replica {replica} (tables ready)");
     }
     eprintln!(
         "promlab cluster: {} nodes of cluster `{}` running; Ctrl-C or SIGTERM stops them",

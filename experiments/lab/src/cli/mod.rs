@@ -294,9 +294,10 @@ pub struct ServeArgs {
     /// count, zero count, min and max) to this ClickHouse node's HTTP
     /// interface (http://HOST:PORT), one batch per close; the tables are
     /// created there if missing. Ingest never waits on it (a bounded queue,
-    /// retried with backoff). Answers in memory are unchanged.
+    /// retried with backoff). Answers in memory are unchanged. Repeat it with
+    /// each replica of the receiver's shard: the next is tried when one fails.
     #[arg(long, value_name = "URL", conflicts_with_all = ["store", "scenario"])]
-    pub clickhouse: Option<String>,
+    pub clickhouse: Vec<String>,
     /// Receiver: the cluster (a `remote_servers` entry of the node's config)
     /// the Distributed tables span.
     #[arg(long, default_value = crate::cluster::schema::DEFAULT_CLUSTER, requires = "clickhouse")]
@@ -353,16 +354,16 @@ impl ServeArgs {
         &self,
         listen: std::net::SocketAddr,
     ) -> Result<Option<crate::cluster::export::ExportConfig>> {
-        let Some(url) = &self.clickhouse else {
+        if self.clickhouse.is_empty() {
             return Ok(None);
-        };
+        }
         let receiver = match &self.receiver_id {
             Some(id) if !id.is_empty() => id.clone(),
             Some(_) => bail!("--receiver-id must not be empty"),
             None => format!("{}:{}", hostname(), listen.port()),
         };
         Ok(Some(crate::cluster::export::ExportConfig {
-            url: url.clone(),
+            urls: self.clickhouse.clone(),
             schema: crate::cluster::schema::Schema {
                 database: self.clickhouse_database.clone(),
                 cluster: self.clickhouse_cluster.clone(),

@@ -1,13 +1,15 @@
 //! `promlab serve --clickhouse URL`: each closed window's panes, as bins, to
-//! the node at URL, without ingest ever waiting on it.
+//! the node at URL, without ingest ever waiting on it. Given several URLs (the
+//! replicas of the receiver's shard), the writer keeps to one while it takes
+//! the batches and moves to the next when an insert fails.
 //!
 //! Two threads. The *collector* wakes when any window closes (the library's
 //! closed-windows generation moves), takes the home lane's lock for as long
 //! as it takes to encode the windows closed since it last looked (the
 //! receiver keeps `keep_windows` closed windows, so none is gone before it
 //! looks), and queues them as one batch with a progress row. The *writer*
-//! inserts the batches in order, retrying each with backoff (100 ms doubling
-//! to 5 s) until the node takes it. The queue is bounded in bytes: a batch
+//! inserts the batches in order, retrying each (on the next URL, and with
+//! backoff, 100 ms doubling to 5 s, once every URL failed) until a node takes it. The queue is bounded in bytes: a batch
 //! that does not fit is dropped and counted, and in its place goes a row per
 //! window saying it was lost (with its samples), so the query flags them
 //! instead of answering a silently partial quantile.
@@ -32,8 +34,9 @@ use std::time::{Duration, Instant};
 /// What `serve --clickhouse` was told.
 #[derive(Clone, Debug)]
 pub struct ExportConfig {
-    /// The node's HTTP interface.
-    pub url: String,
+    /// The HTTP interfaces of the nodes written to (a shard's replicas), in
+    /// the order they are tried.
+    pub urls: Vec<String>,
     pub schema: Schema,
     /// This receiver's id, the same across its restarts.
     pub receiver: String,
@@ -111,7 +114,14 @@ impl Exporter {
         config: ExportConfig,
         ingester: Arc<dyn AsRef<LanedIngester> + Send + Sync>,
     ) -> anyhow::Result<Arc<Exporter>> {
-        let ch = ClickHouse::new(&config.url, config.timeout)?;
+        if config.urls.is_empty() {
+            anyhow::bail!("no ClickHouse URL to write to");
+        }
+        let nodes = config
+            .urls
+            .iter()
+            .map(|url| ClickHouse::new(url, config.timeout))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let incarnation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
@@ -141,7 +151,7 @@ impl Exporter {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name("clickhouse-writer".into())
-                .spawn(move || write_loop(&shared, &ch))?
+                .spawn(move || write_loop(&shared, &nodes))?
         };
         let collector = {
             let (shared, ingester) = (Arc::clone(&shared), Arc::clone(&ingester));
@@ -420,11 +430,14 @@ fn enqueue(shared: &Shared, batch: Batch) {
 /// How many `lost` rows (about 64 bytes each) wait at most past the queue's bound.
 const MAX_LOST_ROWS: usize = 100_000;
 
-/// Inserts the queued batches in order, each until it is taken (with
-/// backoff), until stopped and the queue is empty or the deadline passed.
-fn write_loop(shared: &Shared, ch: &ClickHouse) {
-    let mut schema_ready = false;
+/// Inserts the queued batches in order, each until it is taken (on the next
+/// node after a failure, with backoff once every node failed), until stopped
+/// and the queue is empty or the deadline passed.
+fn write_loop(shared: &Shared, nodes: &[ClickHouse]) {
+    let mut schema_ready = vec![false; nodes.len()];
     let mut backoff = Duration::from_millis(100);
+    // The node written to, and how many failed in a row.
+    let (mut current, mut failed_in_a_row) = (0, 0);
     loop {
         let batch = {
             let mut q = lock(&shared.queue);
@@ -442,10 +455,11 @@ fn write_loop(shared: &Shared, ch: &ClickHouse) {
                     .map_or_else(|p| p.into_inner().0, |r| r.0);
             }
         };
+        let ch = &nodes[current];
         let result = (|| -> Result<(), Error> {
-            if !schema_ready {
+            if !schema_ready[current] {
                 shared.config.schema.create(ch)?;
-                schema_ready = true;
+                schema_ready[current] = true;
             }
             batch.insert(ch, &shared.config.schema)
         })();
@@ -465,14 +479,19 @@ fn write_loop(shared: &Shared, ch: &ClickHouse) {
                     s.written_through_ms.fetch_max(through, Ordering::Relaxed);
                 }
                 backoff = Duration::from_millis(100);
+                failed_in_a_row = 0;
                 shared.changed.notify_all();
             }
             Err(e) => {
                 shared.stats.insert_failures.fetch_add(1, Ordering::Relaxed);
                 // A node whose tables went away (wiped, replaced) gets them again.
                 if matches!(e.code(), Some(60 | 81)) {
-                    schema_ready = false;
+                    schema_ready[current] = false;
                 }
+                // The next node takes the batch (a replica of the shard: an
+                // insert that had in fact landed is the same rows again).
+                current = (current + 1) % nodes.len();
+                failed_in_a_row += 1;
                 q.batches.push_front(batch);
                 q.in_flight = false;
                 let deadline = *lock(&shared.writer_deadline);
@@ -495,8 +514,11 @@ fn write_loop(shared: &Shared, ch: &ClickHouse) {
                     );
                 }
                 drop(q);
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                if failed_in_a_row >= nodes.len() {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    failed_in_a_row = 0;
+                }
             }
         }
     }

@@ -1,14 +1,19 @@
-//! A local ClickHouse cluster: N `clickhouse-server` processes on loopback
-//! ports, each with its own directory and config, one shard each, all named
-//! in every node's `remote_servers` under one cluster. What the tests, `promlab
-//! cluster start` and `promlab cluster measure` run; the configs it writes
-//! for the default ports are shipped in `experiments/cluster/local/`.
+//! A local ClickHouse cluster: `clickhouse-server` processes on loopback
+//! ports, each with its own directory and config, all named in every node's
+//! `remote_servers` under one cluster: one shard a node, or (`replicas` > 1)
+//! each shard's replicas on consecutive nodes, with a ZooKeeper
+//! ([`super::zookeeper`]) and each node's `{shard}`/`{replica}` macros. What
+//! the tests, `promlab cluster start` and `promlab cluster measure` run; the
+//! configs it writes for the default ports are shipped in
+//! `experiments/cluster/local/` (and `local-replicas/`).
 
 use super::client::ClickHouse;
+use super::process::Server;
+use super::zookeeper::ZooKeeper;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// One node's ports, all on 127.0.0.1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +46,11 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// The shipped replicated cluster's ZooKeeper port: `base + 300`.
+pub fn zookeeper_port(base: u16) -> u16 {
+    base + 300
+}
+
 /// `nodes` nodes' ports, each free right now.
 pub fn free_node_ports(nodes: usize) -> Vec<NodePorts> {
     free_ports(3 * nodes)
@@ -53,17 +63,96 @@ pub fn free_node_ports(nodes: usize) -> Vec<NodePorts> {
         .collect()
 }
 
-/// Node `i`'s `config.xml`: its ports, data under its own directory (paths
-/// relative to it: the server runs there), every node in the cluster `cluster`.
-pub fn node_config(ports: &[NodePorts], i: usize, cluster: &str) -> String {
-    let p = ports[i];
-    let mut shards = String::new();
-    for node in ports {
-        shards.push_str(&format!(
-            "      <shard><replica><host>127.0.0.1</host><port>{}</port></replica></shard>\n",
-            node.tcp
-        ));
+/// How the nodes form the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Its name in every node's `remote_servers`.
+    pub cluster: String,
+    /// Nodes a shard: shard `s` (from 1) is nodes `(s-1)·replicas + 1 …
+    /// s·replicas`. 1: one shard a node, no ZooKeeper.
+    pub replicas: usize,
+    /// ZooKeeper's `HOST:PORT`, needed when `replicas` > 1.
+    pub zookeeper: Option<String>,
+}
+
+impl Layout {
+    /// One shard a node (no replicas, no ZooKeeper).
+    pub fn unreplicated(cluster: &str) -> Layout {
+        Layout {
+            cluster: cluster.to_string(),
+            replicas: 1,
+            zookeeper: None,
+        }
     }
+
+    /// Node `i`'s (from 0) shard and replica numbers, from 1.
+    pub fn position(&self, i: usize) -> (usize, usize) {
+        (i / self.replicas + 1, i % self.replicas + 1)
+    }
+}
+
+/// Node `i`'s `config.xml`: its ports, data under its own directory (paths
+/// relative to it: the server runs there), every node in the cluster; with
+/// replicas, ZooKeeper, the `{shard}`/`{replica}` macros and `ON CLUSTER` DDL.
+pub fn node_config(ports: &[NodePorts], i: usize, layout: &Layout) -> String {
+    let p = ports[i];
+    let cluster = &layout.cluster;
+    let mut shards = String::new();
+    let replicated = layout.replicas > 1;
+    for shard in ports.chunks(layout.replicas) {
+        if !replicated {
+            shards.push_str(&format!(
+                "      <shard><replica><host>127.0.0.1</host><port>{}</port></replica></shard>\n",
+                shard[0].tcp
+            ));
+            continue;
+        }
+        // Internal replication: an insert goes to one replica, which hands it to the others.
+        shards
+            .push_str("      <shard>\n        <internal_replication>true</internal_replication>\n");
+        for node in shard {
+            shards.push_str(&format!(
+                "        <replica><host>127.0.0.1</host><port>{}</port></replica>\n",
+                node.tcp
+            ));
+        }
+        shards.push_str("      </shard>\n");
+    }
+    let replication = match (&layout.zookeeper, replicated) {
+        (Some(zookeeper), true) => {
+            let (host, port) = zookeeper.rsplit_once(':').unwrap_or((zookeeper, "2181"));
+            let (shard, replica) = layout.position(i);
+            format!(
+                r#"  <!-- Replicas: ZooKeeper keeps each shard's replicas in step, and runs `ON CLUSTER` DDL. -->
+  <zookeeper>
+    <node><host>{host}</host><port>{port}</port></node>
+    <session_timeout_ms>10000</session_timeout_ms>
+  </zookeeper>
+  <distributed_ddl>
+    <path>/clickhouse/task_queue/ddl</path>
+  </distributed_ddl>
+  <!-- This node: replica {replica} of shard {shard} (the replicated tables' ZooKeeper paths use them). -->
+  <macros>
+    <shard>{shard}</shard>
+    <replica>node{node}</replica>
+  </macros>
+"#,
+                node = i + 1,
+            )
+        }
+        _ => String::new(),
+    };
+    let topology = if replicated {
+        format!(
+            "{} shards of {} replicas, ZooKeeper at {}",
+            ports.len() / layout.replicas,
+            layout.replicas,
+            layout.zookeeper.as_deref().unwrap_or("?")
+        )
+    } else {
+        "One shard per node, no replicas (for replicas, see experiments/cluster/README.md)"
+            .to_string()
+    };
     format!(
         r#"<?xml version="1.0"?>
 <!-- promlab's local ClickHouse cluster, node {node} of {n}: written by `promlab cluster config`
@@ -94,7 +183,7 @@ pub fn node_config(ports: &[NodePorts], i: usize, cluster: &str) -> String {
   <!-- Small caches: a test cluster, not a production server. -->
   <mark_cache_size>67108864</mark_cache_size>
   <uncompressed_cache_size>67108864</uncompressed_cache_size>
-  <!-- One shard per node, no replicas (production adds replicas and ZooKeeper: experiments/cluster/README.md). -->
+{replication}  <!-- {topology}. -->
   <remote_servers>
     <{cluster}>
 {shards}    </{cluster}>
@@ -134,12 +223,22 @@ pub const USERS_XML: &str = r#"<?xml version="1.0"?>
 "#;
 
 /// Writes every node's directory (`node1/config.xml`, `node1/users.xml`, …) under `dir`.
-pub fn write_configs(dir: &Path, ports: &[NodePorts], cluster: &str) -> Result<Vec<PathBuf>> {
+pub fn write_configs(dir: &Path, ports: &[NodePorts], layout: &Layout) -> Result<Vec<PathBuf>> {
+    if layout.replicas == 0 || !ports.len().is_multiple_of(layout.replicas) {
+        bail!(
+            "{} nodes do not make shards of {} replicas",
+            ports.len(),
+            layout.replicas
+        );
+    }
+    if layout.replicas > 1 && layout.zookeeper.is_none() {
+        bail!("replicas need ZooKeeper");
+    }
     let mut dirs = Vec::new();
     for i in 0..ports.len() {
         let node = dir.join(format!("node{}", i + 1));
         std::fs::create_dir_all(&node).with_context(|| format!("creating {}", node.display()))?;
-        std::fs::write(node.join("config.xml"), node_config(ports, i, cluster))?;
+        std::fs::write(node.join("config.xml"), node_config(ports, i, layout))?;
         std::fs::write(node.join("users.xml"), USERS_XML)?;
         dirs.push(node);
     }
@@ -167,11 +266,10 @@ pub fn server_command() -> Option<Command> {
     })
 }
 
-/// One running node.
+/// One node (its server started or not).
 pub struct Node {
-    pub dir: PathBuf,
     pub ports: NodePorts,
-    child: Option<Child>,
+    server: Server,
 }
 
 impl Node {
@@ -179,125 +277,83 @@ impl Node {
         format!("http://127.0.0.1:{}", self.ports.http)
     }
 
+    /// Its directory (config, data, logs).
+    pub fn dir(&self) -> &Path {
+        &self.server.dir
+    }
+
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.server.pid()
     }
 
     pub fn is_running(&mut self) -> bool {
-        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+        self.server.is_running()
     }
 
-    /// Starts the server and waits (up to `within`) until it answers `/ping`.
+    /// Starts the server and waits (up to `within`) until it answers a query.
     pub fn start(&mut self, within: Duration) -> Result<()> {
-        if self.is_running() {
-            return Ok(());
-        }
         let mut command = server_command().context(
             "no ClickHouse server found (clickhouse-server, or clickhouse): apt-get install clickhouse-server",
         )?;
-        let out = std::fs::File::create(self.dir.join("stdout.log"))?;
-        let err = std::fs::File::create(self.dir.join("stderr.log"))?;
-        // The node dies with the thread that started it (a test, `promlab
-        // cluster start`), however that ends: no server outlives its run.
-        // SAFETY: prctl is async-signal-safe; nothing else runs before exec.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = command
-            .arg("--config-file=config.xml")
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .with_context(|| format!("starting ClickHouse in {}", self.dir.display()))?;
-        self.child = Some(child);
+        command.arg("--config-file=config.xml");
         let ch = ClickHouse::new(&self.url(), Duration::from_secs(2))?;
-        let started = Instant::now();
-        loop {
-            if ch.execute("SELECT 1", &[]).is_ok() {
-                return Ok(());
-            }
-            if !self.is_running() {
-                let log = std::fs::read_to_string(self.dir.join("log/error.log"))
-                    .or_else(|_| std::fs::read_to_string(self.dir.join("stderr.log")))
-                    .unwrap_or_default();
-                let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join("\n");
-                bail!(
-                    "ClickHouse in {} exited at start: {tail}",
-                    self.dir.display()
-                );
-            }
-            if started.elapsed() > within {
-                self.kill();
-                bail!(
-                    "ClickHouse in {} did not answer within {within:?}",
-                    self.dir.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.server
+            .start(command, within, &["log/error.log", "stderr.log"], || {
+                ch.execute("SELECT 1", &[]).is_ok()
+            })
     }
 
     /// SIGTERM, then SIGKILL if it has not exited within `within`.
     pub fn stop(&mut self, within: Duration) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        // SAFETY: a signal to our own child's pid.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let started = Instant::now();
-        while started.elapsed() < within {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        self.server.stop(within);
     }
 
     /// SIGKILL, at once.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.server.kill();
     }
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// N nodes, one shard each, in one cluster; every node stopped when dropped.
+/// The nodes of one cluster (and the ZooKeeper it runs, if any); every
+/// process stopped when dropped.
 pub struct LocalCluster {
     pub nodes: Vec<Node>,
-    pub cluster: String,
+    pub layout: Layout,
+    /// The ZooKeeper this cluster runs (none: unreplicated, or one of the operator's).
+    pub zookeeper: Option<ZooKeeper>,
 }
 
 impl LocalCluster {
-    /// Writes the configs under `dir` and starts every node (each within `within`).
+    /// One shard a node: writes the configs under `dir` and starts every node (each within `within`).
     pub fn start(dir: &Path, ports: &[NodePorts], cluster: &str, within: Duration) -> Result<Self> {
-        let dirs = write_configs(dir, ports, cluster)?;
+        Self::start_with(dir, ports, &Layout::unreplicated(cluster), None, within)
+    }
+
+    /// Writes the configs under `dir`, starts `zookeeper` (if given: it should
+    /// be `layout`'s) and then every node (each within `within`).
+    pub fn start_with(
+        dir: &Path,
+        ports: &[NodePorts],
+        layout: &Layout,
+        zookeeper: Option<ZooKeeper>,
+        within: Duration,
+    ) -> Result<Self> {
+        let dirs = write_configs(dir, ports, layout)?;
         let mut local = LocalCluster {
             nodes: dirs
                 .into_iter()
                 .zip(ports)
                 .map(|(dir, &ports)| Node {
-                    dir,
                     ports,
-                    child: None,
+                    server: Server::new(&dir, "ClickHouse"),
                 })
                 .collect(),
-            cluster: cluster.to_string(),
+            layout: layout.clone(),
+            zookeeper,
         };
+        if let Some(zookeeper) = &mut local.zookeeper {
+            zookeeper.start(within)?;
+        }
         for node in &mut local.nodes {
             node.start(within)?;
         }
@@ -308,10 +364,13 @@ impl LocalCluster {
         self.nodes.iter().map(Node::url).collect()
     }
 
-    /// Stops every node (SIGTERM, then SIGKILL past `within` each).
+    /// Stops every node (SIGTERM, then SIGKILL past `within` each), then ZooKeeper.
     pub fn stop(&mut self, within: Duration) {
         for node in &mut self.nodes {
             node.stop(within);
+        }
+        if let Some(zookeeper) = &mut self.zookeeper {
+            zookeeper.kill();
         }
     }
 }
@@ -320,23 +379,73 @@ impl LocalCluster {
 mod tests {
     use super::*;
 
-    /// The shipped configs are what this module writes for the default ports.
+    /// The shipped configs are what this module writes for the default ports:
+    /// `local/` one shard a node, `local-replicas/` three shards of two
+    /// replicas with ZooKeeper (`zookeeper/zoo.cfg`).
     #[test]
     fn shipped_configs_are_current() {
-        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster/local");
-        let ports = ports_from(super::super::LOCAL_BASE_PORT, 3);
-        for i in 0..3 {
-            let node = shipped.join(format!("node{}", i + 1));
-            let config = std::fs::read_to_string(node.join("config.xml")).unwrap();
-            assert_eq!(
-                config,
-                node_config(&ports, i, "promlab"),
-                "regenerate with `promlab cluster config --dir experiments/cluster/local`"
+        let base = super::super::LOCAL_BASE_PORT;
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster");
+        let replicated = Layout {
+            cluster: "promlab".into(),
+            replicas: 2,
+            zookeeper: Some(format!("127.0.0.1:{}", zookeeper_port(base))),
+        };
+        for (dir, layout, nodes) in [
+            ("local", Layout::unreplicated("promlab"), 3),
+            ("local-replicas", replicated, 6),
+        ] {
+            let ports = ports_from(base, nodes);
+            let regenerate = format!(
+                "regenerate with `promlab cluster config --dir experiments/cluster/{dir}{}`",
+                if layout.replicas > 1 {
+                    " --replicas 2"
+                } else {
+                    ""
+                }
             );
-            assert_eq!(
-                std::fs::read_to_string(node.join("users.xml")).unwrap(),
-                USERS_XML
-            );
+            for i in 0..nodes {
+                let node = shipped.join(dir).join(format!("node{}", i + 1));
+                let config = std::fs::read_to_string(node.join("config.xml")).unwrap();
+                assert_eq!(config, node_config(&ports, i, &layout), "{regenerate}");
+                assert_eq!(
+                    std::fs::read_to_string(node.join("users.xml")).unwrap(),
+                    USERS_XML
+                );
+            }
+            let zoo = std::fs::read_to_string(shipped.join(dir).join("zookeeper/zoo.cfg"));
+            match layout.replicas {
+                1 => assert!(zoo.is_err(), "{dir} has no ZooKeeper"),
+                _ => assert_eq!(
+                    zoo.unwrap(),
+                    super::super::zookeeper::config(zookeeper_port(base)),
+                    "{regenerate}"
+                ),
+            }
         }
+        assert!(!shipped.join("local/node4").exists());
+        assert!(!shipped.join("local-replicas/node7").exists());
+    }
+
+    #[test]
+    fn replicas_are_consecutive_nodes_of_a_shard() {
+        let ports = ports_from(20000, 4);
+        let layout = Layout {
+            cluster: "c".into(),
+            replicas: 2,
+            zookeeper: Some("127.0.0.1:2181".into()),
+        };
+        assert_eq!(
+            (0..4).map(|i| layout.position(i)).collect::<Vec<_>>(),
+            [(1, 1), (1, 2), (2, 1), (2, 2)]
+        );
+        let config = node_config(&ports, 2, &layout);
+        assert!(config.contains("<shard>2</shard>\n    <replica>node3</replica>"));
+        assert_eq!(config.matches("<internal_replication>true").count(), 2);
+        assert!(config.contains("<host>127.0.0.1</host><port>2181</port>"));
+        let single = node_config(&ports, 2, &Layout::unreplicated("c"));
+        assert!(!single.contains("zookeeper") && !single.contains("macros"));
+        assert_eq!(single.matches("<shard>").count(), 4);
+        assert!(write_configs(Path::new("/nonexistent"), &ports_from(1, 3), &layout).is_err());
     }
 }

@@ -9,6 +9,8 @@
 //! - [`query`]: `promlab query --clickhouse`: the SQL merge and the answer's bytes;
 //! - [`hashmod`]: Prometheus's `hashmod`, for `feed --url U1 --url U2 …`;
 //! - [`local`]: a local cluster of `clickhouse-server` processes (tests, `promlab cluster`);
+//! - [`zookeeper`]: the ZooKeeper a local replicated cluster runs;
+//! - [`process`]: a local server's process (its directory, its logs, its readiness);
 //! - [`measure`]: `promlab cluster measure`, the costs side by side in one run.
 //!
 //! The merge itself — bins out of a pane, summed, back into a sketch, the
@@ -19,9 +21,11 @@ pub mod export;
 pub mod hashmod;
 pub mod local;
 pub mod measure;
+pub mod process;
 pub mod query;
 pub mod rowbinary;
 pub mod schema;
+pub mod zookeeper;
 
 /// The first HTTP port of the shipped local cluster (`experiments/cluster/local/`).
 pub const LOCAL_BASE_PORT: u16 = 18123;

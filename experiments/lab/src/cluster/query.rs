@@ -100,18 +100,24 @@ fn select(ch: &ClickHouse, schema: &Schema, sql: &str) -> Result<Vec<u8>> {
     }
 }
 
-/// The shards of the cluster that do not answer a trivial query, each as `shard N (host:port)`.
+/// The shards of the cluster none of whose replicas answer a trivial query,
+/// each as `shard N (host:port, …)`, its replicas listed.
 pub fn unavailable_shards(ch: &ClickHouse, schema: &Schema) -> Vec<String> {
-    let Ok(shards) = schema.shards(ch) else {
+    let Ok(replicas) = schema.shards(ch) else {
         return Vec::new();
     };
+    let mut shards: BTreeMap<u32, (Vec<String>, bool)> = BTreeMap::new();
+    for (n, addr) in replicas {
+        let probe = format!("SELECT 1 FROM remote({}, system, one)", literal(&addr));
+        let answers = ch.execute(&probe, &[]).is_ok();
+        let shard = shards.entry(n).or_default();
+        shard.0.push(addr);
+        shard.1 |= answers;
+    }
     shards
         .into_iter()
-        .filter(|(_, addr)| {
-            let probe = format!("SELECT 1 FROM remote({}, system, one)", literal(addr));
-            ch.execute(&probe, &[]).is_err()
-        })
-        .map(|(n, addr)| format!("shard {n} ({addr})"))
+        .filter(|(_, (_, answers))| !answers)
+        .map(|(n, (addrs, _))| format!("shard {n} ({})", addrs.join(", ")))
         .collect()
 }
 

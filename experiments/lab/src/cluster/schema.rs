@@ -1,7 +1,9 @@
 //! The cluster's tables and their rows.
 //!
-//! Two tables, each a `*_local` `ReplacingMergeTree` on every node and a
-//! `Distributed` table of the same columns over the cluster, which queries read:
+//! Two tables, each a `*_local` `ReplacingMergeTree` on every node (in a
+//! replicated cluster `ReplicatedReplacingMergeTree`, one ZooKeeper path a
+//! shard) and a `Distributed` table of the same columns over the cluster,
+//! which queries read:
 //!
 //! - `pane_bins`: one row per (receiver incarnation, aggregation, window,
 //!   group): the pane's count, zero count, min, max, samples refused,
@@ -23,7 +25,8 @@
 //! ClickHouse releases: these statements, the `RowBinary` rows and the
 //! queries of [`super::query`] are one dialect, run unchanged on ClickHouse
 //! 18.16 (the cluster tests' servers) and on a current release (26.9, chDB's
-//! engine; tests/cluster_current.rs checks the answers equal). The
+//! engine; tests/cluster_current.rs checks the answers equal; the replicated
+//! statements have met 18.16 only, tests/cluster_replicas.rs). The
 //! one difference met is outside the SQL: a current release refuses to
 //! create a `Distributed` table whose cluster is not in the node's
 //! `remote_servers` (code 701), so a node's config names the cluster before
@@ -36,6 +39,7 @@
 use super::client::{literal, ClickHouse, Error};
 use super::rowbinary::{ReadError, Reader, Writer};
 use promlab::ingest::distributed::PaneRows;
+use std::time::Duration;
 
 /// Where the tables live: a database on every node, and the cluster (a
 /// `remote_servers` entry of each node's config) its `Distributed` tables span.
@@ -85,6 +89,31 @@ impl Event {
     }
 }
 
+/// Which DDL [`Schema::statements`] gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ddl {
+    /// `ReplacingMergeTree` tables, run on each node (one shard a node).
+    PerNode,
+    /// `ReplicatedReplacingMergeTree` tables (ZooKeeper path
+    /// `/clickhouse/tables/{shard}/DATABASE/TABLE`, the node's `{replica}`),
+    /// run on one node.
+    ReplicatedNode,
+    /// The replicated tables, each statement `ON CLUSTER`: run once, through any node.
+    OnCluster,
+}
+
+/// Whether the node at `ch` is a replica: it has both the `{shard}` and
+/// `{replica}` macros. A node that cannot tell (no `system.macros`) is not.
+pub fn is_replicated(ch: &ClickHouse) -> Result<bool, Error> {
+    let sql =
+        "SELECT count() FROM system.macros WHERE macro IN ('shard', 'replica') FORMAT TabSeparated";
+    match ch.execute(sql, &[]) {
+        Ok(body) => Ok(String::from_utf8_lossy(&body).trim() == "2"),
+        Err(e @ Error::Transport { .. }) => Err(e),
+        Err(Error::Server { .. }) => Ok(false),
+    }
+}
+
 impl Default for Schema {
     fn default() -> Self {
         Schema {
@@ -100,12 +129,16 @@ impl Schema {
     }
 
     /// Every statement that creates what is missing, in order (each `IF NOT
-    /// EXISTS`: run on every node, as often as wanted).
-    pub fn statements(&self) -> Vec<String> {
+    /// EXISTS`: run as often as wanted), for `ddl`.
+    pub fn statements(&self, ddl: Ddl) -> Vec<String> {
         let db = &self.database;
         let key = "aggregation, window_start, group_key, receiver, incarnation";
         let day = "PARTITION BY intDiv(window_start, 86400000)";
-        let mut out = vec![format!("CREATE DATABASE IF NOT EXISTS {db}")];
+        let on_cluster = match ddl {
+            Ddl::OnCluster => format!(" ON CLUSTER {}", self.cluster),
+            Ddl::PerNode | Ddl::ReplicatedNode => String::new(),
+        };
+        let mut out = vec![format!("CREATE DATABASE IF NOT EXISTS {db}{on_cluster}")];
         let tables = [
             (
                 "pane_bins",
@@ -125,12 +158,20 @@ impl Schema {
             ),
         ];
         for (name, columns, order) in tables {
+            let engine = match ddl {
+                Ddl::PerNode => "ReplacingMergeTree()".to_string(),
+                // One ZooKeeper path per shard and table; the node's own replica name.
+                Ddl::ReplicatedNode | Ddl::OnCluster => format!(
+                    "ReplicatedReplacingMergeTree({}, '{{replica}}')",
+                    literal(&format!("/clickhouse/tables/{{shard}}/{db}/{name}_local"))
+                ),
+            };
             out.push(format!(
-                "CREATE TABLE IF NOT EXISTS {db}.{name}_local ({columns}) \
-                 ENGINE = ReplacingMergeTree() {order}"
+                "CREATE TABLE IF NOT EXISTS {db}.{name}_local{on_cluster} ({columns}) \
+                 ENGINE = {engine} {order}"
             ));
             out.push(format!(
-                "CREATE TABLE IF NOT EXISTS {db}.{name} AS {db}.{name}_local \
+                "CREATE TABLE IF NOT EXISTS {db}.{name}{on_cluster} AS {db}.{name}_local \
                  ENGINE = Distributed({}, {db}, {name}_local)",
                 self.cluster
             ));
@@ -138,10 +179,30 @@ impl Schema {
         out
     }
 
-    /// Creates what is missing on the node `ch`.
+    /// Creates what is missing on the node `ch` alone (what a receiver does
+    /// for its node): replicated tables if the node has the `{shard}` and
+    /// `{replica}` macros of a replicated cluster, else unreplicated ones.
+    /// Never `ON CLUSTER`, which waits for every node: a replica down must
+    /// not stop a receiver writing to the one up.
     pub fn create(&self, ch: &ClickHouse) -> Result<(), Error> {
-        for statement in self.statements() {
+        let ddl = if is_replicated(ch)? {
+            Ddl::ReplicatedNode
+        } else {
+            Ddl::PerNode
+        };
+        for statement in self.statements(ddl) {
             ch.execute(&statement, &[])?;
+        }
+        Ok(())
+    }
+
+    /// Creates what is missing on every node of a replicated cluster, each
+    /// statement once `ON CLUSTER` through the node `ch`; a node that has not
+    /// run one within `timeout` fails it (ClickHouse names the node).
+    pub fn create_on_cluster(&self, ch: &ClickHouse, timeout: Duration) -> Result<(), Error> {
+        let secs = timeout.as_secs().max(1).to_string();
+        for statement in self.statements(Ddl::OnCluster) {
+            ch.execute(&statement, &[("distributed_ddl_task_timeout", &secs)])?;
         }
         Ok(())
     }
@@ -338,6 +399,34 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replicated_ddl_is_the_same_tables_on_a_replicated_engine() {
+        let schema = Schema::default();
+        let single = schema.statements(Ddl::PerNode);
+        let node = schema.statements(Ddl::ReplicatedNode);
+        let on_cluster = schema.statements(Ddl::OnCluster);
+        assert_eq!(single.len(), 5);
+        assert_eq!((node.len(), on_cluster.len()), (5, 5));
+        assert!(single
+            .iter()
+            .all(|s| !s.contains("Replicated") && !s.contains("ON CLUSTER")));
+        assert!(on_cluster.iter().all(|s| s.contains(" ON CLUSTER promlab")));
+        assert!(node[1].contains(
+            "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/promlab/pane_bins_local', '{replica}') PARTITION BY"
+        ));
+        // Each the unreplicated statement but for the engine (and ON CLUSTER).
+        let tables = ["", "pane_bins_local", "", "receivers_local", ""];
+        for (((s, n), c), table) in single.iter().zip(&node).zip(&on_cluster).zip(tables) {
+            let replicated = format!(
+                "ReplicatedReplacingMergeTree('/clickhouse/tables/{{shard}}/promlab/{table}', '{{replica}}')"
+            );
+            assert_eq!(&s.replace("ReplacingMergeTree()", &replicated), n);
+            let name = n.split(' ').find(|w| w.starts_with("promlab")).unwrap();
+            let on = n.replacen(name, &format!("{name} ON CLUSTER promlab"), 1);
+            assert_eq!(&on, c);
+        }
+    }
 
     #[test]
     fn a_pane_row_reads_back_as_written() {
