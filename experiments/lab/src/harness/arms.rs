@@ -297,6 +297,23 @@ mod tests {
         }
     }
 
+    /// Why CI runs the benches' `--test` mode in the build with every feature
+    /// only (`.ci/run`): a build with one strategy feature ablates a subset of
+    /// the arms that build runs, each verified there.
+    #[test]
+    fn a_single_feature_ablates_a_subset_of_the_all_build() {
+        for stage in Stage::ALL {
+            let every = arms(stage, StrategySet::all());
+            for strategy in StrategySet::all().restrict(stage).iter() {
+                let alone = arms(stage, StrategySet::NONE.with(strategy));
+                assert_eq!(names(&alone), ["baseline", strategy.name()], "{stage}");
+                for arm in &alone {
+                    assert!(every.contains(arm), "{stage}: {arm:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn configured_is_the_features_of_the_stage_or_all_of_it() {
         for stage in Stage::ALL {
