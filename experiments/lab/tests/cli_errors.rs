@@ -205,6 +205,14 @@ fn store_mistakes_say_what_was_given() {
         stderr.starts_with("promlab export: strategies all"),
         "{stderr}"
     );
+    // A registry naming no metric is said as such, not as a list of no names.
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("registry.json");
+    std::fs::write(&empty, r#"{"metrics": []}"#).unwrap();
+    let out = export(&case.join("store"), &empty, "all");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("the registry names no metric"), "{stderr}");
 }
 
 #[test]

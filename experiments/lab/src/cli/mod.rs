@@ -856,6 +856,13 @@ fn warn_unmatched_metrics(dir: &std::path::Path, registry: &Registry) -> Result<
     if per_process || registry.metrics.iter().any(|m| has_file(&m.name)) {
         return Ok(());
     }
+    if registry.metrics.is_empty() {
+        eprintln!(
+            "promlab: warning: the registry names no metric, so no file in {} is read",
+            dir.display()
+        );
+        return Ok(());
+    }
     let hint = if dir.join("store").is_dir() {
         format!(
             "; {} has a store/ directory: did you mean --store {}?",
