@@ -259,8 +259,11 @@ fn start_floor_server(body: &[u8]) -> Result<SocketAddr> {
         move || -> std::io::Result<()> {
             let (mut stream, _) = listener.accept()?;
             stream.set_nodelay(true)?;
-            // The server's own socket settings.
-            crate::servers::set_send_buffer(&stream, crate::servers::SEND_BUFFER);
+            // A floor is the least the move costs: a send buffer that takes
+            // the whole answer at once, so this blocking write never waits
+            // for room (the server's non-blocking writes hand its answer to
+            // the kernel in one call with the kernel's own buffer).
+            set_send_buffer(&stream, 2 << 20);
             let mut request = Vec::new();
             let mut buf = [0u8; 4096];
             loop {
@@ -277,6 +280,23 @@ fn start_floor_server(body: &[u8]) -> Result<SocketAddr> {
         },
     )?;
     Ok(addr)
+}
+
+/// Asks for `bytes` of send buffer on `stream` (the kernel doubles it and
+/// caps it at `net.core.wmem_max`; best effort).
+fn set_send_buffer(stream: &TcpStream, bytes: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live c_int
+    // and touches nothing else; the descriptor is the stream's own, open.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
 }
 
 /// One keep-alive HTTP/1.1 connection, as a scraper holds it: one buffer,

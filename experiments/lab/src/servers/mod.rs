@@ -124,30 +124,6 @@ pub fn write_connection_metrics(out: &mut Vec<u8>) {
 /// Threads of the blocking pool, where requests do their work.
 const BLOCKING_THREADS: usize = 16;
 
-/// The send buffer asked for each connection. The kernel doubles it (and
-/// caps it at `net.core.wmem_max`): 4 MiB, what Linux's own autotuning
-/// grows a send buffer to at most by default (`net.ipv4.tcp_wmem`), so no
-/// connection may hold more than it could before. Set from the start, a
-/// scrape's answer of a few hundred KB is handed to the kernel in one write
-/// instead of in turns with the scraper's reads, each a thread wake-up.
-pub const SEND_BUFFER: libc::c_int = 2 << 20;
-
-/// Asks for `bytes` of send buffer on `stream` (best effort: the kernel's
-/// own size stays if refused).
-pub fn set_send_buffer(stream: &impl std::os::fd::AsRawFd, bytes: libc::c_int) {
-    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live c_int
-    // and touches nothing else; the descriptor is the stream's own, open.
-    unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&bytes as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
-}
-
 /// How long a connection is left to send before it may be closed at the cap
 /// (so a client is never closed before it had a moment to speak).
 const EVICTION_MIN_AGE: Duration = Duration::from_millis(200);
@@ -228,7 +204,6 @@ async fn serve_connections(
                 Ok((stream, _)) => {
                     // Answers go out whole at once: no Nagle wait on their last segment.
                     let _ = stream.set_nodelay(true);
-                    set_send_buffer(&stream, SEND_BUFFER);
                     stream
                 }
                 Err(e) => {
