@@ -195,6 +195,60 @@ fn store_mode_scrapes(addr: SocketAddr, expected: &[u8]) {
     }
 }
 
+/// A store answer's framing, and that every answer, gzip included, is the
+/// store as it is at the request: plain and gzip bodies carry a
+/// `Content-Length` (no chunks), the gzip decompresses to the plain body,
+/// and a value rewritten in a store file shows in the next gzip answer (a
+/// kept gzip is served only for the same bytes).
+#[test]
+fn store_answers_are_framed_and_follow_the_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::copy_dir(&fixture(STORE_FIXTURE), tmp.path());
+    let args = store_args(tmp.path());
+    let server = serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let addr = server.addr;
+    let framed = |response: &promlab_lab::http_client::Response| {
+        assert_eq!(response.status, 200);
+        assert_eq!(response.header("transfer-encoding"), None);
+        assert_eq!(
+            response.header("content-length"),
+            Some(response.body.len().to_string().as_str())
+        );
+    };
+    let gunzip = |body: &[u8]| {
+        let mut plain = Vec::new();
+        flate2::read::GzDecoder::new(body)
+            .read_to_end(&mut plain)
+            .unwrap();
+        plain
+    };
+    let before = get(addr, "/metrics", &[]);
+    framed(&before);
+    for _ in 0..2 {
+        let zipped = get(addr, "/metrics", &GZIP);
+        framed(&zipped);
+        assert_eq!(zipped.header("content-encoding"), Some("gzip"));
+        assert_eq!(gunzip(&zipped.body), before.body);
+    }
+    // The first entry's value of one writer's counter file, in place (its
+    // key's length counts the key's padding).
+    let file = tmp
+        .path()
+        .join("store/metric_http_requests_total___22524.bin");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let key_len = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let value_at = 12 + key_len;
+    let value = f64::from_le_bytes(bytes[value_at..value_at + 8].try_into().unwrap());
+    bytes[value_at..value_at + 8].copy_from_slice(&(value + 1000.0).to_le_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    let zipped = get(addr, "/metrics", &GZIP);
+    framed(&zipped);
+    let after = get(addr, "/metrics", &[]);
+    framed(&after);
+    assert_ne!(after.body, before.body, "the rewritten value is served");
+    assert_eq!(gunzip(&zipped.body), after.body);
+}
+
 #[test]
 fn store_mode_refuses_a_missing_directory() {
     let out = Command::new(env!("CARGO_BIN_EXE_promlab"))

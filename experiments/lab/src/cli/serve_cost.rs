@@ -9,7 +9,12 @@
 //! - `http_floor`: `GET /-/healthy` on a keep-alive loopback connection (the
 //!   HTTP round trip with no work behind it);
 //! - `http`: `GET /metrics` on that connection, the whole body read;
-//! - `http_gzip`: the same with `Accept-Encoding: gzip`, as Prometheus asks.
+//! - `http_gzip`: the same with `Accept-Encoding: gzip`, as Prometheus asks;
+//! - `tcp_floor`: the same answer (head and plain body, made once) written
+//!   whole by a plain thread to its own keep-alive loopback connection for
+//!   each request, read by the same client: what moving these bytes over
+//!   loopback costs with no HTTP server and no export behind it (the floor of
+//!   `http`: `http` can cost no less than `export` plus this).
 //!
 //! The server is `serve --store`'s own router on its own runtime, in a thread
 //! of this process, with an exporter of its own. Every timed response is
@@ -48,7 +53,7 @@ pub struct ServeCostArgs {
     pub out: Option<PathBuf>,
 }
 
-const ARMS: [(&str, &str); 5] = [
+const ARMS: [(&str, &str); 6] = [
     ("export", "in process: export_into a reused buffer"),
     (
         "export_gzip",
@@ -63,6 +68,10 @@ const ARMS: [(&str, &str); 5] = [
         "http_gzip",
         "GET /metrics, Accept-Encoding: gzip, body read whole",
     ),
+    (
+        "tcp_floor",
+        "the plain answer, made once, written whole by a thread per request over keep-alive loopback",
+    ),
 ];
 
 pub fn serve_cost(args: ServeCostArgs) -> Result<()> {
@@ -74,6 +83,7 @@ pub fn serve_cost(args: ServeCostArgs) -> Result<()> {
 
     let mut want = Vec::new();
     exporter.export_into(&mut want)?;
+    let mut floor_client = Connection::open(start_floor_server(&want)?)?;
     let mut out = Vec::new();
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); ARMS.len()];
     let gzip_header = [("Accept-Encoding", "gzip")];
@@ -115,7 +125,7 @@ pub fn serve_cost(args: ServeCostArgs) -> Result<()> {
                         check(client.body(), &want, "http")?;
                         took
                     }
-                    _ => {
+                    4 => {
                         let started = Instant::now();
                         client.get("/metrics", &gzip_header)?;
                         let took = started.elapsed();
@@ -123,6 +133,13 @@ pub fn serve_cost(args: ServeCostArgs) -> Result<()> {
                             bail!("http_gzip: the body is not gzipped");
                         }
                         check(&gunzip(client.body())?, &want, "http_gzip")?;
+                        took
+                    }
+                    _ => {
+                        let started = Instant::now();
+                        floor_client.get("/metrics", &identity)?;
+                        let took = started.elapsed();
+                        check(floor_client.body(), &want, "tcp_floor")?;
                         took
                     }
                 };
@@ -224,6 +241,62 @@ fn start_server(exporter: Exporter) -> Result<SocketAddr> {
         })?;
     rx.recv_timeout(Duration::from_secs(30))
         .context("the server did not start")
+}
+
+/// The `tcp_floor` server: a thread that answers every request on one
+/// connection with `body`'s answer, made once, in one `write_all`.
+fn start_floor_server(body: &[u8]) -> Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let addr = listener.local_addr()?;
+    let mut answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {}\r\ncontent-length: {}\r\n\r\n",
+        crate::servers::metrics::CONTENT_TYPE,
+        body.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(body);
+    std::thread::Builder::new().name("tcp-floor".into()).spawn(
+        move || -> std::io::Result<()> {
+            let (mut stream, _) = listener.accept()?;
+            stream.set_nodelay(true)?;
+            // A floor is the least the move costs: a send buffer that takes
+            // the whole answer at once, so this blocking write never waits
+            // for room (the server's non-blocking writes hand its answer to
+            // the kernel in one call with the kernel's own buffer).
+            set_send_buffer(&stream, 2 << 20);
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = stream.read(&mut buf)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                request.extend_from_slice(&buf[..n]);
+                while let Some(end) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                    request.drain(..end + 4);
+                    stream.write_all(&answer)?;
+                }
+            }
+        },
+    )?;
+    Ok(addr)
+}
+
+/// Asks for `bytes` of send buffer on `stream` (the kernel doubles it and
+/// caps it at `net.core.wmem_max`; best effort).
+fn set_send_buffer(stream: &TcpStream, bytes: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live c_int
+    // and touches nothing else; the descriptor is the stream's own, open.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
 }
 
 /// One keep-alive HTTP/1.1 connection, as a scraper holds it: one buffer,

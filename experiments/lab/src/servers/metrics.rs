@@ -19,13 +19,13 @@
 //! [`SCRAPE_WAIT`] at most, then gets 503. Error bodies never name files or
 //! keys; the log does.
 //!
-//! Rendering runs on the blocking pool (a 630k-series scrape is tens of
-//! milliseconds of CPU). Bodies are gzipped when the scraper asks, as
-//! Prometheus does; at level 1 ("fast"), because the scrape's time to last byte
-//! is what matters on loopback and level 1 already shrinks label-heavy text
-//! about tenfold. A store's export is made on every scrape, into a kept
-//! buffer; when it is byte for byte the body served last, that body and its
-//! gzip are served again ([`ServedBody`]).
+//! Rendering runs off the async workers' other tasks (a 630k-series scrape
+//! is tens of milliseconds of CPU). Bodies are gzipped when the scraper asks,
+//! as Prometheus does; at level 1 ("fast"), because the scrape's time to last
+//! byte is what matters on loopback and level 1 already shrinks label-heavy
+//! text about tenfold. A store's export is made on every scrape, into a
+//! reused buffer served without a copy; the gzip of an export byte for byte
+//! the last one compressed is served again ([`ServedBody`]).
 //!
 //! Both modes answer `/-/healthy` and `/-/ready`; a store sidecar follows its
 //! registry file and counts the store files it does not name
@@ -438,36 +438,94 @@ enum ScrapeError {
     Failed(anyhow::Error),
 }
 
-/// The last store exposition served, and its gzip once asked for: a scrape
-/// whose fresh export is byte for byte this body serves these same bytes
-/// (shared, not copied) and the gzip made of them, so an unchanged store is
-/// not compressed again. The fresh export is always made and compared: what
-/// is served is always what an export gives now.
+/// A store's bodies: each scrape exports into a buffer of its own, served
+/// as it is (no copy) and given back for a later export once the answer is
+/// written ([`ExportBuffers`]). The gzip of the last body compressed is
+/// kept with that body: a gzip scrape whose fresh export is byte for byte
+/// that body serves the kept gzip, so an unchanged store is not compressed
+/// again. The export is always made and, for gzip, compared: what is served
+/// is always what an export gives now.
 #[derive(Default)]
 struct ServedBody {
-    /// The export buffer, reused (no allocation, no fresh pages per scrape).
-    scratch: Vec<u8>,
-    body: Bytes,
-    gzip: Option<Bytes>,
+    buffers: Arc<ExportBuffers>,
+    /// The body the kept gzip was made of, and that gzip.
+    gzipped: Option<(Bytes, Bytes)>,
 }
 
 impl ServedBody {
-    /// Takes the export in `scratch` as the body to serve (shared when unchanged).
-    fn take_scratch(&mut self) -> Bytes {
-        if self.body[..] != self.scratch[..] {
-            self.body = Bytes::copy_from_slice(&self.scratch);
-            self.gzip = None;
-        }
-        self.body.clone()
+    /// The store's exposition now, as a body to serve.
+    fn export(&mut self, exporter: &mut Exporter) -> Result<Bytes> {
+        let mut buffer = self.buffers.take();
+        exporter.export_into(&mut buffer)?;
+        Ok(Bytes::from_owner(ExportBuffer {
+            bytes: buffer,
+            home: Arc::clone(&self.buffers),
+        }))
     }
 
-    fn gzipped(&mut self) -> std::io::Result<Bytes> {
-        if let Some(gzip) = &self.gzip {
-            return Ok(gzip.clone());
+    /// `body` gzipped: the kept gzip when `body` is the one it was made of.
+    fn gzip_of(&mut self, body: Bytes) -> std::io::Result<Bytes> {
+        if let Some((source, gzip)) = &self.gzipped {
+            if source[..] == body[..] {
+                return Ok(gzip.clone());
+            }
         }
-        let gzip = Bytes::from(gzip_fast(&self.body)?);
-        self.gzip = Some(gzip.clone());
+        // Give the old source back before the new gzip is made.
+        self.gzipped = None;
+        let gzip = Bytes::from(gzip_fast(&body)?);
+        self.gzipped = Some((body, gzip.clone()));
         Ok(gzip)
+    }
+}
+
+/// Export buffers not in use: at most [`ExportBuffers::KEPT`], each as large
+/// as the largest export it held, so an export reuses pages already mapped
+/// rather than growing a fresh buffer.
+#[derive(Default)]
+struct ExportBuffers {
+    free: Mutex<Vec<Vec<u8>>>,
+    /// Size of the last export, to size a fresh buffer in one allocation.
+    last_len: AtomicUsize,
+}
+
+impl ExportBuffers {
+    /// One scrape writing while another's answer is still being sent (the
+    /// kept gzip's source is a third, held by [`ServedBody`]).
+    const KEPT: usize = 2;
+
+    fn take(&self) -> Vec<u8> {
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        free.unwrap_or_else(|| {
+            let last = self.last_len.load(Ordering::Relaxed);
+            Vec::with_capacity(last + last / 8)
+        })
+    }
+
+    fn give_back(&self, buffer: Vec<u8>) {
+        self.last_len.store(buffer.len(), Ordering::Relaxed);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < Self::KEPT {
+            free.push(buffer);
+        }
+    }
+}
+
+/// An export, served as a body's bytes; its buffer goes back to its
+/// [`ExportBuffers`] when the body is dropped.
+struct ExportBuffer {
+    bytes: Vec<u8>,
+    home: Arc<ExportBuffers>,
+}
+
+impl AsRef<[u8]> for ExportBuffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for ExportBuffer {
+    fn drop(&mut self) {
+        self.home.give_back(std::mem::take(&mut self.bytes));
     }
 }
 
@@ -491,16 +549,13 @@ fn render_page(
     if let (Source::Store(exporter), Page::Store) = (&mut *source, &page) {
         // Under the source's lock: no other scrape holds this one.
         let mut served = shared.served_body.lock().unwrap_or_else(|e| e.into_inner());
-        exporter
-            .export_into(&mut served.scratch)
-            .map_err(ScrapeError::Failed)?;
+        let body = served.export(exporter).map_err(ScrapeError::Failed)?;
         account(shared, exporter);
-        let body = served.take_scratch();
         if !gzip {
             return Ok((body, false));
         }
         return served
-            .gzipped()
+            .gzip_of(body)
             .map(|gzipped| (gzipped, true))
             .map_err(|e| ScrapeError::Failed(e.into()));
     }
