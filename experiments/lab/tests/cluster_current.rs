@@ -14,6 +14,7 @@ use promlab_lab::cluster::client::ClickHouse;
 use promlab_lab::cluster::local::{self, LocalCluster};
 use promlab_lab::cluster::query;
 use promlab_lab::cluster::schema::{Batch, Event, Origin, Schema, PANE_BINS_COLUMNS};
+use promlab_lab::cluster::shards::Shards;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -233,12 +234,17 @@ fn readings(url: &str) -> Vec<(String, Vec<u8>)> {
         let merged = ch.execute(&sql, &[]).expect("server-side merge");
         out.push((format!("server merge of window {w}"), merged));
     }
+    // A group's answers through the `Distributed` table and from the shard's local table.
+    let shards = Shards::resolve(std::slice::from_ref(&ch), &schema).expect("the node's shard");
     for key in [&b"\"g3\""[..], &[0xff, 0x00, b'\t', b'\n']] {
         let newest = Some(FIRST_WINDOW + (WINDOWS - 1) * WINDOW_MS);
-        let answers = query::group_answers(&ch, &schema, &agg, key, newest, WINDOWS as u64)
-            .expect("group answers");
-        for a in answers {
-            out.push((format!("group {key:?} {:?}", a.window_start), a.json));
+        for (how, shards) in [("distributed", None), ("local", Some(&shards))] {
+            let answers =
+                query::group_answers(&ch, shards, &schema, &agg, key, newest, WINDOWS as u64)
+                    .expect("group answers");
+            for a in answers {
+                out.push((format!("group {key:?} {:?} {how}", a.window_start), a.json));
+            }
         }
     }
     out

@@ -82,7 +82,7 @@ pub fn query(args: QueryArgs) -> Result<()> {
             bail!("--windows {}: expected 1 to 10000", args.windows);
         }
         let key = promlab::ingest::distributed::group_key(agg, &labels);
-        query::group_answers(&ch, &schema, agg, &key, args.window, args.windows)?
+        query::group_answers(&ch, None, &schema, agg, &key, args.window, args.windows)?
     };
     let mut out = std::io::stdout().lock();
     let mut incomplete = Vec::new();

@@ -15,7 +15,8 @@
 //! of the last closed window through the cluster (median and p90 of
 //! `queries`) beside the one receiver's in-memory answer, each answer checked
 //! to hold every group; one group's answers over the last (up to) ten
-//! windows through the cluster; and, when installed, the chdb peer
+//! windows, from each shard's local tables and through the `Distributed`
+//! tables alternately (the two answers checked equal); and, when installed, the chdb peer
 //! (`peer:chdb`: raw rows into a `quantilesDDState` view, CPU per row). From
 //! the measured per-sample costs, on paper: the cores the workload and 100
 //! times it need (CPU per sample scales with samples; nothing about the
@@ -25,6 +26,7 @@ use super::client::ClickHouse;
 use super::local::{self, LocalCluster};
 use super::query;
 use super::schema::Schema;
+use super::shards::Shards;
 use crate::http_client::Client;
 use crate::machine::ProcessStats;
 use anyhow::{bail, Context, Result};
@@ -83,8 +85,10 @@ struct Queries {
     cluster: Vec<Duration>,
     /// Its server-side merge's SQL alone.
     server_merge: Vec<Duration>,
-    /// One group over `group_windows` windows through the cluster.
+    /// One group over `group_windows` windows, each shard's local tables read directly.
     group: Vec<Duration>,
+    /// The same through the `Distributed` tables.
+    group_distributed: Vec<Duration>,
     group_windows: u64,
 }
 
@@ -365,7 +369,17 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 ms(percentile(&q.cluster, 0.5)),
                 ms(percentile(&q.cluster, 0.9))
             );
-            // One group over the last windows this arm closed (at most ten).
+            // One group over the last windows this arm closed (at most ten):
+            // each shard's local tables read directly (the shards resolved
+            // once, as a long-lived reader would), and through the
+            // `Distributed` tables, alternately.
+            let nodes = cluster
+                .urls()
+                .iter()
+                .map(|u| ClickHouse::new(u, Duration::from_secs(60)))
+                .collect::<Result<Vec<_>>>()?;
+            let shards = Shards::resolve(&nodes, &schema)
+                .context("the cluster's nodes do not cover its shards")?;
             let fed_from = workload.timestamp(0, 0).div_euclid(agg.window_ms()) * agg.window_ms();
             let windows = ((last - fed_from) / agg.window_ms() + 1).clamp(1, 10) as u64;
             for k in 0..opts.queries as u64 {
@@ -375,8 +389,25 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 )];
                 let key = promlab::ingest::distributed::group_key(&agg, &labels.into());
                 let t = Instant::now();
-                let answers = query::group_answers(&ch, &schema, &agg, &key, Some(last), windows)?;
+                let answers = query::group_answers(
+                    &ch,
+                    Some(&shards),
+                    &schema,
+                    &agg,
+                    &key,
+                    Some(last),
+                    windows,
+                )?;
                 q.group.push(t.elapsed());
+                let t = Instant::now();
+                let through_distributed =
+                    query::group_answers(&ch, None, &schema, &agg, &key, Some(last), windows)?;
+                q.group_distributed.push(t.elapsed());
+                let json =
+                    |a: &[query::Answer]| a.iter().map(|a| a.json.clone()).collect::<Vec<_>>();
+                if json(&answers) != json(&through_distributed) {
+                    bail!("one group's answers differ between the shards' local tables and the Distributed tables");
+                }
                 for a in &answers {
                     if !a.incomplete.is_empty() {
                         bail!(
@@ -390,9 +421,11 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
             }
             q.group_windows = windows;
             eprintln!(
-                "query of one group over {windows} windows: median {:.2} ms, p90 {:.2} ms",
+                "query of one group over {windows} windows: median {:.2} ms, p90 {:.2} ms (through the Distributed tables: median {:.2} ms, p90 {:.2} ms)",
                 ms(percentile(&q.group, 0.5)),
-                ms(percentile(&q.group, 0.9))
+                ms(percentile(&q.group, 0.9)),
+                ms(percentile(&q.group_distributed, 0.5)),
+                ms(percentile(&q.group_distributed, 0.9))
             );
         }
         arms.push(arm);
@@ -426,6 +459,12 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
         ("memory_window", opts.groups, 1, &q.memory),
         ("cluster_window", opts.groups, 1, &q.cluster),
         ("cluster_group", 1, q.group_windows, &q.group),
+        (
+            "cluster_group_distributed",
+            1,
+            q.group_windows,
+            &q.group_distributed,
+        ),
         (
             "cluster_window_summap_sql_only",
             opts.groups,
@@ -573,7 +612,8 @@ fn report(
          | the last closed window ({} groups), one receiver in memory (HTTP) | {:.2} | {:.2} |\n\
          | the same size of window through the cluster (`promlab query`: one row per receiver and group read over 3 shards, merged and answered in Rust) | {cm:.2} | {cp:.2} |\n\
          | the same window's server-side merge, `sumMap` after a `GROUP BY` keeping one row per receiver (its SQL alone: not decoded, not answered) | {:.2} | {:.2} |\n\
-         | one group over its last {} windows through the cluster (`promlab query --group`) | {:.2} | {:.2} |\n\n\
+         | one group over its last {} windows, each shard's local tables read at once (the candidate; `promlab query --group` does not read this way) | {:.2} | {:.2} |\n\
+         | the same through the `Distributed` tables (`promlab query --group`) | {:.2} | {:.2} |\n\n\
          query of {} groups: median {cm:.1} ms, p90 {cp:.1} ms ({:.2} µs a group at this size, measured)\n",
         opts.queries,
         opts.groups,
@@ -584,6 +624,8 @@ fn report(
         q.group_windows,
         ms(percentile(&q.group, 0.5)),
         ms(percentile(&q.group, 0.9)),
+        ms(percentile(&q.group_distributed, 0.5)),
+        ms(percentile(&q.group_distributed, 0.9)),
         opts.groups,
         cm * 1e3 / opts.groups as f64,
     ));

@@ -7,6 +7,7 @@
 //! - [`schema`]: the tables, their rows, and why a repeated insert never counts twice;
 //! - [`export`]: `serve --clickhouse`: the bounded queue and its writer;
 //! - [`query`]: `promlab query --clickhouse`: the SQL merge and the answer's bytes;
+//! - [`shards`]: each shard's own node, the per-group read without a `Distributed` hop (measured beside it);
 //! - [`hashmod`]: Prometheus's `hashmod`, for `feed --url U1 --url U2 …`;
 //! - [`local`]: a local cluster of `clickhouse-server` processes (tests, `promlab cluster`);
 //! - [`zookeeper`]: the ZooKeeper a local replicated cluster runs;
@@ -25,6 +26,7 @@ pub mod process;
 pub mod query;
 pub mod rowbinary;
 pub mod schema;
+pub mod shards;
 pub mod zookeeper;
 
 /// The first HTTP port of the shipped local cluster (`experiments/cluster/local/`).

@@ -23,6 +23,7 @@
 use super::client::{literal, literal_bytes, ClickHouse, Error};
 use super::rowbinary::Reader;
 use super::schema::{Event, PaneRow, Schema, PANE_BINS_COLUMNS};
+use super::shards::Shards;
 use anyhow::{anyhow, bail, Result};
 use promlab::ingest::bins::PaneBins;
 use promlab::ingest::distributed::{encode_answer, merge_as_rows};
@@ -186,8 +187,11 @@ pub fn server_merge_sql(schema: &Schema, agg: &Aggregation, start: i64) -> Strin
 
 /// One group's answers over windows: per window, oldest first, what a
 /// receiver fed every sample answers for it with only this group in it.
+/// Given `shards`, the rows and the receivers' lives are read from each
+/// shard's local tables at once; without, through the `Distributed` tables.
 pub fn group_answers(
     ch: &ClickHouse,
+    shards: Option<&Shards>,
     schema: &Schema,
     agg: &Aggregation,
     group_key: &[u8],
@@ -196,30 +200,51 @@ pub fn group_answers(
 ) -> Result<Vec<Answer>> {
     let window_ms = agg.window_ms();
     let span = window_ms.saturating_mul(windows.saturating_sub(1).min(i64::MAX as u64) as i64);
-    let rows = |newest: i64| {
-        let filter = format!(
-            "group_key = {} AND window_start >= {} AND window_start <= {newest}",
-            literal_bytes(group_key),
-            newest.saturating_sub(span)
-        );
-        merged_panes(ch, schema, agg, &filter)
+    // The windows listed, not a range: with `IN` the sorting key's prefix
+    // (aggregation, window_start, group_key) narrows each window to the
+    // group's granules (on 18.16 a range of windows read more of them).
+    let filter = |newest: i64| {
+        let mut starts = Vec::new();
+        let mut start = newest.saturating_sub(span);
+        while start <= newest {
+            starts.push(start.to_string());
+            start += window_ms;
+        }
+        format!(
+            "window_start IN ({}) AND group_key = {}",
+            starts.join(", "),
+            literal_bytes(group_key)
+        )
     };
-    // Told the newest window, the receivers' lives and the rows are read at once.
-    let (lives, newest, panes) = match newest {
-        Some(newest) => std::thread::scope(|s| {
-            let panes = s.spawn(|| rows(newest));
+    let (lives, newest, panes) = match (newest, shards) {
+        // Told the newest window, the receivers' lives and the rows are read at once.
+        (Some(newest), Some(shards)) => {
+            let lives_local = lives_sql(&schema.table("receivers_local"), agg);
+            let panes_local = panes_sql(&schema.table("pane_bins_local"), agg, &filter(newest));
+            let bodies = shards.read_each(&[&lives_local, &panes_local])?;
+            let lives = lives_of(ch, schema, agg, &bodies[0])?;
+            (lives, newest, merged_panes_of(agg, &bodies[1])?)
+        }
+        (Some(newest), None) => std::thread::scope(|s| {
+            let panes = s.spawn(|| merged_panes(ch, schema, agg, &filter(newest)));
             let lives = lives(ch, schema, agg);
             let panes = panes
                 .join()
                 .map_err(|_| anyhow!("the rows' reader panicked"))?;
             anyhow::Ok((lives?, newest, panes?))
         })?,
-        None => {
+        (None, _) => {
             let lives = lives(ch, schema, agg)?;
             let Some(newest) = newest_written(ch, schema, agg, &lives)? else {
                 return Ok(Vec::new());
             };
-            let panes = rows(newest)?;
+            let panes = match shards {
+                Some(shards) => {
+                    let local = panes_sql(&schema.table("pane_bins_local"), agg, &filter(newest));
+                    merged_panes_of(agg, &shards.read_each(&[&local])?[0])?
+                }
+                None => merged_panes(ch, schema, agg, &filter(newest))?,
+            };
             (lives, newest, panes)
         }
     };
@@ -276,31 +301,47 @@ fn append_incomplete(json: &mut Vec<u8>, incomplete: &[Incomplete]) -> Result<()
 
 /// Every receiver's incarnations (in start order), and the lost rows of `agg`.
 fn lives(ch: &ClickHouse, schema: &Schema, agg: &Aggregation) -> Result<Lives> {
+    let body = select(ch, schema, &lives_sql(&schema.table("receivers"), agg))?;
+    lives_of(ch, schema, agg, &[body])
+}
+
+/// The `receivers` rows [`lives_of`] reads, from `table`.
+fn lives_sql(table: &str, agg: &Aggregation) -> String {
     // Progress rows (one a close) collapse to their furthest per incarnation;
     // every other event's `closed_through_ms` is 0, and equal rows (repeats) one.
-    let sql = format!(
+    format!(
         "SELECT receiver, incarnation, event, aggregation, window_start, max(closed_through_ms), samples \
-         FROM {} WHERE event IN ({}, {}, {}) OR aggregation = {} \
+         FROM {table} WHERE event IN ({}, {}, {}) OR aggregation = {} \
          GROUP BY receiver, incarnation, event, aggregation, window_start, samples FORMAT RowBinary",
-        schema.table("receivers"),
         Event::Started as i8,
         Event::Progress as i8,
         Event::Stopped as i8,
         literal(&agg.id)
-    );
-    let body = select(ch, schema, &sql)?;
+    )
+}
+
+/// The lives in the answers to [`lives_sql`] (one a shard, or one for the
+/// whole cluster: rows repeated across them count once).
+fn lives_of(
+    ch: &ClickHouse,
+    schema: &Schema,
+    agg: &Aggregation,
+    bodies: &[Vec<u8>],
+) -> Result<Lives> {
     let mut rows = BTreeSet::new();
-    let mut r = Reader::new(&body);
-    while !r.is_done() {
-        rows.insert(LogRow {
-            receiver: String::from_utf8_lossy(r.string()?).into_owned(),
-            incarnation: r.u64()?,
-            event: r.i8()?,
-            aggregation: String::from_utf8_lossy(r.string()?).into_owned(),
-            window_start: r.i64()?,
-            closed_through_ms: r.i64()?,
-            samples: r.u64()?,
-        });
+    for body in bodies {
+        let mut r = Reader::new(body);
+        while !r.is_done() {
+            rows.insert(LogRow {
+                receiver: String::from_utf8_lossy(r.string()?).into_owned(),
+                incarnation: r.u64()?,
+                event: r.i8()?,
+                aggregation: String::from_utf8_lossy(r.string()?).into_owned(),
+                window_start: r.i64()?,
+                closed_through_ms: r.i64()?,
+                samples: r.u64()?,
+            });
+        }
     }
     let mut lives: BTreeMap<String, BTreeMap<u64, Life>> = BTreeMap::new();
     let mut lost = Vec::new();
@@ -470,26 +511,41 @@ fn merged_panes(
     agg: &Aggregation,
     filter: &str,
 ) -> Result<Vec<MergedPane>> {
-    let sql = format!(
-        "SELECT {PANE_BINS_COLUMNS} FROM {} WHERE aggregation = {} AND {filter} FORMAT RowBinary",
-        schema.table("pane_bins"),
+    let body = select(
+        ch,
+        schema,
+        &panes_sql(&schema.table("pane_bins"), agg, filter),
+    )?;
+    merged_panes_of(agg, &[body])
+}
+
+/// The `pane_bins` rows of `agg` in `table` that `filter` selects.
+fn panes_sql(table: &str, agg: &Aggregation, filter: &str) -> String {
+    format!(
+        "SELECT {PANE_BINS_COLUMNS} FROM {table} WHERE aggregation = {} AND {filter} FORMAT RowBinary",
         literal(&agg.id)
-    );
-    let body = select(ch, schema, &sql)?;
+    )
+}
+
+/// The rows in the answers to [`panes_sql`] (one a shard, or one for the
+/// whole cluster), merged as [`merged_panes`] merges them.
+fn merged_panes_of(agg: &Aggregation, bodies: &[Vec<u8>]) -> Result<Vec<MergedPane>> {
     let mut rows = Vec::new();
-    let mut r = Reader::new(&body);
-    while !r.is_done() {
-        let row = PaneRow::read(&mut r)?;
-        if row.alpha != agg.relative_accuracy {
-            bail!(
-                "window {} of `{}` was written with relative_accuracy {}, the plan says {}: its bins mean other values",
-                row.window_start,
-                agg.id,
-                row.alpha,
-                agg.relative_accuracy
-            );
+    for body in bodies {
+        let mut r = Reader::new(body);
+        while !r.is_done() {
+            let row = PaneRow::read(&mut r)?;
+            if row.alpha != agg.relative_accuracy {
+                bail!(
+                    "window {} of `{}` was written with relative_accuracy {}, the plan says {}: its bins mean other values",
+                    row.window_start,
+                    agg.id,
+                    row.alpha,
+                    agg.relative_accuracy
+                );
+            }
+            rows.push(row);
         }
-        rows.push(row);
     }
     fn id<'a>(row: &PaneRow<'a>) -> (i64, &'a [u8], &'a [u8], u64) {
         (
