@@ -79,7 +79,7 @@ end
 
 # Before heavy work: wait while someone else measures, 10 minutes at most over the whole run
 # (then the untimed work goes on; timed steps still wait for their own window).
-$quiet_wait_left = 600.0  # --quiet-wait
+$quiet_wait_left ||= 600.0  # unless --quiet-wait set it above
 def wait_not_quiet
   while (h = quiet_holder) && h != QUIET_NAME && $quiet_wait_left > 0
     sleep 20
