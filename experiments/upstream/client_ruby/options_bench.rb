@@ -20,8 +20,9 @@
 # with v4.2.5's (whose counter lines are checked against the workload's own totals).
 # --keep-churn keeps the churn's last stores and v4.2.5's last exposition (hard links) for
 # options_sidecar.sh. Timed steps run inside the QUIET protocol when PROMLAB_QUIET names the
-# lock file (PROMLAB_QUIET_NAME: who holds it); untimed work waits for others' windows
-# --quiet-wait seconds at most over the whole run (default 600). Needs ruby, rspec, patch, tar, du, and
+# lock file (PROMLAB_QUIET_NAME: who holds it; PROMLAB_QUIET_MAX_WAIT: seconds a timed step waits
+# for its window at most, then runs without one and logs so); untimed work waits for others'
+# windows --quiet-wait seconds at most over the whole run (default 600). Needs ruby, rspec, patch, tar, du, and
 # target/release/promlab (for the many-metrics store).
 require 'fileutils'
 require 'optparse'
@@ -79,7 +80,7 @@ end
 
 # Before heavy work: wait while someone else measures, 10 minutes at most over the whole run
 # (then the untimed work goes on; timed steps still wait for their own window).
-$quiet_wait_left = 600.0  # --quiet-wait
+$quiet_wait_left ||= 600.0  # unless --quiet-wait set it above
 def wait_not_quiet
   while (h = quiet_holder) && h != QUIET_NAME && $quiet_wait_left > 0
     sleep 20
@@ -87,20 +88,26 @@ def wait_not_quiet
   end
 end
 
+# A timed step waits for its window PROMLAB_QUIET_MAX_WAIT seconds at most (default: for ever);
+# past that it runs without one, and the log says who held the lock.
+QUIET_MAX_WAIT = ENV["PROMLAB_QUIET_MAX_WAIT"] ? Float(ENV["PROMLAB_QUIET_MAX_WAIT"]) : Float::INFINITY
+
 def quiet
   return yield unless QUIET
-  loop do
-    h = quiet_holder
-    break if h.nil? || h == QUIET_NAME
+  waited = 0
+  while (h = quiet_holder) && h != QUIET_NAME && waited < QUIET_MAX_WAIT
     sleep 30
+    waited += 30
   end
-  File.write(QUIET, "#{QUIET_NAME}\n")
+  other = quiet_holder if quiet_holder && quiet_holder != QUIET_NAME
+  File.write(QUIET, "#{QUIET_NAME}\n") unless other
   started = Time.now
   begin
     yield
   ensure
     File.delete(QUIET) if quiet_holder == QUIET_NAME
-    log(format("quiet window %.0f s, load %s", Time.now - started, File.read("/proc/loadavg").split.first(3).join(" ")))
+    what = other ? "NO quiet window (#{other} held the lock after #{waited} s of waiting)" : "quiet window"
+    log(format("%s %.0f s, load %s", what, Time.now - started, File.read("/proc/loadavg").split.first(3).join(" ")))
   end
 end
 
