@@ -384,6 +384,67 @@ fn a_file_locked_forever_is_skipped_in_bounded_time() {
     drop(held);
 }
 
+/// A small store's export runs right on the async worker that took the
+/// request; one that turns slow there (four files a stuck process keeps
+/// locked: the scrape's whole lock-wait allowance, 250 ms) must not hold up
+/// the server's other requests: `/-/healthy` answers while that scrape runs.
+/// (The baseline's reader, which takes every file's lock on every read.)
+#[test]
+fn health_answers_while_a_scrape_waits_on_locked_files() {
+    use std::os::fd::AsRawFd;
+    let (_tmp, store, registry) = setup();
+    std::fs::write(
+        file(&store, 1),
+        store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096),
+    )
+    .unwrap();
+    for pid in 2..6 {
+        std::fs::write(
+            file(&store, pid),
+            store_bytes(&[(b"a=good".to_vec(), 100.0)], 4096),
+        )
+        .unwrap();
+    }
+    let mut child = serve(&store, &registry, "none", None);
+    let addr = child.addr;
+    // A fast first export: the next one runs on the worker itself.
+    assert_eq!(get(addr, "/metrics").status, 200);
+    let held: Vec<std::fs::File> = (2..6)
+        .map(|pid| {
+            let held = std::fs::File::open(file(&store, pid)).unwrap();
+            promlab::format::storefile::flock(held.as_raw_fd(), libc::LOCK_EX).unwrap();
+            held
+        })
+        .collect();
+    let scrape = std::thread::spawn(move || {
+        let response = get(addr, "/metrics");
+        (response, Instant::now())
+    });
+    // Health asked once the scrape is under way, again and again until it ends.
+    std::thread::sleep(Duration::from_millis(20));
+    let mut answered = Vec::new();
+    while !scrape.is_finished() {
+        assert_eq!(get(addr, "/-/healthy").status, 200);
+        answered.push(Instant::now());
+    }
+    let (response, scraped) = scrape.join().unwrap();
+    // Answered well before the scrape's own answer: not queued behind it
+    // (a health check held up by the scrape ends with it).
+    let early = answered
+        .iter()
+        .filter(|&&at| at + Duration::from_millis(50) < scraped)
+        .count();
+    assert_eq!(response.status, 200);
+    assert_eq!(
+        String::from_utf8_lossy(&response.body),
+        "# TYPE c counter\n# HELP c h\nc{a=\"good\"} 5.0\n"
+    );
+    assert!(early > 0, "no /-/healthy answered during the scrape");
+    assert_eq!(skipped(addr, "files", "locked"), 4.0);
+    child.terminate(Duration::from_secs(10));
+    drop(held);
+}
+
 /// A registry of `n` counters `m0`..`m<n-1>`, labelled by `a`.
 fn counters_registry(n: usize) -> String {
     let metrics: Vec<String> = (0..n)
