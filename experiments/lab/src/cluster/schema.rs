@@ -49,6 +49,17 @@ pub struct Schema {
     pub cluster: String,
 }
 
+/// Rows of `pane_bins` a primary-key mark covers (ClickHouse's default is
+/// 8,192). One group's query reads, per window it asks for, the granule(s)
+/// holding that group: at 8,192 rows that read 30 granules of 8,192 rows
+/// for 10 windows on 3 shards (278,022 rows, 55 MB, ~35 ms on 18.16), at
+/// 256 rows 7,680 rows (1.5 MB, ~7 ms, of which ~4 ms is the `Distributed`
+/// round itself). A whole window reads its rows either way, as fast. The
+/// price is a primary index 32 times as large: one key (about 60 bytes)
+/// held in memory per 256 rows. Tables created before keep the granularity
+/// they were created with.
+pub const PANE_BINS_GRANULE: u32 = 256;
+
 pub const DEFAULT_DATABASE: &str = "promlab";
 pub const DEFAULT_CLUSTER: &str = "promlab";
 
@@ -147,7 +158,7 @@ impl Schema {
                  max_value Float64, dropped UInt64, alpha Float64, \
                  positive_keys Array(Int32), positive_counts Array(UInt64), \
                  negative_keys Array(Int32), negative_counts Array(UInt64)",
-                format!("{day} ORDER BY ({key})"),
+                format!("{day} ORDER BY ({key}) SETTINGS index_granularity = {PANE_BINS_GRANULE}"),
             ),
             (
                 "receivers",
