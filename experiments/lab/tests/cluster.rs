@@ -283,19 +283,27 @@ fn a_repeated_insert_never_changes_an_answer() {
         .chain([closed.last().unwrap() + WINDOW_MS])
         .collect();
     for value in ["g0", "g7"] {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_promlab"));
-        command.args(["query", "--clickhouse", &env.url(1), "--agg", "data"]);
-        command.args(["--plan", env.plan.to_str().unwrap()]);
-        command.args(["--clickhouse-database", &env.database]);
-        command.args(["--group", &format!("label_0={value}")]);
-        command.args(["--window", &windows.last().unwrap().to_string()]);
-        command.args(["--windows", &windows.len().to_string()]);
-        let out = command.output().expect("run promlab query --group");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let group = |newest: Option<i64>| {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_promlab"));
+            command.args(["query", "--clickhouse", &env.url(1), "--agg", "data"]);
+            command.args(["--plan", env.plan.to_str().unwrap()]);
+            command.args(["--clickhouse-database", &env.database]);
+            command.args(["--group", &format!("label_0={value}")]);
+            if let Some(newest) = newest {
+                command.args(["--window", &newest.to_string()]);
+            }
+            command.args(["--windows", &windows.len().to_string()]);
+            let out = command.output().expect("run promlab query --group");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out
+        };
+        let out = group(Some(*windows.last().unwrap()));
+        // Not told the newest window, it finds the same one.
+        assert_eq!(text(&group(None).stdout), text(&out.stdout));
         let lines: Vec<serde_json::Value> = text(&out.stdout)
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())

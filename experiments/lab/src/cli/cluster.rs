@@ -23,7 +23,8 @@ pub struct QueryArgs {
     #[arg(long)]
     pub agg: String,
     /// The window's start (ms since the epoch); default: the newest window every receiver has written.
-    /// With `--group`: the newest of the windows answered.
+    /// With `--group`: the newest of the windows answered; default: the newest window every
+    /// receiver has closed and written, from their progress (answered empty if it holds no row).
     #[arg(long, value_name = "START_MS")]
     pub window: Option<i64>,
     /// One group only, by its group-by labels' values (repeat for each label; one left out

@@ -369,10 +369,11 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 ms(percentile(&q.cluster, 0.5)),
                 ms(percentile(&q.cluster, 0.9))
             );
-            // One group over the last windows this arm closed (at most ten):
-            // each shard's local tables read directly (the shards resolved
-            // once, as a long-lived reader would), and through the
-            // `Distributed` tables, alternately.
+            // One group over the last windows this arm closed (at most ten),
+            // the newest found as `promlab query --group` finds it when not
+            // told (the receivers' progress): each shard's local tables read
+            // directly (the shards resolved once, as a long-lived reader
+            // would), and through the `Distributed` tables, alternately.
             let nodes = cluster
                 .urls()
                 .iter()
@@ -389,24 +390,23 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 )];
                 let key = promlab::ingest::distributed::group_key(&agg, &labels.into());
                 let t = Instant::now();
-                let answers = query::group_answers(
-                    &ch,
-                    Some(&shards),
-                    &schema,
-                    &agg,
-                    &key,
-                    Some(last),
-                    windows,
-                )?;
+                let answers =
+                    query::group_answers(&ch, Some(&shards), &schema, &agg, &key, None, windows)?;
                 q.group.push(t.elapsed());
                 let t = Instant::now();
                 let through_distributed =
-                    query::group_answers(&ch, None, &schema, &agg, &key, Some(last), windows)?;
+                    query::group_answers(&ch, None, &schema, &agg, &key, None, windows)?;
                 q.group_distributed.push(t.elapsed());
                 let json =
                     |a: &[query::Answer]| a.iter().map(|a| a.json.clone()).collect::<Vec<_>>();
                 if json(&answers) != json(&through_distributed) {
                     bail!("one group's answers differ between the shards' local tables and the Distributed tables");
+                }
+                if answers.last().and_then(|a| a.window_start) != Some(last) {
+                    bail!(
+                        "one group's newest window is {:?}, the newest closed is {last}",
+                        answers.last().and_then(|a| a.window_start)
+                    );
                 }
                 for a in &answers {
                     if !a.incomplete.is_empty() {
@@ -612,8 +612,8 @@ fn report(
          | the last closed window ({} groups), one receiver in memory (HTTP) | {:.2} | {:.2} |\n\
          | the same size of window through the cluster (`promlab query`: one row per receiver and group read over 3 shards, merged and answered in Rust) | {cm:.2} | {cp:.2} |\n\
          | the same window's server-side merge, `sumMap` after a `GROUP BY` keeping one row per receiver (its SQL alone: not decoded, not answered) | {:.2} | {:.2} |\n\
-         | one group over its last {} windows, each shard's local tables read at once (the candidate; `promlab query --group` does not read this way) | {:.2} | {:.2} |\n\
-         | the same through the `Distributed` tables (`promlab query --group`) | {:.2} | {:.2} |\n\n\
+         | one group over its last {} windows (the receivers' progress read, then the group's rows), the rows from each shard's local tables at once (`promlab query --group` does not read this way) | {:.2} | {:.2} |\n\
+         | the same through the `Distributed` tables (`promlab query --group` not told `--window`) | {:.2} | {:.2} |\n\n\
          query of {} groups: median {cm:.1} ms, p90 {cp:.1} ms ({:.2} µs a group at this size, measured)\n",
         opts.queries,
         opts.groups,

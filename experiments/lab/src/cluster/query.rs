@@ -235,7 +235,7 @@ pub fn group_answers(
         })?,
         (None, _) => {
             let lives = lives(ch, schema, agg)?;
-            let Some(newest) = newest_written(ch, schema, agg, &lives)? else {
+            let Some(newest) = newest_closed(ch, schema, agg, &lives)? else {
                 return Ok(Vec::new());
             };
             let panes = match shards {
@@ -424,7 +424,11 @@ fn written_through(lives: &BTreeMap<String, Vec<(u64, Life)>>) -> Option<i64> {
         .flatten()
 }
 
-/// The newest window of `agg` every receiver has written (closed and taken).
+/// The newest window of `agg` every receiver has written (closed and taken)
+/// that holds a row. Looked for first among the [`RECENT_WINDOWS`] windows
+/// before the newest progress a receiver reported, a read of their rows'
+/// `window_start` alone; only if none of them holds a row, in all of
+/// `pane_bins` (a read that grows with the history kept).
 fn newest_written(
     ch: &ClickHouse,
     schema: &Schema,
@@ -434,16 +438,63 @@ fn newest_written(
     let Some(through) = written_through(lives) else {
         return Ok(None);
     };
-    let sql = format!(
-        "SELECT max(window_start), count() FROM {} WHERE aggregation = {} AND window_start <= {} FORMAT RowBinary",
-        schema.table("pane_bins"),
-        literal(&agg.id),
-        through.saturating_sub(agg.window_ms())
-    );
-    let body = select(ch, schema, &sql)?;
-    let mut r = Reader::new(&body);
-    let (newest, rows) = (r.i64()?, r.u64()?);
-    Ok((rows > 0).then_some(newest))
+    let w = agg.window_ms();
+    let until = through.saturating_sub(w);
+    // Every receiver stopped: windows to its last flush are written, past its last progress.
+    let top = match through {
+        i64::MAX => lives
+            .values()
+            .flat_map(|incarnations| incarnations.iter().filter_map(|(_, l)| l.closed_through))
+            .max(),
+        through => Some(through),
+    };
+    let recent = top.map(|top| top.saturating_sub(w.saturating_mul(RECENT_WINDOWS)));
+    for from in [recent, None] {
+        let lower = from.map_or(String::new(), |from| format!(" AND window_start >= {from}"));
+        let sql = format!(
+            "SELECT max(window_start), count() FROM {} WHERE aggregation = {} AND window_start <= {until}{lower} FORMAT RowBinary",
+            schema.table("pane_bins"),
+            literal(&agg.id),
+        );
+        let body = select(ch, schema, &sql)?;
+        let mut r = Reader::new(&body);
+        let (newest, rows) = (r.i64()?, r.u64()?);
+        if rows > 0 {
+            return Ok(Some(newest));
+        }
+        if from.is_none() {
+            break;
+        }
+    }
+    Ok(None)
+}
+
+/// How many windows back from the receivers' newest progress
+/// [`newest_written`] looks first.
+const RECENT_WINDOWS: i64 = 16;
+
+/// The newest window of `agg` every receiver has closed and written, for
+/// one group's query: read off the receivers' progress, without a read of
+/// `pane_bins` (it may hold no row of the group, or of any group: its
+/// answer is then empty). When every receiver has stopped, their progress
+/// names no end, and the newest window written is looked up
+/// ([`newest_written`]).
+fn newest_closed(
+    ch: &ClickHouse,
+    schema: &Schema,
+    agg: &Aggregation,
+    lives: &Lives,
+) -> Result<Option<i64>> {
+    match written_through(&lives.0) {
+        None => Ok(None),
+        Some(i64::MAX) => newest_written(ch, schema, agg, lives),
+        Some(through) => {
+            let w = agg.window_ms();
+            // The newest start whose window ends at or before `through`.
+            let newest = through.div_euclid(w).saturating_sub(1).saturating_mul(w);
+            Ok((newest.saturating_add(w) <= through).then_some(newest))
+        }
+    }
 }
 
 /// Why window `start` may lack samples, per receiver.
