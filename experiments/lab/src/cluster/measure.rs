@@ -85,10 +85,13 @@ struct Queries {
     cluster: Vec<Duration>,
     /// Its server-side merge's SQL alone.
     server_merge: Vec<Duration>,
-    /// One group over `group_windows` windows, each shard's local tables read directly.
+    /// One group over `group_windows` windows, not told the newest: each
+    /// shard's local tables read directly.
     group: Vec<Duration>,
     /// The same through the `Distributed` tables.
     group_distributed: Vec<Duration>,
+    /// The same through the `Distributed` tables, told the newest window.
+    group_told: Vec<Duration>,
     group_windows: u64,
 }
 
@@ -397,10 +400,14 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 let through_distributed =
                     query::group_answers(&ch, None, &schema, &agg, &key, None, windows)?;
                 q.group_distributed.push(t.elapsed());
+                let t = Instant::now();
+                let told =
+                    query::group_answers(&ch, None, &schema, &agg, &key, Some(last), windows)?;
+                q.group_told.push(t.elapsed());
                 let json =
                     |a: &[query::Answer]| a.iter().map(|a| a.json.clone()).collect::<Vec<_>>();
-                if json(&answers) != json(&through_distributed) {
-                    bail!("one group's answers differ between the shards' local tables and the Distributed tables");
+                if json(&answers) != json(&through_distributed) || json(&answers) != json(&told) {
+                    bail!("one group's answers differ between the shards' local tables, the Distributed tables and the window told");
                 }
                 if answers.last().and_then(|a| a.window_start) != Some(last) {
                     bail!(
@@ -421,11 +428,13 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
             }
             q.group_windows = windows;
             eprintln!(
-                "query of one group over {windows} windows: median {:.2} ms, p90 {:.2} ms (through the Distributed tables: median {:.2} ms, p90 {:.2} ms)",
-                ms(percentile(&q.group, 0.5)),
-                ms(percentile(&q.group, 0.9)),
+                "query of one group over {windows} windows: median {:.2} ms, p90 {:.2} ms; told the window: median {:.2} ms, p90 {:.2} ms; the shards' local tables: median {:.2} ms, p90 {:.2} ms",
                 ms(percentile(&q.group_distributed, 0.5)),
-                ms(percentile(&q.group_distributed, 0.9))
+                ms(percentile(&q.group_distributed, 0.9)),
+                ms(percentile(&q.group_told, 0.5)),
+                ms(percentile(&q.group_told, 0.9)),
+                ms(percentile(&q.group, 0.5)),
+                ms(percentile(&q.group, 0.9))
             );
         }
         arms.push(arm);
@@ -464,6 +473,12 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
             1,
             q.group_windows,
             &q.group_distributed,
+        ),
+        (
+            "cluster_group_distributed_told_window",
+            1,
+            q.group_windows,
+            &q.group_told,
         ),
         (
             "cluster_window_summap_sql_only",
@@ -613,7 +628,8 @@ fn report(
          | the same size of window through the cluster (`promlab query`: one row per receiver and group read over 3 shards, merged and answered in Rust) | {cm:.2} | {cp:.2} |\n\
          | the same window's server-side merge, `sumMap` after a `GROUP BY` keeping one row per receiver (its SQL alone: not decoded, not answered) | {:.2} | {:.2} |\n\
          | one group over its last {} windows (the receivers' progress read, then the group's rows), the rows from each shard's local tables at once (`promlab query --group` does not read this way) | {:.2} | {:.2} |\n\
-         | the same through the `Distributed` tables (`promlab query --group` not told `--window`) | {:.2} | {:.2} |\n\n\
+         | the same through the `Distributed` tables (`promlab query --group` not told `--window`) | {:.2} | {:.2} |\n\
+         | the same told the newest window (`promlab query --group --window START_MS`: the progress and the rows read at once) | {:.2} | {:.2} |\n\n\
          query of {} groups: median {cm:.1} ms, p90 {cp:.1} ms ({:.2} µs a group at this size, measured)\n",
         opts.queries,
         opts.groups,
@@ -626,6 +642,8 @@ fn report(
         ms(percentile(&q.group, 0.9)),
         ms(percentile(&q.group_distributed, 0.5)),
         ms(percentile(&q.group_distributed, 0.9)),
+        ms(percentile(&q.group_told, 0.5)),
+        ms(percentile(&q.group_told, 0.9)),
         opts.groups,
         cm * 1e3 / opts.groups as f64,
     ));
