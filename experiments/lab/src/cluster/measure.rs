@@ -93,6 +93,8 @@ struct Queries {
     /// The same through the `Distributed` tables, told the newest window.
     group_told: Vec<Duration>,
     group_windows: u64,
+    /// Active parts of `pane_bins_local` on each node when the group queries ran.
+    parts: Vec<u64>,
 }
 
 /// A `promlab serve` child, killed when dropped.
@@ -427,6 +429,14 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 }
             }
             q.group_windows = windows;
+            for node in &nodes {
+                let sql = format!(
+                    "SELECT count() FROM system.parts WHERE database = {} AND table = 'pane_bins_local' AND active FORMAT TabSeparated",
+                    super::client::literal(&schema.database)
+                );
+                let body = node.execute(&sql, &[])?;
+                q.parts.push(String::from_utf8_lossy(&body).trim().parse()?);
+            }
             eprintln!(
                 "query of one group over {windows} windows: median {:.2} ms, p90 {:.2} ms; told the window: median {:.2} ms, p90 {:.2} ms; the shards' local tables: median {:.2} ms, p90 {:.2} ms",
                 ms(percentile(&q.group_distributed, 0.5)),
@@ -630,6 +640,7 @@ fn report(
          | one group over its last {} windows (the receivers' progress read, then the group's rows), the rows from each shard's local tables at once (`promlab query --group` does not read this way) | {:.2} | {:.2} |\n\
          | the same through the `Distributed` tables (`promlab query --group` not told `--window`) | {:.2} | {:.2} |\n\
          | the same told the newest window (`promlab query --group --window START_MS`: the progress and the rows read at once) | {:.2} | {:.2} |\n\n\
+         Active parts of `pane_bins_local` on each node when the group queries ran: {:?}.\n\n\
          query of {} groups: median {cm:.1} ms, p90 {cp:.1} ms ({:.2} µs a group at this size, measured)\n",
         opts.queries,
         opts.groups,
@@ -644,6 +655,7 @@ fn report(
         ms(percentile(&q.group_distributed, 0.9)),
         ms(percentile(&q.group_told, 0.5)),
         ms(percentile(&q.group_told, 0.9)),
+        q.parts,
         opts.groups,
         cm * 1e3 / opts.groups as f64,
     ));
