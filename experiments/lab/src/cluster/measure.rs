@@ -32,9 +32,11 @@ use crate::machine::ProcessStats;
 use anyhow::{bail, Context, Result};
 use promlab::ingest::feed::FeedWorkload;
 use promlab::ingest::plan::Plan;
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What `promlab cluster measure` runs.
@@ -101,6 +103,8 @@ struct Queries {
 struct Receiver {
     child: Child,
     addr: String,
+    /// The last lines it wrote to stderr, for a failure to show.
+    said: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl Drop for Receiver {
@@ -137,9 +141,40 @@ impl Receiver {
             .and_then(|r| r.split('/').next())
             .with_context(|| format!("promlab serve said {first:?}"))?
             .to_string();
-        // Keep draining its stderr (a full pipe would block it).
-        std::thread::spawn(move || lines.for_each(drop));
-        Ok(Receiver { child, addr })
+        // Keep draining its stderr (a full pipe would block it), its last lines kept.
+        let said = Arc::new(Mutex::new(VecDeque::new()));
+        let kept = Arc::clone(&said);
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+                if kept.len() == Self::LINES_KEPT {
+                    kept.pop_front();
+                }
+                kept.push_back(line);
+            }
+        });
+        Ok(Receiver { child, addr, said })
+    }
+
+    const LINES_KEPT: usize = 20;
+
+    /// What it reports of its ClickHouse writer, and the last lines it logged.
+    fn describe(&self, client: &Client) -> String {
+        let metrics = [
+            "promlab_clickhouse_written_through_ms",
+            "promlab_clickhouse_windows_written_total",
+            "promlab_clickhouse_insert_failures_total",
+            "promlab_clickhouse_queue_batches",
+            "promlab_clickhouse_windows_dropped_total",
+        ]
+        .map(|name| format!("{name} {}", self.metric(client, name)));
+        let said = self.said.lock().unwrap_or_else(|e| e.into_inner());
+        format!(
+            "receiver {}: {}; its last lines: {:?}",
+            self.addr,
+            metrics.join(", "),
+            said
+        )
     }
 
     /// SIGTERM, and its exit (a clean stop: it writes what it holds and a
@@ -299,7 +334,12 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 .any(|r| r.metric(&client, "promlab_clickhouse_written_through_ms") < closes as f64)
             {
                 if Instant::now() > deadline {
-                    bail!("{name}: the receivers did not write through {closes} within 120 s");
+                    let described: Vec<String> =
+                        started.iter().map(|r| r.describe(&client)).collect();
+                    bail!(
+                        "{name}: the receivers did not write through {closes} within 120 s\n{}",
+                        described.join("\n")
+                    );
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
