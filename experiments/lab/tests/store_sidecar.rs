@@ -78,6 +78,15 @@ fn file(store: &Path, pid: u32) -> PathBuf {
     promlab::format::storefile::file_path(store, "c", pid)
 }
 
+/// Writes pid `pid`'s store file of counter `c`: one entry (`key`, `value`), sized `size`.
+fn write_entry(store: &Path, pid: u32, key: &[u8], value: f64, size: usize) {
+    std::fs::write(
+        file(store, pid),
+        store_bytes(&[(key.to_vec(), value)], size),
+    )
+    .unwrap();
+}
+
 /// One file of `n` series `a=0..n`, each 1.0.
 fn entries(n: usize) -> Vec<(Vec<u8>, f64)> {
     (0..n)
@@ -93,11 +102,7 @@ fn a_file_truncated_while_mapped_never_kills_the_sidecar() {
     let (_tmp, store, registry) = setup();
     let big = store_bytes(&entries(20_000), 8 << 20);
     std::fs::write(file(&store, 1), &big).unwrap();
-    std::fs::write(
-        file(&store, 2),
-        store_bytes(&[(b"a=good".to_vec(), 5.0)], 1 << 20),
-    )
-    .unwrap();
+    write_entry(&store, 2, b"a=good", 5.0, 1 << 20);
     for strategies in ["none", "single-read", "all"] {
         let mut child = serve(&store, &registry, strategies, None);
         let addr = child.addr;
@@ -187,11 +192,7 @@ fn export_survives_truncation() {
 #[test]
 fn a_fifo_named_like_a_store_file_does_not_hang() {
     let (_tmp, store, registry) = setup();
-    std::fs::write(
-        file(&store, 1),
-        store_bytes(&[(b"a=good".to_vec(), 5.0)], 1 << 20),
-    )
-    .unwrap();
+    write_entry(&store, 1, b"a=good", 5.0, 1 << 20);
     let fifo =
         std::ffi::CString::new(file(&store, 2).into_os_string().into_encoded_bytes()).unwrap();
     // SAFETY: mkfifo with a valid C string.
@@ -261,11 +262,7 @@ fn many_files_under_a_low_descriptor_limit() {
 #[test]
 fn file_churn_and_growth_never_fail_a_scrape() {
     let (_tmp, store, registry) = setup();
-    std::fs::write(
-        file(&store, 1),
-        store_bytes(&[(b"a=steady".to_vec(), 7.0)], 4096),
-    )
-    .unwrap();
+    write_entry(&store, 1, b"a=steady", 7.0, 4096);
     for strategies in ["none", "single-read", "all"] {
         let mut child = serve(&store, &registry, strategies, None);
         let addr = child.addr;
@@ -319,19 +316,11 @@ fn file_churn_and_growth_never_fail_a_scrape() {
 #[test]
 fn a_corrupt_file_is_counted_not_served() {
     let (_tmp, store, registry) = setup();
-    std::fs::write(
-        file(&store, 1),
-        store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096),
-    )
-    .unwrap();
+    write_entry(&store, 1, b"a=good", 5.0, 4096);
     let mut bad = store_bytes(&[(b"a=good".to_vec(), 100.0)], 4096);
     bad[..4].copy_from_slice(&(1i32 << 30).to_le_bytes());
     std::fs::write(file(&store, 2), bad).unwrap();
-    std::fs::write(
-        file(&store, 3),
-        store_bytes(&[(b"co%20de=1".to_vec(), 1.0)], 4096),
-    )
-    .unwrap();
+    write_entry(&store, 3, b"co%20de=1", 1.0, 4096);
     let server = serve(&store, &registry, "all", None);
     let addr = server.addr;
     let response = get(addr, "/metrics");
@@ -352,16 +341,8 @@ fn a_corrupt_file_is_counted_not_served() {
 fn a_file_locked_forever_is_skipped_in_bounded_time() {
     use std::os::fd::AsRawFd;
     let (_tmp, store, registry) = setup();
-    std::fs::write(
-        file(&store, 1),
-        store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096),
-    )
-    .unwrap();
-    std::fs::write(
-        file(&store, 2),
-        store_bytes(&[(b"a=good".to_vec(), 100.0)], 4096),
-    )
-    .unwrap();
+    write_entry(&store, 1, b"a=good", 5.0, 4096);
+    write_entry(&store, 2, b"a=good", 100.0, 4096);
     let held = std::fs::File::open(file(&store, 2)).unwrap();
     promlab::format::storefile::flock(held.as_raw_fd(), libc::LOCK_EX).unwrap();
     let mut child = serve(&store, &registry, "all", None);
@@ -393,17 +374,9 @@ fn a_file_locked_forever_is_skipped_in_bounded_time() {
 fn health_answers_while_a_scrape_waits_on_locked_files() {
     use std::os::fd::AsRawFd;
     let (_tmp, store, registry) = setup();
-    std::fs::write(
-        file(&store, 1),
-        store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096),
-    )
-    .unwrap();
+    write_entry(&store, 1, b"a=good", 5.0, 4096);
     for pid in 2..6 {
-        std::fs::write(
-            file(&store, pid),
-            store_bytes(&[(b"a=good".to_vec(), 100.0)], 4096),
-        )
-        .unwrap();
+        write_entry(&store, pid, b"a=good", 100.0, 4096);
     }
     let mut child = serve(&store, &registry, "none", None);
     let addr = child.addr;
@@ -575,11 +548,7 @@ fn export_with_peak_rss(args: &[&str]) -> (Option<i32>, String, String, i64) {
 #[test]
 fn a_sparse_file_claiming_two_gib_costs_nothing() {
     let (_tmp, store, registry) = setup();
-    std::fs::write(
-        file(&store, 1),
-        store_bytes(&[(b"a=good".to_vec(), 5.0)], 4096),
-    )
-    .unwrap();
+    write_entry(&store, 1, b"a=good", 5.0, 4096);
     let sparse = std::fs::File::create(file(&store, 2)).unwrap();
     sparse.set_len(1 << 31).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&sparse, &i32::MAX.to_le_bytes(), 0).unwrap();

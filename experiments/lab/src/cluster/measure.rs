@@ -22,7 +22,7 @@
 //! times it need (CPU per sample scales with samples; nothing about the
 //! query is extrapolated).
 
-use super::client::ClickHouse;
+use super::client::{literal, ClickHouse};
 use super::local::{self, LocalCluster};
 use super::query;
 use super::schema::Schema;
@@ -469,12 +469,12 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 }
             }
             q.group_windows = windows;
+            let parts_sql = format!(
+                "SELECT count() FROM system.parts WHERE database = {} AND table = 'pane_bins_local' AND active FORMAT TabSeparated",
+                literal(&schema.database)
+            );
             for node in &nodes {
-                let sql = format!(
-                    "SELECT count() FROM system.parts WHERE database = {} AND table = 'pane_bins_local' AND active FORMAT TabSeparated",
-                    super::client::literal(&schema.database)
-                );
-                let body = node.execute(&sql, &[])?;
+                let body = node.execute(&parts_sql, &[])?;
                 q.parts.push(String::from_utf8_lossy(&body).trim().parse()?);
             }
             eprintln!(

@@ -448,8 +448,7 @@ fn newest_written(
             .max(),
         through => Some(through),
     };
-    let recent = top.map(|top| top.saturating_sub(w.saturating_mul(RECENT_WINDOWS)));
-    for from in [recent, None] {
+    let newest_from = |from: Option<i64>| -> Result<Option<i64>> {
         let lower = from.map_or(String::new(), |from| format!(" AND window_start >= {from}"));
         let sql = format!(
             "SELECT max(window_start), count() FROM {} WHERE aggregation = {} AND window_start <= {until}{lower} FORMAT RowBinary",
@@ -459,14 +458,15 @@ fn newest_written(
         let body = select(ch, schema, &sql)?;
         let mut r = Reader::new(&body);
         let (newest, rows) = (r.i64()?, r.u64()?);
-        if rows > 0 {
+        Ok((rows > 0).then_some(newest))
+    };
+    if let Some(top) = top {
+        let recent = top.saturating_sub(w.saturating_mul(RECENT_WINDOWS));
+        if let Some(newest) = newest_from(Some(recent))? {
             return Ok(Some(newest));
         }
-        if from.is_none() {
-            break;
-        }
     }
-    Ok(None)
+    newest_from(None)
 }
 
 /// How many windows back from the receivers' newest progress
