@@ -365,11 +365,13 @@ fn a_file_locked_forever_is_skipped_in_bounded_time() {
     drop(held);
 }
 
-/// A small store's export runs right on the async worker that took the
-/// request; one that turns slow there (four files a stuck process keeps
-/// locked: the scrape's whole lock-wait allowance, 250 ms) must not hold up
-/// the server's other requests: `/-/healthy` answers while that scrape runs.
-/// (The baseline's reader, which takes every file's lock on every read.)
+/// A scrape that turns slow after a fast one (four files a stuck process
+/// keeps locked: the scrape's whole lock-wait allowance, 250 ms) must not
+/// hold up the server's other requests: `/-/healthy` answers while that
+/// scrape runs. (Running a fast store's export right on the async worker,
+/// without handing its other tasks over, failed this in about half of the
+/// runs of this file's tests.) The baseline's reader, which takes every
+/// file's lock on every read.
 #[test]
 fn health_answers_while_a_scrape_waits_on_locked_files() {
     use std::os::fd::AsRawFd;
@@ -380,7 +382,7 @@ fn health_answers_while_a_scrape_waits_on_locked_files() {
     }
     let mut child = serve(&store, &registry, "none", None);
     let addr = child.addr;
-    // A fast first export: the next one runs on the worker itself.
+    // A fast first scrape.
     assert_eq!(get(addr, "/metrics").status, 200);
     let held: Vec<std::fs::File> = (2..6)
         .map(|pid| {

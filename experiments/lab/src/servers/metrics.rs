@@ -19,17 +19,13 @@
 //! [`SCRAPE_WAIT`] at most, then gets 503. Error bodies never name files or
 //! keys; the log does.
 //!
-//! A scrape does not hold up the server's other requests. A store export
-//! that took under 2 ms last time runs on the async worker that took the
-//! request while another worker serves the rest; a longer one, or a
-//! scenario's render (a 630k-series scrape is tens of milliseconds of CPU),
-//! first hands the worker's other tasks to another thread. Bodies are
-//! gzipped when the scraper asks, as Prometheus does; at level 1 ("fast"),
-//! because the scrape's time to last byte is what matters on loopback and
-//! level 1 already shrinks label-heavy text about tenfold. A store's export
-//! is made on every scrape, into a reused buffer served without a copy; the
-//! gzip of an export byte for byte the last one compressed is served again
-//! ([`ServedBody`]).
+//! Rendering runs off the async workers' other tasks (a 630k-series scrape
+//! is tens of milliseconds of CPU). Bodies are gzipped when the scraper asks,
+//! as Prometheus does; at level 1 ("fast"), because the scrape's time to last
+//! byte is what matters on loopback and level 1 already shrinks label-heavy
+//! text about tenfold. A store's export is made on every scrape, into a
+//! reused buffer served without a copy; the gzip of an export byte for byte
+//! the last one compressed is served again ([`ServedBody`]).
 //!
 //! Both modes answer `/-/healthy` and `/-/ready`; a store sidecar follows its
 //! registry file and counts the store files it does not name
@@ -175,9 +171,6 @@ struct Shared {
     logged: Mutex<HashSet<(PathBuf, FileSkip)>>,
     /// Size of the last body, to size the next buffer in one allocation.
     last_len: AtomicUsize,
-    /// How long the last store export took, in µs (`u64::MAX` before the
-    /// first): see [`export_runs_inline`].
-    last_export_us: AtomicU64,
     /// A store's last body (see [`ServedBody`]).
     served_body: Mutex<ServedBody>,
     /// The paths served, for 404 messages (without waiting for a scrape's lock).
@@ -228,7 +221,6 @@ pub fn app_with(source: Source, extras: StoreExtras) -> Result<Router> {
         counters: Counters::default(),
         logged: Mutex::new(HashSet::new()),
         last_len: AtomicUsize::new(0),
-        last_export_us: AtomicU64::new(u64::MAX),
         served_body: Mutex::new(ServedBody::default()),
         served,
         fold: extras.fold,
@@ -348,12 +340,11 @@ async fn scrape(shared: Arc<Shared>, page: Page, headers: &HeaderMap) -> Respons
         );
     };
     let task_shared = shared.clone();
-    let rendered = if is_store && export_runs_inline(&shared) {
-        Ok(render_page(&task_shared, source, page, gzip))
-    } else if is_store {
-        // A longer export is made on this worker's thread after handing its
-        // other tasks to another (block_in_place), rather than on a
-        // blocking-pool thread (two thread switches per scrape).
+    let rendered = if is_store {
+        // A store's export is a fraction of a millisecond to tens of them:
+        // made on this worker's thread, handing its other tasks to another,
+        // rather than on a blocking-pool thread (two thread switches per
+        // scrape, a good part of a small scrape on a 2-core machine).
         Ok(tokio::task::block_in_place(move || {
             render_page(&task_shared, source, page, gzip)
         }))
@@ -397,26 +388,6 @@ async fn scrape(shared: Arc<Shared>, page: Page, headers: &HeaderMap) -> Respons
         }
     }
 }
-
-/// Whether a store's export runs right on the async worker that took the
-/// request: when the last one took under [`INLINE_EXPORT_LIMIT`] and the
-/// runtime has another worker. Handing the worker's tasks over first
-/// (block_in_place) wakes another thread, and on an idle machine that
-/// wake-up and the answer's write from a thread no longer a worker cost
-/// more than a small export itself. A scrape holds the source's lock, so
-/// at most one worker is ever inside an export; the others keep serving
-/// (`/-/healthy`, other connections). An export that turns slow anyway (a
-/// file lock waited for) holds that one worker at most the scrape budget.
-fn export_runs_inline(shared: &Shared) -> bool {
-    let last = shared.last_export_us.load(Ordering::Relaxed);
-    last < INLINE_EXPORT_LIMIT.as_micros() as u64
-        && tokio::runtime::Handle::current().metrics().num_workers() > 1
-}
-
-/// The longest last export that lets the next run inline
-/// ([`export_runs_inline`]); a 630k-series store's export (tens of
-/// milliseconds) is handed off, where the hand-off's cost is noise.
-const INLINE_EXPORT_LIMIT: Duration = Duration::from_millis(2);
 
 /// Counts and logs what a store scrape left out.
 fn account(shared: &Shared, exporter: &Exporter) {
@@ -578,11 +549,7 @@ fn render_page(
     if let (Source::Store(exporter), Page::Store) = (&mut *source, &page) {
         // Under the source's lock: no other scrape holds this one.
         let mut served = shared.served_body.lock().unwrap_or_else(|e| e.into_inner());
-        let started = std::time::Instant::now();
-        let exported = served.export(exporter);
-        let took = started.elapsed().as_micros().min(u64::MAX as u128 - 1) as u64;
-        shared.last_export_us.store(took, Ordering::Relaxed);
-        let body = exported.map_err(ScrapeError::Failed)?;
+        let body = served.export(exporter).map_err(ScrapeError::Failed)?;
         account(shared, exporter);
         if !gzip {
             return Ok((body, false));
