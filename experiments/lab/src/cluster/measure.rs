@@ -87,13 +87,18 @@ struct Queries {
     cluster: Vec<Duration>,
     /// Its server-side merge's SQL alone.
     server_merge: Vec<Duration>,
-    /// One group over `group_windows` windows, not told the newest: each
-    /// shard's local tables read directly.
-    group: Vec<Duration>,
-    /// The same through the `Distributed` tables.
+    /// One group over `group_windows` windows through the `Distributed`
+    /// tables, not told the newest (`promlab query --group`'s default).
     group_distributed: Vec<Duration>,
-    /// The same through the `Distributed` tables, told the newest window.
+    /// The same told the newest window.
     group_told: Vec<Duration>,
+    /// The same told the newest window, each shard's local tables read directly.
+    group_local_told: Vec<Duration>,
+    /// Floors of the group query: the group's rows alone from each shard's
+    /// local table at once (no progress read, not decoded)...
+    floor_group_rows: Vec<Duration>,
+    /// ... and a `Distributed` read that selects nothing.
+    floor_distributed: Vec<Duration>,
     group_windows: u64,
     /// Active parts of `pane_bins_local` on each node when the group queries ran.
     parts: Vec<u64>,
@@ -414,11 +419,12 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 ms(percentile(&q.cluster, 0.5)),
                 ms(percentile(&q.cluster, 0.9))
             );
-            // One group over the last windows this arm closed (at most ten),
-            // the newest found as `promlab query --group` finds it when not
-            // told (the receivers' progress): each shard's local tables read
-            // directly (the shards resolved once, as a long-lived reader
-            // would), and through the `Distributed` tables, alternately.
+            // One group over the last windows this arm closed (at most ten):
+            // through the `Distributed` tables not told the newest (found as
+            // `promlab query --group` finds it, from the receivers' progress)
+            // and told it, then told it from each shard's local tables (the
+            // shards resolved once, as a long-lived reader would), and the
+            // two floors, alternately.
             let nodes = cluster
                 .urls()
                 .iter()
@@ -428,6 +434,10 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 .context("the cluster's nodes do not cover its shards")?;
             let fed_from = workload.timestamp(0, 0).div_euclid(agg.window_ms()) * agg.window_ms();
             let windows = ((last - fed_from) / agg.window_ms() + 1).clamp(1, 10) as u64;
+            let nothing_distributed = format!(
+                "SELECT count() FROM {} WHERE 0 FORMAT TabSeparated",
+                schema.table("pane_bins")
+            );
             for k in 0..opts.queries as u64 {
                 let labels = [(
                     "label_0".to_string(),
@@ -435,21 +445,40 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 )];
                 let key = promlab::ingest::distributed::group_key(&agg, &labels.into());
                 let t = Instant::now();
-                let answers =
-                    query::group_answers(&ch, Some(&shards), &schema, &agg, &key, None, windows)?;
-                q.group.push(t.elapsed());
-                let t = Instant::now();
-                let through_distributed =
-                    query::group_answers(&ch, None, &schema, &agg, &key, None, windows)?;
+                let answers = query::group_answers(&ch, None, &schema, &agg, &key, None, windows)?;
                 q.group_distributed.push(t.elapsed());
                 let t = Instant::now();
                 let told =
                     query::group_answers(&ch, None, &schema, &agg, &key, Some(last), windows)?;
                 q.group_told.push(t.elapsed());
+                let t = Instant::now();
+                let local = query::group_answers(
+                    &ch,
+                    Some(&shards),
+                    &schema,
+                    &agg,
+                    &key,
+                    Some(last),
+                    windows,
+                )?;
+                q.group_local_told.push(t.elapsed());
+                let rows_local = query::group_rows_sql(
+                    &schema.table("pane_bins_local"),
+                    &agg,
+                    &key,
+                    last,
+                    windows,
+                );
+                let t = Instant::now();
+                shards.read_each(&[&rows_local])?;
+                q.floor_group_rows.push(t.elapsed());
+                let t = Instant::now();
+                ch.execute(&nothing_distributed, &[])?;
+                q.floor_distributed.push(t.elapsed());
                 let json =
                     |a: &[query::Answer]| a.iter().map(|a| a.json.clone()).collect::<Vec<_>>();
-                if json(&answers) != json(&through_distributed) || json(&answers) != json(&told) {
-                    bail!("one group's answers differ between the shards' local tables, the Distributed tables and the window told");
+                if json(&answers) != json(&told) || json(&answers) != json(&local) {
+                    bail!("one group's answers differ between the Distributed tables not told the window, told it, and the shards' local tables told it");
                 }
                 if answers.last().and_then(|a| a.window_start) != Some(last) {
                     bail!(
@@ -478,13 +507,16 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 q.parts.push(String::from_utf8_lossy(&body).trim().parse()?);
             }
             eprintln!(
-                "query of one group over {windows} windows: median {:.2} ms, p90 {:.2} ms; told the window: median {:.2} ms, p90 {:.2} ms; the shards' local tables: median {:.2} ms, p90 {:.2} ms",
+                "query of one group over {windows} windows: median {:.2} ms, p90 {:.2} ms; told the window: median {:.2} ms, p90 {:.2} ms; \
+                 told, the shards' local tables: median {:.2} ms, p90 {:.2} ms; floors: its rows alone from the local tables {:.2} ms, a Distributed read of nothing {:.2} ms (medians)",
                 ms(percentile(&q.group_distributed, 0.5)),
                 ms(percentile(&q.group_distributed, 0.9)),
                 ms(percentile(&q.group_told, 0.5)),
                 ms(percentile(&q.group_told, 0.9)),
-                ms(percentile(&q.group, 0.5)),
-                ms(percentile(&q.group, 0.9))
+                ms(percentile(&q.group_local_told, 0.5)),
+                ms(percentile(&q.group_local_told, 0.9)),
+                ms(percentile(&q.floor_group_rows, 0.5)),
+                ms(percentile(&q.floor_distributed, 0.5)),
             );
         }
         arms.push(arm);
@@ -517,7 +549,19 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
     for (name, groups, windows, times) in [
         ("memory_window", opts.groups, 1, &q.memory),
         ("cluster_window", opts.groups, 1, &q.cluster),
-        ("cluster_group", 1, q.group_windows, &q.group),
+        (
+            "cluster_group_local_told_window",
+            1,
+            q.group_windows,
+            &q.group_local_told,
+        ),
+        (
+            "floor_group_rows_local",
+            1,
+            q.group_windows,
+            &q.floor_group_rows,
+        ),
+        ("floor_distributed_nothing", 0, 0, &q.floor_distributed),
         (
             "cluster_group_distributed",
             1,
@@ -677,9 +721,11 @@ fn report(
          | the last closed window ({} groups), one receiver in memory (HTTP) | {:.2} | {:.2} |\n\
          | the same size of window through the cluster (`promlab query`: one row per receiver and group read over 3 shards, merged and answered in Rust) | {cm:.2} | {cp:.2} |\n\
          | the same window's server-side merge, `sumMap` after a `GROUP BY` keeping one row per receiver (its SQL alone: not decoded, not answered) | {:.2} | {:.2} |\n\
-         | one group over its last {} windows (the receivers' progress read, then the group's rows), the rows from each shard's local tables at once (`promlab query --group` does not read this way) | {:.2} | {:.2} |\n\
-         | the same through the `Distributed` tables (`promlab query --group` not told `--window`) | {:.2} | {:.2} |\n\
-         | the same told the newest window (`promlab query --group --window START_MS`: the progress and the rows read at once) | {:.2} | {:.2} |\n\n\
+         | one group over its last {} windows through the `Distributed` tables (`promlab query --group` not told `--window`: the receivers' progress read, then the group's rows) | {:.2} | {:.2} |\n\
+         | the same told the newest window (`promlab query --group --window START_MS`: the progress and the rows read at once) | {:.2} | {:.2} |\n\
+         | the same told the newest window, from each shard's local tables at once (`promlab query` does not read this way) | {:.2} | {:.2} |\n\
+         | floor: the group's rows alone from each shard's local table at once (no progress read, not decoded) | {:.2} | {:.2} |\n\
+         | floor: a `Distributed` read that selects nothing | {:.2} | {:.2} |\n\n\
          Active parts of `pane_bins_local` on each node when the group queries ran: {:?}.\n\n\
          query of {} groups: median {cm:.1} ms, p90 {cp:.1} ms ({:.2} µs a group at this size, measured)\n",
         opts.queries,
@@ -689,12 +735,16 @@ fn report(
         ms(percentile(&q.server_merge, 0.5)),
         ms(percentile(&q.server_merge, 0.9)),
         q.group_windows,
-        ms(percentile(&q.group, 0.5)),
-        ms(percentile(&q.group, 0.9)),
         ms(percentile(&q.group_distributed, 0.5)),
         ms(percentile(&q.group_distributed, 0.9)),
         ms(percentile(&q.group_told, 0.5)),
         ms(percentile(&q.group_told, 0.9)),
+        ms(percentile(&q.group_local_told, 0.5)),
+        ms(percentile(&q.group_local_told, 0.9)),
+        ms(percentile(&q.floor_group_rows, 0.5)),
+        ms(percentile(&q.floor_group_rows, 0.9)),
+        ms(percentile(&q.floor_distributed, 0.5)),
+        ms(percentile(&q.floor_distributed, 0.9)),
         q.parts,
         opts.groups,
         cm * 1e3 / opts.groups as f64,

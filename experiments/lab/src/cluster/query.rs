@@ -130,7 +130,11 @@ pub fn answer(
     window: Option<i64>,
 ) -> Result<Answer> {
     let window_ms = agg.window_ms();
-    let rows = |start: i64| merged_panes(ch, schema, agg, &format!("window_start = {start}"));
+    let rows = |start: i64| {
+        let filter = format!("window_start = {start}");
+        let sql = panes_sql(&schema.table("pane_bins"), agg, None, &filter);
+        merged_panes(ch, schema, agg, &sql)
+    };
     let mut json = Vec::new();
     // Told the window, the receivers' lives and its rows are read at once.
     let (lives, start, panes) = match window {
@@ -200,33 +204,20 @@ pub fn group_answers(
 ) -> Result<Vec<Answer>> {
     let window_ms = agg.window_ms();
     let span = window_ms.saturating_mul(windows.saturating_sub(1).min(i64::MAX as u64) as i64);
-    // The windows listed, not a range: with `IN` the sorting key's prefix
-    // (aggregation, window_start, group_key) narrows each window to the
-    // group's granules (on 18.16 a range of windows read more of them).
-    let filter = |newest: i64| {
-        let mut starts = Vec::new();
-        let mut start = newest.saturating_sub(span);
-        while start <= newest {
-            starts.push(start.to_string());
-            start += window_ms;
-        }
-        format!(
-            "window_start IN ({}) AND group_key = {}",
-            starts.join(", "),
-            literal_bytes(group_key)
-        )
+    let rows_sql = |table: &str, newest: i64| {
+        group_rows_sql(&schema.table(table), agg, group_key, newest, windows)
     };
     let (lives, newest, panes) = match (newest, shards) {
         // Told the newest window, the receivers' lives and the rows are read at once.
         (Some(newest), Some(shards)) => {
             let lives_local = lives_sql(&schema.table("receivers_local"), agg);
-            let panes_local = panes_sql(&schema.table("pane_bins_local"), agg, &filter(newest));
+            let panes_local = rows_sql("pane_bins_local", newest);
             let bodies = shards.read_each(&[&lives_local, &panes_local])?;
             let lives = lives_of(ch, schema, agg, &bodies[0])?;
             (lives, newest, merged_panes_of(agg, &bodies[1])?)
         }
         (Some(newest), None) => std::thread::scope(|s| {
-            let panes = s.spawn(|| merged_panes(ch, schema, agg, &filter(newest)));
+            let panes = s.spawn(|| merged_panes(ch, schema, agg, &rows_sql("pane_bins", newest)));
             let lives = lives(ch, schema, agg);
             let panes = panes
                 .join()
@@ -240,10 +231,10 @@ pub fn group_answers(
             };
             let panes = match shards {
                 Some(shards) => {
-                    let local = panes_sql(&schema.table("pane_bins_local"), agg, &filter(newest));
+                    let local = rows_sql("pane_bins_local", newest);
                     merged_panes_of(agg, &shards.read_each(&[&local])?[0])?
                 }
-                None => merged_panes(ch, schema, agg, &filter(newest))?,
+                None => merged_panes(ch, schema, agg, &rows_sql("pane_bins", newest))?,
             };
             (lives, newest, panes)
         }
@@ -554,28 +545,52 @@ fn through_text(through: Option<i64>) -> String {
 /// A group's pane of a window, merged over receivers: ((window start, group key), bins).
 type MergedPane = ((i64, Vec<u8>), PaneBins);
 
-/// Every group's pane of the rows of `agg` that `filter` selects, merged
-/// over receivers, by (window, group key) ascending.
+/// Every group's pane of the rows `sql` ([`panes_sql`] on the `Distributed`
+/// table) reads, merged over receivers, by (window, group key) ascending.
 fn merged_panes(
     ch: &ClickHouse,
     schema: &Schema,
     agg: &Aggregation,
-    filter: &str,
+    sql: &str,
 ) -> Result<Vec<MergedPane>> {
-    let body = select(
-        ch,
-        schema,
-        &panes_sql(&schema.table("pane_bins"), agg, filter),
-    )?;
-    merged_panes_of(agg, &[body])
+    merged_panes_of(agg, &[select(ch, schema, sql)?])
 }
 
-/// The `pane_bins` rows of `agg` in `table` that `filter` selects.
-fn panes_sql(table: &str, agg: &Aggregation, filter: &str) -> String {
+/// The `pane_bins` rows of `agg` in `table` that `filter` selects, those
+/// `prewhere` lets by read first (ClickHouse reads the other columns only
+/// of granules holding a row it keeps).
+fn panes_sql(table: &str, agg: &Aggregation, prewhere: Option<&str>, filter: &str) -> String {
+    let prewhere = prewhere.map_or(String::new(), |p| format!("PREWHERE {p} "));
     format!(
-        "SELECT {PANE_BINS_COLUMNS} FROM {table} WHERE aggregation = {} AND {filter} FORMAT RowBinary",
+        "SELECT {PANE_BINS_COLUMNS} FROM {table} {prewhere}WHERE aggregation = {} AND {filter} FORMAT RowBinary",
         literal(&agg.id)
     )
+}
+
+/// The rows of one group in the `windows` windows of `agg` up to `newest`,
+/// from `table` (`pane_bins`, or a shard's `pane_bins_local`).
+pub fn group_rows_sql(
+    table: &str,
+    agg: &Aggregation,
+    group_key: &[u8],
+    newest: i64,
+    windows: u64,
+) -> String {
+    let window_ms = agg.window_ms();
+    let span = window_ms.saturating_mul(windows.saturating_sub(1).min(i64::MAX as u64) as i64);
+    let mut starts = Vec::new();
+    let mut start = newest.saturating_sub(span);
+    while start <= newest {
+        starts.push(start.to_string());
+        start += window_ms;
+    }
+    // The windows listed, not a range: with `IN` the sorting key's prefix
+    // (aggregation, window_start, group_key) narrows each window to the
+    // group's granules (on 18.16 a range of windows read more of them). The
+    // group first: a shard without its rows then reads no other column.
+    let group = format!("group_key = {}", literal_bytes(group_key));
+    let filter = format!("window_start IN ({})", starts.join(", "));
+    panes_sql(table, agg, Some(&group), &filter)
 }
 
 /// The rows in the answers to [`panes_sql`] (one a shard, or one for the
