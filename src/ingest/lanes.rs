@@ -22,7 +22,8 @@
 //!   lane at once. Requests applied one after another (on any lanes) are
 //!   therefore one ingester's run; requests applied at the same time are each
 //!   judged against the windows closed before either, as if they were one
-//!   request.
+//!   request. The clock closes a window as a request with no samples would
+//!   ([`LanedIngester::advance_with_clock`]).
 //! - The exception: of the extremes `0.0` and `-0.0` (equal values), one
 //!   ingester keeps the first it saw as min or max (q = 0 or 1) and a merge
 //!   keeps the home's.
@@ -64,8 +65,10 @@ pub struct LanedIngester {
     shared: Arc<Shared>,
     /// The watermark every lane was last advanced to (changed with every lane locked).
     closed_through: AtomicI64,
-    /// The latest watermark a request advanced to (at least `closed_through`).
+    /// The latest watermark a request (or the clock) advanced to (at least `closed_through`).
     watermark: AtomicI64,
+    /// The newest sample timestamp any lane took.
+    newest_sample: AtomicI64,
     /// Where the next request starts looking for a free lane.
     next: AtomicUsize,
     /// One closer at a time (taken before the lanes' locks).
@@ -99,6 +102,7 @@ impl LanedIngester {
             shared,
             closed_through: AtomicI64::new(i64::MIN),
             watermark: AtomicI64::new(i64::MIN),
+            newest_sample: AtomicI64::new(i64::MIN),
             next: AtomicUsize::new(0),
             closing: Mutex::new(()),
         }
@@ -185,16 +189,16 @@ impl LanedIngester {
     ) -> Result<Stats, IngestError> {
         let (stats, watermark) = applied?;
         let closed = self.closed_through.load(Ordering::Acquire);
-        // Windows end on multiples of their length; one ends in (closed, watermark].
-        let closes = watermark > closed
-            && lane.plan().plan.aggregations.iter().any(|agg| {
-                let ms = agg.window_ms();
-                watermark.div_euclid(ms) > closed.div_euclid(ms)
-            });
-        // Read first: most requests do not move it, and a write would take
+        let closes = ends_a_window(&lane.plan().plan, closed, watermark);
+        // Read first: most requests do not move them, and a write would take
         // the cache line from the other lanes' cores.
         if watermark > self.watermark.load(Ordering::Acquire) {
             self.watermark.fetch_max(watermark, Ordering::AcqRel);
+        }
+        if let Some(newest) = lane.newest_sample() {
+            if newest > self.newest_sample.load(Ordering::Relaxed) {
+                self.newest_sample.fetch_max(newest, Ordering::Relaxed);
+            }
         }
         drop(lane);
         if i != 0 && stats.over_bin_limit + stats.over_pane_limit > 0 {
@@ -219,6 +223,33 @@ impl LanedIngester {
         let mut rest: Vec<&mut Ingester> = rest.iter_mut().map(|l| &mut **l).collect();
         home.close_with(&mut rest, watermark);
         self.closed_through.store(watermark, Ordering::Release);
+    }
+
+    /// Moves the watermark on as the clock passes samples that came stamped
+    /// ahead of it (the watermark, held behind the clock, stopped short of
+    /// them when they came), closing the windows that ends, as a request
+    /// with no samples would. Without it a window whose last samples came
+    /// early stays open until the next request. For a timer to call; true
+    /// when it closed a window.
+    pub fn advance_with_clock(&self) -> bool {
+        let newest = self.newest_sample.load(Ordering::Relaxed);
+        if newest == i64::MIN {
+            return false;
+        }
+        let watermark = {
+            let home = self.lock(0);
+            let Some(watermark) = home.watermark_by_clock(newest) else {
+                return false;
+            };
+            let closed = self.closed_through.load(Ordering::Acquire);
+            if !ends_a_window(&home.plan().plan, closed, watermark) {
+                return false;
+            }
+            watermark
+        };
+        self.watermark.fetch_max(watermark, Ordering::AcqRel);
+        self.close();
+        true
     }
 
     /// Closes every open window, as if the stream had ended.
@@ -392,6 +423,16 @@ impl From<Ingester> for LanedIngester {
         let mut only = Some(ingester);
         Self::new(1, || only.take().expect("one lane"))
     }
+}
+
+/// Whether moving the watermark from `closed` to `watermark` ends a window
+/// of `plan` (windows end on multiples of their length).
+fn ends_a_window(plan: &Plan, closed: i64, watermark: i64) -> bool {
+    watermark > closed
+        && plan.aggregations.iter().any(|agg| {
+            let ms = agg.window_ms();
+            watermark.div_euclid(ms) > closed.div_euclid(ms)
+        })
 }
 
 /// Whether the home alone answers: the last closed window, or a closed one

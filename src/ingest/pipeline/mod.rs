@@ -191,6 +191,8 @@ pub struct Ingester {
     /// ingester interned (the group table's, copied so that routing takes no lock).
     dests: Vec<(u16, u32)>,
     watermark: i64,
+    /// The newest sample timestamp taken, ahead of the clock or not.
+    newest_sample: i64,
     totals: Stats,
     limits: Limits,
     /// The budget and the groups, shared with the other lanes of a laned ingester.
@@ -221,6 +223,7 @@ impl Ingester {
             accumulators: Vec::new(),
             dests: Vec::new(),
             watermark: i64::MIN,
+            newest_sample: i64::MIN,
             totals: Stats::default(),
             limits: Limits::UNBOUNDED,
             shared: Arc::new(Shared::new(Capacity::UNBOUNDED)),
@@ -427,6 +430,7 @@ impl Ingester {
         }
         let watermark = match newest {
             Some(newest) => {
+                self.newest_sample = self.newest_sample.max(newest);
                 let lateness = self.plan.plan.lateness_ms();
                 let newest = now.map_or(newest, |now| newest.min(now));
                 newest.saturating_sub(lateness)
@@ -530,6 +534,24 @@ impl Ingester {
 
     pub fn watermark(&self) -> Option<i64> {
         (self.watermark != i64::MIN).then_some(self.watermark)
+    }
+
+    /// The newest sample timestamp taken, ahead of the clock or not.
+    pub fn newest_sample(&self) -> Option<i64> {
+        (self.newest_sample != i64::MIN).then_some(self.newest_sample)
+    }
+
+    /// With the watermark held behind the clock
+    /// ([`Limits::watermark_behind_clock`]): where the clock lets it stand
+    /// now for samples up to `newest`, `lateness` behind both. A sample
+    /// stamped ahead of the clock held it back when it came; as the clock
+    /// passes the sample, this moves on. `None` when the watermark is not
+    /// held behind the clock (requests alone move it).
+    pub fn watermark_by_clock(&self, newest: i64) -> Option<i64> {
+        self.limits.watermark_behind_clock.then(|| {
+            let lateness = self.plan.plan.lateness_ms();
+            newest.min((self.limits.clock)()).saturating_sub(lateness)
+        })
     }
 
     pub fn totals(&self) -> Stats {

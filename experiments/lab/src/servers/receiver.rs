@@ -130,7 +130,7 @@ impl Receiver {
         plan_path: Option<PathBuf>,
         max_body_bytes: usize,
     ) -> Arc<Self> {
-        Arc::new(Receiver {
+        let receiver = Arc::new(Receiver {
             plan_path,
             max_body_bytes,
             status_counts: Default::default(),
@@ -140,7 +140,9 @@ impl Receiver {
             spare_limit: ingester.lanes() + 1,
             ingester,
             cluster: std::sync::OnceLock::new(),
-        })
+        });
+        start_clock(&receiver);
+        receiver
     }
 
     fn take_buffers(&self) -> RequestBuffers {
@@ -169,6 +171,30 @@ impl Receiver {
         }
     }
 }
+
+/// Every [`CLOCK_TICK`], while the receiver lives, closes the windows the
+/// clock has passed since samples stamped ahead of it came
+/// ([`LanedIngester::advance_with_clock`]): a sender that stops after such
+/// samples does not leave its last window open.
+fn start_clock(receiver: &Arc<Receiver>) {
+    let receiver = Arc::downgrade(receiver);
+    let clock = move || loop {
+        std::thread::sleep(CLOCK_TICK);
+        let Some(receiver) = receiver.upgrade() else {
+            return;
+        };
+        receiver.ingester.advance_with_clock();
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("promlab-clock".into())
+        .spawn(clock)
+    {
+        eprintln!("promlab serve: no clock thread ({e}): windows close on requests alone");
+    }
+}
+
+/// How often the clock may close a window.
+const CLOCK_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The router, for tests and for [`serve`].
 pub fn app(receiver: Arc<Receiver>) -> Router {
