@@ -242,6 +242,49 @@ fn kept_answer_follows_closing_windows_and_reloads() {
     assert_eq!(status, 404, "{body}");
 }
 
+/// A sender whose last samples came stamped ahead of the clock, then
+/// stopped: the watermark, held behind the clock, stopped short of them, and
+/// with no further request the window before them stayed open for good (a
+/// `cluster measure` run waited on its last window in vain). The clock now
+/// moves the watermark on: the window closes once the clock passes its end,
+/// with no other request.
+#[test]
+fn the_clock_closes_a_window_after_the_sender_stops() {
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.toml");
+    let data = "lateness_secs = 0\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\ngroup_by = [\"label_0\"]\nwindow_secs = 1\n";
+    std::fs::write(&plan, data).unwrap();
+    let server = serve(&["--plan", plan.to_str().unwrap()]);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let window = now.div_euclid(1000) * 1000;
+    assert_eq!(write(server.addr, &sample_at(now, 1.0)).0, 204);
+    assert_eq!(write(server.addr, &sample_at(now + 2_500, 2.0)).0, 204);
+    let closed_through = || {
+        let (_, text) = http(server.addr, "GET", "/metrics", &[], b"");
+        text.lines()
+            .find_map(|l| l.strip_prefix("promlab_receiver_closed_through_ms "))
+            .map(|v| v.parse::<i64>().unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while closed_through() < Some(window + 1000) {
+        assert!(
+            Instant::now() < deadline,
+            "window {window} still not closed 10 s after its end passed: closed through {:?}",
+            closed_through()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Its answer, as a closed window's: the first sample alone.
+    let path = format!("/api/v1/quantiles?agg=data&window={window}");
+    let (status, body) = http(server.addr, "GET", &path, &[], b"");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"count\":1"), "{body}");
+}
+
 /// `--ingest-threads 3` (three lanes; the requests, one after another, land
 /// on whichever lane is free) answers every query as one thread does, byte for
 /// byte, open windows included.

@@ -904,43 +904,6 @@ fn max_ahead_zero_keeps_the_watermark_behind_the_clock() {
     );
 }
 
-/// A sender whose last samples came stamped ahead of the clock, then
-/// stopped: the watermark, held behind the clock, stopped short of them, and
-/// with no further request the window before them stayed open for good (a
-/// `cluster measure` run waited on its last window in vain). The clock now
-/// moves the watermark on: the window closes once the clock passes its end,
-/// with no other request.
-#[test]
-fn the_clock_closes_a_window_after_the_sender_stops() {
-    let dir = tempfile::tempdir().unwrap();
-    let plan = plan_file(dir.path(), 1, 10);
-    let server = Server::start(&["--plan", plan.to_str().unwrap()], None);
-    let now = now_ms();
-    let window = now.div_euclid(1000) * 1000;
-    let body = request([
-        ("a".to_string(), now, 1.0),
-        ("b".to_string(), now + 2_500, 2.0),
-    ]);
-    assert_eq!(server.write(&body).0, 204);
-    // The last closed window's answer.
-    let closed = format!("\"window_start_ms\":{window},");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, body) = server.get("/api/v1/quantiles?agg=data");
-        if status == 200 && body.contains(&closed) {
-            assert!(body.contains("\"label_0\":\"a\""), "{body}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "window {window} still not answered 10 s after its end passed: {status} {body}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(server.metric("promlab_ingest_samples_late_total"), 0.0);
-    assert_eq!(server.metric("promlab_ingest_samples_accepted_total"), 2.0);
-}
-
 /// With `--max-groups 1000`, 1 s windows, `keep_windows = 1` and no
 /// lateness, a flood of 80,000 new groups from 4 connections filled the
 /// limit, and a new group sent every 1.2 s after it was never admitted, with

@@ -696,6 +696,18 @@ async fn metrics(State(rx): State<Arc<Receiver>>) -> Response {
                 .integer(limit as u64);
         }
     }
+    // Absent before the first close; i64::MAX once a shutdown closed every window.
+    if let Some(through) = rx.ingester.closed_through() {
+        FamilyEncoder::new(
+            &mut out,
+            b"promlab_receiver_closed_through_ms",
+            "gauge",
+            b"Every window ending at or before this instant (ms since the epoch) is closed: the watermark at the last close.",
+        )
+        .sample(b"")
+        .value()
+        .integer(through.max(0) as u64);
+    }
     FamilyEncoder::new(
         &mut out,
         b"promlab_receiver_groups_reclaimed_total",
