@@ -198,6 +198,9 @@ fn sample_at(timestamp: i64, value: f64) -> Vec<u8> {
     promlab::ingest::wire::compress(&req.encode_to_vec())
 }
 
+/// `data` by `label_0` in 1 s windows, no lateness.
+const ONE_SECOND_WINDOWS: &str = "lateness_secs = 0\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\ngroup_by = [\"label_0\"]\nwindow_secs = 1\n";
+
 /// The last closed window's answer is kept outside the
 /// ingester's lock and served while it stands — never past a window closing
 /// or a reload dropping the aggregation.
@@ -205,8 +208,7 @@ fn sample_at(timestamp: i64, value: f64) -> Vec<u8> {
 fn kept_answer_follows_closing_windows_and_reloads() {
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.toml");
-    let data = "lateness_secs = 0\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\ngroup_by = [\"label_0\"]\nwindow_secs = 1\n";
-    std::fs::write(&plan, data).unwrap();
+    std::fs::write(&plan, ONE_SECOND_WINDOWS).unwrap();
     let server = serve(&["--plan", plan.to_str().unwrap()]);
     let addr = server.addr;
     let query = || {
@@ -235,7 +237,11 @@ fn kept_answer_follows_closing_windows_and_reloads() {
     assert_eq!(write(addr, &sample_at(3200, 9.0)).0, 204);
     assert_eq!(query().0, 2000);
     // A reload that drops the aggregation: no answer for it any more.
-    std::fs::write(&plan, data.replace("id = \"data\"", "id = \"other\"")).unwrap();
+    std::fs::write(
+        &plan,
+        ONE_SECOND_WINDOWS.replace("id = \"data\"", "id = \"other\""),
+    )
+    .unwrap();
     let (status, msg) = http(addr, "POST", "/-/reload", &[], b"");
     assert_eq!(status, 200, "{msg}");
     let (status, body) = http(addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
@@ -253,8 +259,7 @@ fn the_clock_closes_a_window_after_the_sender_stops() {
     use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.toml");
-    let data = "lateness_secs = 0\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\ngroup_by = [\"label_0\"]\nwindow_secs = 1\n";
-    std::fs::write(&plan, data).unwrap();
+    std::fs::write(&plan, ONE_SECOND_WINDOWS).unwrap();
     let server = serve(&["--plan", plan.to_str().unwrap()]);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
