@@ -201,15 +201,21 @@ fn sample_at(timestamp: i64, value: f64) -> Vec<u8> {
 /// `data` by `label_0` in 1 s windows, no lateness.
 const ONE_SECOND_WINDOWS: &str = "lateness_secs = 0\n[[aggregation]]\nid = \"data\"\nmetric = \"data\"\ngroup_by = [\"label_0\"]\nwindow_secs = 1\n";
 
+/// A receiver of [`ONE_SECOND_WINDOWS`], its plan file in `dir`.
+fn serve_one_second_windows(dir: &Path) -> (std::path::PathBuf, support::Served) {
+    let plan = dir.join("plan.toml");
+    std::fs::write(&plan, ONE_SECOND_WINDOWS).unwrap();
+    let server = serve(&["--plan", plan.to_str().unwrap()]);
+    (plan, server)
+}
+
 /// The last closed window's answer is kept outside the
 /// ingester's lock and served while it stands — never past a window closing
 /// or a reload dropping the aggregation.
 #[test]
 fn kept_answer_follows_closing_windows_and_reloads() {
     let dir = tempfile::tempdir().unwrap();
-    let plan = dir.path().join("plan.toml");
-    std::fs::write(&plan, ONE_SECOND_WINDOWS).unwrap();
-    let server = serve(&["--plan", plan.to_str().unwrap()]);
+    let (plan, server) = serve_one_second_windows(dir.path());
     let addr = server.addr;
     let query = || {
         let (status, body) = http(addr, "GET", "/api/v1/quantiles?agg=data", &[], b"");
@@ -258,9 +264,7 @@ fn kept_answer_follows_closing_windows_and_reloads() {
 fn the_clock_closes_a_window_after_the_sender_stops() {
     use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
     let dir = tempfile::tempdir().unwrap();
-    let plan = dir.path().join("plan.toml");
-    std::fs::write(&plan, ONE_SECOND_WINDOWS).unwrap();
-    let server = serve(&["--plan", plan.to_str().unwrap()]);
+    let (_, server) = serve_one_second_windows(dir.path());
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()

@@ -717,34 +717,30 @@ fn report(
     );
     out.push_str(&format!(
         "\nQueries, {} of each, every answer checked to hold every group (one for the group query):\n\n\
-         | query | median ms | p90 ms |\n| --- | ---: | ---: |\n\
-         | the last closed window ({} groups), one receiver in memory (HTTP) | {:.2} | {:.2} |\n\
-         | the same size of window through the cluster (`promlab query`: one row per receiver and group read over 3 shards, merged and answered in Rust) | {cm:.2} | {cp:.2} |\n\
-         | the same window's server-side merge, `sumMap` after a `GROUP BY` keeping one row per receiver (its SQL alone: not decoded, not answered) | {:.2} | {:.2} |\n\
-         | one group over its last {} windows through the `Distributed` tables (`promlab query --group` not told `--window`: the receivers' progress read, then the group's rows) | {:.2} | {:.2} |\n\
-         | the same told the newest window (`promlab query --group --window START_MS`: the progress and the rows read at once) | {:.2} | {:.2} |\n\
-         | the same told the newest window, from each shard's local tables at once (`promlab query` does not read this way) | {:.2} | {:.2} |\n\
-         | floor: the group's rows alone from each shard's local table at once (no progress read, not decoded) | {:.2} | {:.2} |\n\
-         | floor: a `Distributed` read that selects nothing | {:.2} | {:.2} |\n\n\
-         Active parts of `pane_bins_local` on each node when the group queries ran: {:?}.\n\n\
+         | query | median ms | p90 ms |\n| --- | ---: | ---: |\n",
+        opts.queries
+    ));
+    let w = q.group_windows;
+    let table: [(String, &[Duration]); 8] = [
+        (format!("the last closed window ({} groups), one receiver in memory (HTTP)", opts.groups), &q.memory),
+        ("the same size of window through the cluster (`promlab query`: one row per receiver and group read over 3 shards, merged and answered in Rust)".into(), &q.cluster),
+        ("the same window's server-side merge, `sumMap` after a `GROUP BY` keeping one row per receiver (its SQL alone: not decoded, not answered)".into(), &q.server_merge),
+        (format!("one group over its last {w} windows through the `Distributed` tables (`promlab query --group` not told `--window`: the receivers' progress read, then the group's rows)"), &q.group_distributed),
+        ("the same told the newest window (`promlab query --group --window START_MS`: the progress and the rows read at once)".into(), &q.group_told),
+        ("the same told the newest window, from each shard's local tables at once (`promlab query` does not read this way)".into(), &q.group_local_told),
+        ("floor: the group's rows alone from each shard's local table at once (no progress read, not decoded)".into(), &q.floor_group_rows),
+        ("floor: a `Distributed` read that selects nothing".into(), &q.floor_distributed),
+    ];
+    for (query, times) in table {
+        out.push_str(&format!(
+            "| {query} | {:.2} | {:.2} |\n",
+            ms(percentile(times, 0.5)),
+            ms(percentile(times, 0.9))
+        ));
+    }
+    out.push_str(&format!(
+        "\nActive parts of `pane_bins_local` on each node when the group queries ran: {:?}.\n\n\
          query of {} groups: median {cm:.1} ms, p90 {cp:.1} ms ({:.2} µs a group at this size, measured)\n",
-        opts.queries,
-        opts.groups,
-        ms(percentile(&q.memory, 0.5)),
-        ms(percentile(&q.memory, 0.9)),
-        ms(percentile(&q.server_merge, 0.5)),
-        ms(percentile(&q.server_merge, 0.9)),
-        q.group_windows,
-        ms(percentile(&q.group_distributed, 0.5)),
-        ms(percentile(&q.group_distributed, 0.9)),
-        ms(percentile(&q.group_told, 0.5)),
-        ms(percentile(&q.group_told, 0.9)),
-        ms(percentile(&q.group_local_told, 0.5)),
-        ms(percentile(&q.group_local_told, 0.9)),
-        ms(percentile(&q.floor_group_rows, 0.5)),
-        ms(percentile(&q.floor_group_rows, 0.9)),
-        ms(percentile(&q.floor_distributed, 0.5)),
-        ms(percentile(&q.floor_distributed, 0.9)),
         q.parts,
         opts.groups,
         cm * 1e3 / opts.groups as f64,
