@@ -4,6 +4,7 @@
 use crate::cluster::client::ClickHouse;
 use crate::cluster::local::{self, Layout, LocalCluster};
 use crate::cluster::schema::{is_replicated, Ddl, Schema, DEFAULT_CLUSTER, DEFAULT_DATABASE};
+use crate::cluster::shards::Shards;
 use crate::cluster::zookeeper::{self, ZooKeeper};
 use crate::cluster::{query, LOCAL_BASE_PORT};
 use anyhow::{bail, Context, Result};
@@ -17,6 +18,8 @@ use std::time::Duration;
 pub struct QueryArgs {
     /// A ClickHouse node of the cluster (its HTTP interface, http://HOST:PORT);
     /// repeat it for others, each tried in turn when one does not answer.
+    /// Given a node of every shard, `--group` reads each shard's own tables
+    /// directly instead of through the `Distributed` ones.
     #[arg(long, value_name = "URL", required = true)]
     pub clickhouse: Vec<String>,
     /// The aggregation (its id in the plan).
@@ -57,7 +60,8 @@ pub fn query(args: QueryArgs) -> Result<()> {
     let Some(agg) = plan.aggregations.iter().find(|a| a.id == args.agg) else {
         bail!("no aggregation `{}` in the plan", args.agg);
     };
-    let ch = first_answering(&args.clickhouse, Duration::from_secs(args.timeout_secs))?;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let ch = first_answering(&args.clickhouse, timeout)?;
     let schema = Schema {
         database: args.clickhouse_database,
         cluster: args.clickhouse_cluster,
@@ -83,7 +87,25 @@ pub fn query(args: QueryArgs) -> Result<()> {
             bail!("--windows {}: expected 1 to 10000", args.windows);
         }
         let key = promlab::ingest::distributed::group_key(agg, &labels);
-        query::group_answers(&ch, None, &schema, agg, &key, args.window, args.windows)?
+        // Given a node of every shard, each shard's local tables are read
+        // directly: one `Distributed` round less a read.
+        let nodes = args
+            .clickhouse
+            .iter()
+            .map(|url| ClickHouse::new(url, timeout))
+            .collect::<Result<Vec<_>>>()?;
+        let shards = (nodes.len() > 1)
+            .then(|| Shards::resolve(&nodes, &schema))
+            .flatten();
+        query::group_answers(
+            &ch,
+            shards.as_ref(),
+            &schema,
+            agg,
+            &key,
+            args.window,
+            args.windows,
+        )?
     };
     let mut out = std::io::stdout().lock();
     let mut incomplete = Vec::new();

@@ -92,7 +92,10 @@ struct Queries {
     group_distributed: Vec<Duration>,
     /// The same told the newest window.
     group_told: Vec<Duration>,
-    /// The same told the newest window, each shard's local tables read directly.
+    /// The same from each shard's local tables, the shards resolved first
+    /// (`promlab query --group` given every node): not told the newest...
+    group_local: Vec<Duration>,
+    /// ... and told it.
     group_local_told: Vec<Duration>,
     /// Floors of the group query: the group's rows alone from each shard's
     /// local table at once (no progress read, not decoded)...
@@ -419,12 +422,12 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 ms(percentile(&q.cluster, 0.5)),
                 ms(percentile(&q.cluster, 0.9))
             );
-            // One group over the last windows this arm closed (at most ten):
-            // through the `Distributed` tables not told the newest (found as
-            // `promlab query --group` finds it, from the receivers' progress)
-            // and told it, then told it from each shard's local tables (the
-            // shards resolved once, as a long-lived reader would), and the
-            // two floors, alternately.
+            // One group over the last windows this arm closed (at most ten),
+            // alternately: through the `Distributed` tables not told the
+            // newest (found as `promlab query --group` finds it, from the
+            // receivers' progress) and told it; from each shard's local
+            // tables, not told and told, the shards resolved each time as
+            // `promlab query --group` given every node does; and the two floors.
             let nodes = cluster
                 .urls()
                 .iter()
@@ -451,17 +454,25 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 let told =
                     query::group_answers(&ch, None, &schema, &agg, &key, Some(last), windows)?;
                 q.group_told.push(t.elapsed());
-                let t = Instant::now();
-                let local = query::group_answers(
-                    &ch,
-                    Some(&shards),
-                    &schema,
-                    &agg,
-                    &key,
-                    Some(last),
-                    windows,
-                )?;
-                q.group_local_told.push(t.elapsed());
+                let local = |newest: Option<i64>| {
+                    let t = Instant::now();
+                    let shards = Shards::resolve(&nodes, &schema)
+                        .context("the cluster's nodes do not cover its shards")?;
+                    let answers = query::group_answers(
+                        &ch,
+                        Some(&shards),
+                        &schema,
+                        &agg,
+                        &key,
+                        newest,
+                        windows,
+                    )?;
+                    anyhow::Ok((answers, t.elapsed()))
+                };
+                let (cli, elapsed) = local(None)?;
+                q.group_local.push(elapsed);
+                let (local, elapsed) = local(Some(last))?;
+                q.group_local_told.push(elapsed);
                 let rows_local = query::group_rows_sql(
                     &schema.table("pane_bins_local"),
                     &agg,
@@ -477,7 +488,10 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 q.floor_distributed.push(t.elapsed());
                 let json =
                     |a: &[query::Answer]| a.iter().map(|a| a.json.clone()).collect::<Vec<_>>();
-                if json(&answers) != json(&told) || json(&answers) != json(&local) {
+                if json(&answers) != json(&told)
+                    || json(&answers) != json(&local)
+                    || json(&answers) != json(&cli)
+                {
                     bail!("one group's answers differ between the Distributed tables not told the window, told it, and the shards' local tables told it");
                 }
                 if answers.last().and_then(|a| a.window_start) != Some(last) {
@@ -506,17 +520,16 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                 let body = node.execute(&parts_sql, &[])?;
                 q.parts.push(String::from_utf8_lossy(&body).trim().parse()?);
             }
+            let median = |times: &[Duration]| ms(percentile(times, 0.5));
             eprintln!(
-                "query of one group over {windows} windows: median {:.2} ms, p90 {:.2} ms; told the window: median {:.2} ms, p90 {:.2} ms; \
-                 told, the shards' local tables: median {:.2} ms, p90 {:.2} ms; floors: its rows alone from the local tables {:.2} ms, a Distributed read of nothing {:.2} ms (medians)",
-                ms(percentile(&q.group_distributed, 0.5)),
-                ms(percentile(&q.group_distributed, 0.9)),
-                ms(percentile(&q.group_told, 0.5)),
-                ms(percentile(&q.group_told, 0.9)),
-                ms(percentile(&q.group_local_told, 0.5)),
-                ms(percentile(&q.group_local_told, 0.9)),
-                ms(percentile(&q.floor_group_rows, 0.5)),
-                ms(percentile(&q.floor_distributed, 0.5)),
+                "query of one group over {windows} windows (medians): through Distributed {:.2} ms, told the window {:.2} ms; \
+                 the shards' local tables {:.2} ms, told the window {:.2} ms; floors: its rows alone {:.2} ms, a Distributed read of nothing {:.2} ms",
+                median(&q.group_distributed),
+                median(&q.group_told),
+                median(&q.group_local),
+                median(&q.group_local_told),
+                median(&q.floor_group_rows),
+                median(&q.floor_distributed),
             );
         }
         arms.push(arm);
@@ -549,6 +562,7 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
     for (name, groups, windows, times) in [
         ("memory_window", opts.groups, 1, &q.memory),
         ("cluster_window", opts.groups, 1, &q.cluster),
+        ("cluster_group_local", 1, q.group_windows, &q.group_local),
         (
             "cluster_group_local_told_window",
             1,
@@ -721,13 +735,14 @@ fn report(
         opts.queries
     ));
     let w = q.group_windows;
-    let table: [(String, &[Duration]); 8] = [
+    let table: [(String, &[Duration]); 9] = [
         (format!("the last closed window ({} groups), one receiver in memory (HTTP)", opts.groups), &q.memory),
         ("the same size of window through the cluster (`promlab query`: one row per receiver and group read over 3 shards, merged and answered in Rust)".into(), &q.cluster),
         ("the same window's server-side merge, `sumMap` after a `GROUP BY` keeping one row per receiver (its SQL alone: not decoded, not answered)".into(), &q.server_merge),
         (format!("one group over its last {w} windows through the `Distributed` tables (`promlab query --group` not told `--window`: the receivers' progress read, then the group's rows)"), &q.group_distributed),
         ("the same told the newest window (`promlab query --group --window START_MS`: the progress and the rows read at once)".into(), &q.group_told),
-        ("the same told the newest window, from each shard's local tables at once (`promlab query` does not read this way)".into(), &q.group_local_told),
+        ("the same from each shard's local tables, not told the window (`promlab query --group` given a node of every shard: the shards resolved, the progress read, then the rows)".into(), &q.group_local),
+        ("the same told the newest window (`promlab query --group --window START_MS` given a node of every shard: the shards resolved, then the progress and the rows read at once)".into(), &q.group_local_told),
         ("floor: the group's rows alone from each shard's local table at once (no progress read, not decoded)".into(), &q.floor_group_rows),
         ("floor: a `Distributed` read that selects nothing".into(), &q.floor_distributed),
     ];

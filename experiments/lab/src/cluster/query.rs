@@ -192,7 +192,8 @@ pub fn server_merge_sql(schema: &Schema, agg: &Aggregation, start: i64) -> Strin
 /// One group's answers over windows: per window, oldest first, what a
 /// receiver fed every sample answers for it with only this group in it.
 /// Given `shards`, the rows and the receivers' lives are read from each
-/// shard's local tables at once; without, through the `Distributed` tables.
+/// shard's local tables (at once when told the newest window); without,
+/// through the `Distributed` tables.
 pub fn group_answers(
     ch: &ClickHouse,
     shards: Option<&Shards>,
@@ -225,7 +226,13 @@ pub fn group_answers(
             anyhow::Ok((lives?, newest, panes?))
         })?,
         (None, _) => {
-            let lives = lives(ch, schema, agg)?;
+            let lives = match shards {
+                Some(shards) => {
+                    let local = lives_sql(&schema.table("receivers_local"), agg);
+                    lives_of(ch, schema, agg, &shards.read_each(&[&local])?[0])?
+                }
+                None => lives(ch, schema, agg)?,
+            };
             let Some(newest) = newest_closed(ch, schema, agg, &lives)? else {
                 return Ok(Vec::new());
             };
