@@ -409,9 +409,7 @@ impl Ingester {
         };
         // Samples stamped after `latest` are too far ahead of the clock; the
         // watermark stays `lateness` behind both the newest sample and the clock.
-        let limits = &self.limits;
-        let now = (limits.max_ahead_ms.is_some() || limits.watermark_behind_clock)
-            .then(|| (limits.clock)());
+        let now = self.now();
         let latest = match (now, self.limits.max_ahead_ms) {
             (Some(now), Some(ahead)) => now.saturating_add(ahead),
             _ => i64::MAX,
@@ -431,9 +429,7 @@ impl Ingester {
         let watermark = match newest {
             Some(newest) => {
                 self.newest_sample = self.newest_sample.max(newest);
-                let lateness = self.plan.plan.lateness_ms();
-                let newest = now.map_or(newest, |now| newest.min(now));
-                newest.saturating_sub(lateness)
+                self.watermark_at(newest, now)
             }
             None => i64::MIN,
         };
@@ -541,17 +537,28 @@ impl Ingester {
         (self.newest_sample != i64::MIN).then_some(self.newest_sample)
     }
 
-    /// With the watermark held behind the clock
-    /// ([`Limits::watermark_behind_clock`]): where the clock lets it stand
-    /// now for samples up to `newest`, `lateness` behind both. A sample
-    /// stamped ahead of the clock held it back when it came; as the clock
-    /// passes the sample, this moves on. `None` when the watermark is not
-    /// held behind the clock (requests alone move it).
+    /// Where the clock lets the watermark stand now for samples up to
+    /// `newest`, as a request taken now would leave it. A sample stamped
+    /// ahead of the clock held it back when it came; as the clock passes
+    /// the sample, this moves on. `None` when the limits read no clock
+    /// (requests alone move the watermark).
     pub fn watermark_by_clock(&self, newest: i64) -> Option<i64> {
-        self.limits.watermark_behind_clock.then(|| {
-            let lateness = self.plan.plan.lateness_ms();
-            newest.min((self.limits.clock)()).saturating_sub(lateness)
-        })
+        let now = self.now()?;
+        Some(self.watermark_at(newest, Some(now)))
+    }
+
+    /// Now, if a limit needs the clock ([`Limits::max_ahead_ms`],
+    /// [`Limits::watermark_behind_clock`]).
+    fn now(&self) -> Option<i64> {
+        let limits = &self.limits;
+        (limits.max_ahead_ms.is_some() || limits.watermark_behind_clock).then(|| (limits.clock)())
+    }
+
+    /// The watermark samples up to `newest` allow at `now`: `lateness`
+    /// behind the newest sample and the clock.
+    fn watermark_at(&self, newest: i64, now: Option<i64>) -> i64 {
+        let newest = now.map_or(newest, |now| newest.min(now));
+        newest.saturating_sub(self.plan.plan.lateness_ms())
     }
 
     pub fn totals(&self) -> Stats {

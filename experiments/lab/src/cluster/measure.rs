@@ -492,7 +492,7 @@ pub fn run(opts: &MeasureOptions) -> Result<Measured> {
                     || json(&answers) != json(&local)
                     || json(&answers) != json(&cli)
                 {
-                    bail!("one group's answers differ between the Distributed tables not told the window, told it, and the shards' local tables told it");
+                    bail!("one group's answers differ between the Distributed tables and the shards' local tables, told the window or not");
                 }
                 if answers.last().and_then(|a| a.window_start) != Some(last) {
                     bail!(

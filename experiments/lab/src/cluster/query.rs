@@ -130,24 +130,27 @@ pub fn answer(
     window: Option<i64>,
 ) -> Result<Answer> {
     let window_ms = agg.window_ms();
-    let rows = |start: i64| {
+    let tables = Tables::Distributed(ch);
+    let lives_sql = lives_sql(&schema.table("receivers"), agg);
+    let rows_sql = |start: i64| {
         let filter = format!("window_start = {start}");
-        let sql = panes_sql(&schema.table("pane_bins"), agg, None, &filter);
-        merged_panes(ch, schema, agg, &sql)
+        panes_sql(&schema.table("pane_bins"), agg, None, &filter)
     };
     let mut json = Vec::new();
-    // Told the window, the receivers' lives and its rows are read at once.
     let (lives, start, panes) = match window {
-        Some(start) => std::thread::scope(|s| {
-            let panes = s.spawn(|| rows(start));
-            let lives = lives(ch, schema, agg);
-            let panes = panes
-                .join()
-                .map_err(|_| anyhow!("the rows' reader panicked"))?;
-            anyhow::Ok((lives?, start, panes?))
-        })?,
+        // Told the window, the receivers' lives and its rows are read at once.
+        Some(start) => {
+            let bodies = tables.read_each(schema, &[&lives_sql, &rows_sql(start)])?;
+            let lives = lives_of(ch, schema, agg, &bodies[0])?;
+            (lives, start, merged_panes_of(agg, &bodies[1])?)
+        }
         None => {
-            let lives = lives(ch, schema, agg)?;
+            let lives = lives_of(
+                ch,
+                schema,
+                agg,
+                &tables.read_each(schema, &[&lives_sql])?[0],
+            )?;
             let Some(start) = newest_written(ch, schema, agg, &lives)? else {
                 // No such window: the receiver's answer for none (its start `null`).
                 encode_answer(agg, 0, Vec::new(), 0, &mut json);
@@ -157,8 +160,8 @@ pub fn answer(
                     incomplete: Vec::new(),
                 });
             };
-            let panes = rows(start)?;
-            (lives, start, panes)
+            let panes = tables.read_each(schema, &[&rows_sql(start)])?;
+            (lives, start, merged_panes_of(agg, &panes[0])?)
         }
     };
     let groups = panes.into_iter().map(|((_, key), bins)| (key, bins));
@@ -205,45 +208,31 @@ pub fn group_answers(
 ) -> Result<Vec<Answer>> {
     let window_ms = agg.window_ms();
     let span = window_ms.saturating_mul(windows.saturating_sub(1).min(i64::MAX as u64) as i64);
-    let rows_sql = |table: &str, newest: i64| {
-        group_rows_sql(&schema.table(table), agg, group_key, newest, windows)
+    let tables = shards.map_or(Tables::Distributed(ch), Tables::Local);
+    let lives_sql = lives_sql(&tables.table(schema, "receivers"), agg);
+    let rows_sql = |newest: i64| {
+        let table = tables.table(schema, "pane_bins");
+        group_rows_sql(&table, agg, group_key, newest, windows)
     };
-    let (lives, newest, panes) = match (newest, shards) {
+    let (lives, newest, panes) = match newest {
         // Told the newest window, the receivers' lives and the rows are read at once.
-        (Some(newest), Some(shards)) => {
-            let lives_local = lives_sql(&schema.table("receivers_local"), agg);
-            let panes_local = rows_sql("pane_bins_local", newest);
-            let bodies = shards.read_each(&[&lives_local, &panes_local])?;
+        Some(newest) => {
+            let bodies = tables.read_each(schema, &[&lives_sql, &rows_sql(newest)])?;
             let lives = lives_of(ch, schema, agg, &bodies[0])?;
             (lives, newest, merged_panes_of(agg, &bodies[1])?)
         }
-        (Some(newest), None) => std::thread::scope(|s| {
-            let panes = s.spawn(|| merged_panes(ch, schema, agg, &rows_sql("pane_bins", newest)));
-            let lives = lives(ch, schema, agg);
-            let panes = panes
-                .join()
-                .map_err(|_| anyhow!("the rows' reader panicked"))?;
-            anyhow::Ok((lives?, newest, panes?))
-        })?,
-        (None, _) => {
-            let lives = match shards {
-                Some(shards) => {
-                    let local = lives_sql(&schema.table("receivers_local"), agg);
-                    lives_of(ch, schema, agg, &shards.read_each(&[&local])?[0])?
-                }
-                None => lives(ch, schema, agg)?,
-            };
+        None => {
+            let lives = lives_of(
+                ch,
+                schema,
+                agg,
+                &tables.read_each(schema, &[&lives_sql])?[0],
+            )?;
             let Some(newest) = newest_closed(ch, schema, agg, &lives)? else {
                 return Ok(Vec::new());
             };
-            let panes = match shards {
-                Some(shards) => {
-                    let local = rows_sql("pane_bins_local", newest);
-                    merged_panes_of(agg, &shards.read_each(&[&local])?[0])?
-                }
-                None => merged_panes(ch, schema, agg, &rows_sql("pane_bins", newest))?,
-            };
-            (lives, newest, panes)
+            let panes = tables.read_each(schema, &[&rows_sql(newest)])?;
+            (lives, newest, merged_panes_of(agg, &panes[0])?)
         }
     };
     let oldest = newest.saturating_sub(span);
@@ -295,12 +284,6 @@ fn append_incomplete(json: &mut Vec<u8>, incomplete: &[Incomplete]) -> Result<()
     }
     json.extend_from_slice(b"]}");
     Ok(())
-}
-
-/// Every receiver's incarnations (in start order), and the lost rows of `agg`.
-fn lives(ch: &ClickHouse, schema: &Schema, agg: &Aggregation) -> Result<Lives> {
-    let body = select(ch, schema, &lives_sql(&schema.table("receivers"), agg))?;
-    lives_of(ch, schema, agg, &[body])
 }
 
 /// The `receivers` rows [`lives_of`] reads, from `table`.
@@ -552,15 +535,44 @@ fn through_text(through: Option<i64>) -> String {
 /// A group's pane of a window, merged over receivers: ((window start, group key), bins).
 type MergedPane = ((i64, Vec<u8>), PaneBins);
 
-/// Every group's pane of the rows `sql` ([`panes_sql`] on the `Distributed`
-/// table) reads, merged over receivers, by (window, group key) ascending.
-fn merged_panes(
-    ch: &ClickHouse,
-    schema: &Schema,
-    agg: &Aggregation,
-    sql: &str,
-) -> Result<Vec<MergedPane>> {
-    merged_panes_of(agg, &[select(ch, schema, sql)?])
+/// Where a query's reads go: through the `Distributed` tables from one
+/// node, or to each shard's local tables.
+#[derive(Clone, Copy)]
+enum Tables<'a> {
+    Distributed(&'a ClickHouse),
+    Local(&'a Shards),
+}
+
+impl Tables<'_> {
+    /// Table `name` (`pane_bins`, `receivers`) as these reads name it.
+    fn table(self, schema: &Schema, name: &str) -> String {
+        match self {
+            Tables::Distributed(_) => schema.table(name),
+            Tables::Local(_) => schema.table(&format!("{name}_local")),
+        }
+    }
+
+    /// Runs `statements`, all at once: per statement, the answers' bodies
+    /// (the cluster's one, or one a shard).
+    fn read_each(self, schema: &Schema, statements: &[&str]) -> Result<Vec<Vec<Vec<u8>>>> {
+        match (self, statements) {
+            (Tables::Local(shards), _) => shards.read_each(statements),
+            (Tables::Distributed(ch), [sql]) => Ok(vec![vec![select(ch, schema, sql)?]]),
+            (Tables::Distributed(ch), _) => std::thread::scope(|s| {
+                let reads: Vec<_> = statements
+                    .iter()
+                    .map(|sql| s.spawn(move || select(ch, schema, sql)))
+                    .collect();
+                reads
+                    .into_iter()
+                    .map(|read| {
+                        let body = read.join().map_err(|_| anyhow!("a reader panicked"))??;
+                        Ok(vec![body])
+                    })
+                    .collect()
+            }),
+        }
+    }
 }
 
 /// The `pane_bins` rows of `agg` in `table` that `filter` selects, those
@@ -601,7 +613,7 @@ pub fn group_rows_sql(
 }
 
 /// The rows in the answers to [`panes_sql`] (one a shard, or one for the
-/// whole cluster), merged as [`merged_panes`] merges them.
+/// whole cluster), merged over receivers, by (window, group key) ascending.
 fn merged_panes_of(agg: &Aggregation, bodies: &[Vec<u8>]) -> Result<Vec<MergedPane>> {
     let mut rows = Vec::new();
     for body in bodies {
