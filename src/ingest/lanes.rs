@@ -229,27 +229,25 @@ impl LanedIngester {
     /// ahead of it (the watermark, held behind the clock, stopped short of
     /// them when they came), closing the windows that ends, as a request
     /// with no samples would. Without it a window whose last samples came
-    /// early stays open until the next request. For a timer to call; true
-    /// when it closed a window.
-    pub fn advance_with_clock(&self) -> bool {
+    /// early stays open until the next request. For a timer to call.
+    pub fn advance_with_clock(&self) {
         let newest = self.newest_sample.load(Ordering::Relaxed);
         if newest == i64::MIN {
-            return false;
+            return;
         }
         let watermark = {
             let home = self.lock(0);
             let Some(watermark) = home.watermark_by_clock(newest) else {
-                return false;
+                return;
             };
             let closed = self.closed_through.load(Ordering::Acquire);
             if !ends_a_window(&home.plan().plan, closed, watermark) {
-                return false;
+                return;
             }
             watermark
         };
         self.watermark.fetch_max(watermark, Ordering::AcqRel);
         self.close();
-        true
     }
 
     /// Closes every open window, as if the stream had ended.
