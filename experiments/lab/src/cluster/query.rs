@@ -130,39 +130,22 @@ pub fn answer(
     window: Option<i64>,
 ) -> Result<Answer> {
     let window_ms = agg.window_ms();
-    let tables = Tables::Distributed(ch);
-    let lives_sql = lives_sql(&schema.table("receivers"), agg);
     let rows_sql = |start: i64| {
         let filter = format!("window_start = {start}");
         panes_sql(&schema.table("pane_bins"), agg, None, &filter)
     };
     let mut json = Vec::new();
-    let (lives, start, panes) = match window {
-        // Told the window, the receivers' lives and its rows are read at once.
-        Some(start) => {
-            let bodies = tables.read_each(schema, &[&lives_sql, &rows_sql(start)])?;
-            let lives = lives_of(ch, schema, agg, &bodies[0])?;
-            (lives, start, merged_panes_of(agg, &bodies[1])?)
-        }
-        None => {
-            let lives = lives_of(
-                ch,
-                schema,
-                agg,
-                &tables.read_each(schema, &[&lives_sql])?[0],
-            )?;
-            let Some(start) = newest_written(ch, schema, agg, &lives)? else {
-                // No such window: the receiver's answer for none (its start `null`).
-                encode_answer(agg, 0, Vec::new(), 0, &mut json);
-                return Ok(Answer {
-                    window_start: None,
-                    json,
-                    incomplete: Vec::new(),
-                });
-            };
-            let panes = tables.read_each(schema, &[&rows_sql(start)])?;
-            (lives, start, merged_panes_of(agg, &panes[0])?)
-        }
+    let newest = |lives: &Lives| newest_written(ch, schema, agg, lives);
+    let found =
+        Tables::Distributed(ch).lives_and_rows(ch, schema, agg, window, rows_sql, newest)?;
+    let Some((lives, start, panes)) = found else {
+        // No such window: the receiver's answer for none (its start `null`).
+        encode_answer(agg, 0, Vec::new(), 0, &mut json);
+        return Ok(Answer {
+            window_start: None,
+            json,
+            incomplete: Vec::new(),
+        });
     };
     let groups = panes.into_iter().map(|((_, key), bins)| (key, bins));
     encode_answer(agg, start, groups, refused(&lives, start), &mut json);
@@ -209,31 +192,14 @@ pub fn group_answers(
     let window_ms = agg.window_ms();
     let span = window_ms.saturating_mul(windows.saturating_sub(1).min(i64::MAX as u64) as i64);
     let tables = shards.map_or(Tables::Distributed(ch), Tables::Local);
-    let lives_sql = lives_sql(&tables.table(schema, "receivers"), agg);
     let rows_sql = |newest: i64| {
         let table = tables.table(schema, "pane_bins");
         group_rows_sql(&table, agg, group_key, newest, windows)
     };
-    let (lives, newest, panes) = match newest {
-        // Told the newest window, the receivers' lives and the rows are read at once.
-        Some(newest) => {
-            let bodies = tables.read_each(schema, &[&lives_sql, &rows_sql(newest)])?;
-            let lives = lives_of(ch, schema, agg, &bodies[0])?;
-            (lives, newest, merged_panes_of(agg, &bodies[1])?)
-        }
-        None => {
-            let lives = lives_of(
-                ch,
-                schema,
-                agg,
-                &tables.read_each(schema, &[&lives_sql])?[0],
-            )?;
-            let Some(newest) = newest_closed(ch, schema, agg, &lives)? else {
-                return Ok(Vec::new());
-            };
-            let panes = tables.read_each(schema, &[&rows_sql(newest)])?;
-            (lives, newest, merged_panes_of(agg, &panes[0])?)
-        }
+    let closed = |lives: &Lives| newest_closed(ch, schema, agg, lives);
+    let found = tables.lives_and_rows(ch, schema, agg, newest, rows_sql, closed)?;
+    let Some((lives, newest, panes)) = found else {
+        return Ok(Vec::new());
     };
     let oldest = newest.saturating_sub(span);
     let mut panes = panes.into_iter().peekable();
@@ -550,6 +516,33 @@ impl Tables<'_> {
             Tables::Distributed(_) => schema.table(name),
             Tables::Local(_) => schema.table(&format!("{name}_local")),
         }
+    }
+
+    /// The receivers' lives of `agg`, a window, and the rows `rows_sql`
+    /// selects for it. Told the window, the lives and the rows are read at
+    /// once; else the lives first, then the rows of the window `find`
+    /// picks from them (`None`: there is none, and nothing more is read).
+    fn lives_and_rows(
+        self,
+        ch: &ClickHouse,
+        schema: &Schema,
+        agg: &Aggregation,
+        told: Option<i64>,
+        rows_sql: impl Fn(i64) -> String,
+        find: impl FnOnce(&Lives) -> Result<Option<i64>>,
+    ) -> Result<Option<(Lives, i64, Vec<MergedPane>)>> {
+        let lives_sql = lives_sql(&self.table(schema, "receivers"), agg);
+        if let Some(window) = told {
+            let bodies = self.read_each(schema, &[&lives_sql, &rows_sql(window)])?;
+            let lives = lives_of(ch, schema, agg, &bodies[0])?;
+            return Ok(Some((lives, window, merged_panes_of(agg, &bodies[1])?)));
+        }
+        let lives = lives_of(ch, schema, agg, &self.read_each(schema, &[&lives_sql])?[0])?;
+        let Some(window) = find(&lives)? else {
+            return Ok(None);
+        };
+        let rows = self.read_each(schema, &[&rows_sql(window)])?;
+        Ok(Some((lives, window, merged_panes_of(agg, &rows[0])?)))
     }
 
     /// Runs `statements`, all at once: per statement, the answers' bodies
