@@ -4,8 +4,9 @@
 //! plugin starts the real binary with `--fold-exited` from the master, and
 //! the app writes its registry with promlab's Ruby library; a real
 //! Prometheus scrapes the sidecar every second while a load generator sends
-//! a known number of requests; halfway, a phased restart (a hot restart
-//! under `preload_app!`). Prometheus saw `up == 1` throughout and no
+//! a known number of requests (one Puma closed unanswered as a worker
+//! stopped is sent again, as a proxy would); halfway, a phased restart (a
+//! hot restart under `preload_app!`). Prometheus saw `up == 1` throughout and no
 //! counter or histogram reset; the final values are the requests answered,
 //! exactly; client_ruby's own Rack exporter prints the same bytes from the
 //! same directory; folds keep the store at O(live workers) files; the
@@ -79,28 +80,43 @@ fn tools() -> Option<(PathBuf, PathBuf)> {
     Some((puma, prometheus))
 }
 
-/// One request on a connection of its own: the status, or why there is none.
-fn request(addr: SocketAddr, path: &str) -> Result<(u16, Vec<u8>), String> {
-    let mut stream =
-        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+/// Why a request has no answer. `unsent` is true when the app cannot have
+/// seen it: the connection failed, or the server closed it before answering
+/// a byte (Puma closes connections whose request has not fully arrived when a
+/// worker shuts down), so sending it again keeps the count exact.
+struct Failure {
+    unsent: bool,
+    why: String,
+}
+
+/// One request on a connection of its own, sent in one write: the status and
+/// body, or why there is none.
+fn request(addr: SocketAddr, path: &str) -> Result<(u16, Vec<u8>), Failure> {
+    let unsent = |e: std::io::Error| Failure {
+        unsent: true,
+        why: e.to_string(),
+    };
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(unsent)?;
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| e.to_string())?;
+    let head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).map_err(unsent)?;
     let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .map_err(|e| e.to_string())?;
+    if let Err(e) = stream.read_to_end(&mut response) {
+        return Err(Failure {
+            unsent: response.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset,
+            why: e.to_string(),
+        });
+    }
     let text = String::from_utf8_lossy(&response);
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status in {:?}", &text[..text.len().min(200)]))?;
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok());
+    let Some(status) = status else {
+        return Err(Failure {
+            unsent: response.is_empty(),
+            why: format!("no status in {:?}", &text[..text.len().min(200)]),
+        });
+    };
     let body = match response.windows(4).position(|w| w == b"\r\n\r\n") {
         Some(at) => response[at + 4..].to_vec(),
         None => Vec::new(),
@@ -276,20 +292,38 @@ fn puma_recycling_workers_scraped_by_prometheus_stays_exact() {
 
     // The load: CLIENTS threads, a connection per request, for LOAD_SECS.
     let started = Instant::now();
+    // A request the app cannot have seen (see `Failure`) is sent again, as a
+    // proxy would, at most RESENDS times in a row; any other failure fails.
+    const RESENDS: usize = 5;
     let answered = Arc::new(AtomicU64::new(0));
+    let resent = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let (answered, failed) = (answered.clone(), failed.clone());
+            let (answered, resent, failed) = (answered.clone(), resent.clone(), failed.clone());
             std::thread::spawn(move || {
                 let mut n = 1 + c as u64 * 1_000_000;
                 while started.elapsed() < Duration::from_secs(LOAD_SECS) {
                     let path = ["/a", "/b/c", "/d"][(n % 3) as usize];
-                    match request(app, &format!("{path}?n={n}")) {
+                    let mut tries = 0;
+                    let outcome = loop {
+                        match request(app, &format!("{path}?n={n}")) {
+                            Err(f) if f.unsent && tries < RESENDS => {
+                                tries += 1;
+                                resent.fetch_add(1, Ordering::Relaxed);
+                            }
+                            outcome => break outcome,
+                        }
+                    };
+                    match outcome {
                         Ok((200, _)) => {
                             answered.fetch_add(1, Ordering::Relaxed);
                         }
-                        other => failed.lock().unwrap().push(format!("{path}: {other:?}")),
+                        Ok((status, _)) => failed
+                            .lock()
+                            .unwrap()
+                            .push(format!("{path}: status {status}")),
+                        Err(f) => failed.lock().unwrap().push(format!("{path}: {}", f.why)),
                     }
                     n += 1;
                 }
@@ -314,7 +348,11 @@ fn puma_recycling_workers_scraped_by_prometheus_stays_exact() {
     assert!(failed.is_empty(), "requests failed: {failed:?}");
     let sent = answered.load(Ordering::Relaxed) as f64 + warmed;
     let recycled = log().matches("Sending TERM").count();
-    eprintln!("{sent} requests answered in {LOAD_SECS} s; {recycled} workers recycled");
+    let resent = resent.load(Ordering::Relaxed);
+    eprintln!(
+        "{sent} requests answered in {LOAD_SECS} s ({resent} sent again, unanswered); \
+         {recycled} workers recycled"
+    );
     assert!(
         recycled >= 2 * WORKERS,
         "puma_worker_killer recycled only {recycled} workers:\n{}",
