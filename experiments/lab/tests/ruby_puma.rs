@@ -5,9 +5,9 @@
 //! the app writes its registry with promlab's Ruby library; a real
 //! Prometheus scrapes the sidecar every second while a load generator sends
 //! a known number of requests (one Puma closed unanswered as a worker
-//! stopped is sent again, as a proxy would); halfway, a phased restart (a
-//! hot restart under `preload_app!`). Prometheus saw `up == 1` throughout and no
-//! counter or histogram reset; the final values are the requests answered,
+//! stopped, which the app never saw, is sent again); halfway, a phased
+//! restart (a hot restart under `preload_app!`). Prometheus saw `up == 1`
+//! throughout and no counter or histogram reset; the final values are the requests answered,
 //! exactly; client_ruby's own Rack exporter prints the same bytes from the
 //! same directory; folds keep the store at O(live workers) files; the
 //! restarted master supervises the same sidecar; stopping Puma stops it.
@@ -292,8 +292,8 @@ fn puma_recycling_workers_scraped_by_prometheus_stays_exact() {
 
     // The load: CLIENTS threads, a connection per request, for LOAD_SECS.
     let started = Instant::now();
-    // A request the app cannot have seen (see `Failure`) is sent again, as a
-    // proxy would, at most RESENDS times in a row; any other failure fails.
+    // A request the app cannot have seen (see `Failure`) is sent again, at
+    // most RESENDS times in a row; any other failure fails.
     const RESENDS: usize = 5;
     let answered = Arc::new(AtomicU64::new(0));
     let resent = Arc::new(AtomicU64::new(0));
