@@ -2,12 +2,12 @@
 //! (4 workers, preloaded) serves a Rack app instrumented with client_ruby
 //! 5.x; `puma_worker_killer` recycles a worker every second; promlab's Puma
 //! plugin starts the real binary with `--fold-exited` from the master, and
-//! the app writes its registry with promlab's Ruby library; a real
-//! Prometheus scrapes the sidecar every second while a load generator sends
-//! a known number of requests (one Puma closed unanswered as a worker
-//! stopped, which the app never saw, is sent again); halfway, a phased
-//! restart (a hot restart under `preload_app!`). Prometheus saw `up == 1`
-//! throughout and no counter or histogram reset; the final values are the requests answered,
+//! the app writes its registry with promlab's Ruby library; a real Prometheus
+//! scrapes the sidecar every second while a load generator sends a known
+//! number of requests (one Puma closed unanswered as a worker stopped, which
+//! the app never saw, is sent again); halfway, a phased restart (a hot
+//! restart under `preload_app!`). Prometheus saw `up == 1` throughout and no
+//! counter or histogram reset; the final values are the requests answered,
 //! exactly; client_ruby's own Rack exporter prints the same bytes from the
 //! same directory; folds keep the store at O(live workers) files; the
 //! restarted master supervises the same sidecar; stopping Puma stops it.
